@@ -1,0 +1,182 @@
+"""Tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL models built from config, cached on disk, loaded like hub checkpoints.
+
+``resolve_pretrained("tiny-qwen2.5-vl")`` builds the model once (random weights, the trained-offline tokenizer and the
+stock processors), saves it with ``save_pretrained`` under the cache folder and returns that folder; anything else
+(a hub id or a local folder) is returned unchanged. Models and processors are then always loaded through
+``from_pretrained``, so the embedded defaults and real checkpoints take the same code path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import (
+    AutoConfig,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    PreTrainedTokenizerFast,
+)
+
+from app.embedded.tokenizer import build_tokenizer
+
+CACHE_VERSION = "v1"
+_TEXT = dict(
+    vocab_size=1024,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+_MROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [2, 3, 3]}
+
+
+@dataclass(frozen=True)
+class TinyVLMSpec:
+    """How to build one embedded model: the HF model type, its config overrides and the vision patch size."""
+
+    model_type: str
+    text_config: dict[str, Any]
+    vision_config: dict[str, Any]
+    patch_size: int
+    processor_class: str
+    video_processor_class: str = "Qwen2VLVideoProcessor"
+
+
+TINY_VLMS: dict[str, TinyVLMSpec] = {
+    "tiny-qwen2-vl": TinyVLMSpec(
+        model_type="qwen2_vl",
+        text_config={**_TEXT, "rope_parameters": _MROPE},
+        vision_config=dict(
+            depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+        ),
+        patch_size=14,
+        processor_class="Qwen2VLProcessor",
+    ),
+    "tiny-qwen2.5-vl": TinyVLMSpec(
+        model_type="qwen2_5_vl",
+        text_config={**_TEXT, "rope_parameters": _MROPE},
+        vision_config=dict(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+            window_size=56, fullatt_block_indexes=[1],
+        ),
+        patch_size=14,
+        processor_class="Qwen2_5_VLProcessor",
+    ),
+    "tiny-qwen3-vl": TinyVLMSpec(
+        model_type="qwen3_vl",
+        text_config={
+            **_TEXT,
+            "head_dim": 16,
+            "rope_parameters": {**_MROPE, "mrope_interleaved": True},
+        },
+        vision_config=dict(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+            patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+            num_position_embeddings=64, deepstack_visual_indexes=[0],
+        ),
+        patch_size=16,
+        processor_class="Qwen3VLProcessor",
+        video_processor_class="Qwen3VLVideoProcessor",
+    ),
+}
+
+# Pixel budget of the embedded processors: images are resized to between these many pixels (multiples of
+# patch * merge), which keeps CPU rollouts fast. Real checkpoints keep their own processor settings.
+MIN_PIXELS = 56 * 56
+MAX_PIXELS = 224 * 224
+
+
+def cache_root() -> Path:
+    """Folder holding built embedded models: ``$APP_CACHE_DIR`` or ``~/.cache/app``."""
+    return Path(os.environ.get("APP_CACHE_DIR", Path.home() / ".cache" / "app")) / "embedded" / CACHE_VERSION
+
+
+def _model_config(spec: TinyVLMSpec, tokenizer: PreTrainedTokenizerFast):
+    ids = tokenizer.convert_tokens_to_ids
+    token_ids = dict(
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+    )
+    text_config = {
+        **spec.text_config,
+        "bos_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    return AutoConfig.for_model(
+        spec.model_type,
+        text_config=text_config,
+        vision_config=spec.vision_config,
+        tie_word_embeddings=False,
+        **token_ids,
+    )
+
+
+def _processor(spec: TinyVLMSpec, tokenizer: PreTrainedTokenizerFast):
+    """The stock processor of the family, with the tiny model's patch size and a small pixel budget."""
+    size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
+    common = dict(patch_size=spec.patch_size, merge_size=2, temporal_patch_size=2, size=size)
+    return getattr(transformers, spec.processor_class)(
+        image_processor=transformers.Qwen2VLImageProcessor(**common),
+        tokenizer=tokenizer,
+        video_processor=getattr(transformers, spec.video_processor_class)(**common),
+        chat_template=tokenizer.chat_template,
+    )
+
+
+def build_tiny_vlm(name: str, seed: int = 0):
+    """Build an embedded model and its processor in memory (random weights, deterministic for a seed)."""
+    if name not in TINY_VLMS:
+        raise ValueError(f"unknown embedded model {name!r}; known: {sorted(TINY_VLMS)}")
+    spec = TINY_VLMS[name]
+    tokenizer = build_tokenizer(seed=seed)
+    config = _model_config(spec, tokenizer)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    processor = _processor(spec, tokenizer)
+    return model, processor
+
+
+def resolve_pretrained(name_or_path: str, seed: int = 0) -> str:
+    """Return a folder or hub id that ``from_pretrained`` loads; embedded names are built and cached on first use."""
+    if name_or_path not in TINY_VLMS:
+        return name_or_path
+    target = cache_root() / f"{name_or_path}-seed{seed}"
+    if (target / "config.json").exists():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    model, processor = build_tiny_vlm(name_or_path, seed=seed)
+    # Build in a private folder and rename atomically, so concurrent processes (DDP ranks) never see a half-written one.
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    model.save_pretrained(staging)
+    processor.save_pretrained(staging)
+    try:
+        staging.rename(target)
+    except OSError:  # another process won the race; its copy is identical
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
+def load_vlm(name_or_path: str, dtype: torch.dtype | None = None, seed: int = 0, **kwargs):
+    """Load model and processor through ``from_pretrained`` (embedded names are resolved first)."""
+    path = resolve_pretrained(name_or_path, seed=seed)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, **kwargs)
+    processor = AutoProcessor.from_pretrained(path)
+    return model, processor

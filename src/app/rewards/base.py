@@ -1,0 +1,165 @@
+"""The reward contract: a TorchMetrics ``Metric`` that scores each completion.
+
+A reward implements one method, ``score(completions, samples) -> Tensor[N]``; training uses those values directly and
+``update``/``compute`` accumulate their mean for logging and evaluation, synchronised across processes by TorchMetrics.
+Writing a new reward and composing it with the built-in ones:
+
+>>> import torch
+>>> from app.rewards import FormatReward, RewardComponent, WeightedReward
+>>> from app.types import VisualSample
+>>> class ShortReward(RewardComponent):  # name "short"
+...     def score(self, completions, samples):
+...         return torch.tensor([float(len(c) < 200) for c in completions])
+>>> rewards = WeightedReward([FormatReward(), ShortReward(weight=0.5)])
+>>> sample = VisualSample(images=[], question="Is the cube red?", task="color", answer="yes")
+>>> rewards(["<think>It is.</think><answer>yes</answer>"], [sample]).total
+tensor([1.5000])
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from app.types import VisualSample
+
+SCOPES = ("completion", "group_pair", "triplet")
+
+
+def default_name(cls: type) -> str:
+    """Snake-case class name without a trailing ``Reward``: ``FormatReward`` -> ``format``, ``OTConsistencyReward`` ->
+    ``ot_consistency``."""
+    stem = cls.__name__.removesuffix("Reward") or cls.__name__
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", stem).lower()
+
+
+class RewardComponent(Metric):
+    """Base class of every reward: one float per completion, accumulated as a mean.
+
+    Subclasses implement :meth:`score`. ``samples[i]`` is the prompt of ``completions[i]``: the trainer repeats each
+    sample K times, group-major (row ``b * K + k``), so a reward that compares completions of one prompt finds the
+    group as consecutive rows holding the same sample. Completions are untrusted model text: ``score`` must map
+    anything malformed to a value in :attr:`value_range` (usually its lower end) and never raise on it; raising is for
+    misconfiguration (for example labels missing for a reward that needs them).
+
+    Class attributes a subclass may override:
+
+    - ``scope``: which rows one value may depend on. ``"completion"``: only its own row. ``"group_pair"``: the rows of
+      its group and of the paired group (a prompt and its augmented twin, for consistency rewards). ``"triplet"``: the
+      rows of the three related prompts (TriSR). Whatever the scope, ``score`` returns one value per row.
+    - ``value_range``: ``(low, high)`` bounds of every value ``score`` returns.
+
+    Args:
+        weight: weight of this component in a :class:`~app.rewards.WeightedReward` total.
+        name: log name (``train/reward/<name>``); default: the snake-case class name without ``Reward``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
+
+    Example:
+        >>> import torch
+        >>> from app.types import VisualSample
+        >>> class LengthReward(RewardComponent):
+        ...     def score(self, completions, samples):
+        ...         return torch.tensor([min(len(c) / 10, 1.0) for c in completions])
+        >>> reward = LengthReward(weight=0.1)
+        >>> reward.name, reward.weight
+        ('length', 0.1)
+        >>> sample = VisualSample(images=[], question="?", task="demo")
+        >>> reward.update(["12345", "1234567890"], [sample, sample])
+        >>> reward.compute()
+        tensor(0.7500)
+    """
+
+    higher_is_better: ClassVar[bool] = True
+    full_state_update: ClassVar[bool] = False
+    is_differentiable: ClassVar[bool] = False
+    scope: ClassVar[str] = "completion"
+    value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+
+    total: Tensor
+    count: Tensor
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.scope not in SCOPES:
+            raise TypeError(f"{cls.__name__}.scope must be one of {SCOPES}, got {cls.scope!r}")
+        low, high = cls.value_range
+        if not low <= high:
+            raise TypeError(f"{cls.__name__}.value_range must be (low, high) with low <= high, got {cls.value_range}")
+
+    def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        weight = float(weight)
+        if not math.isfinite(weight):
+            raise ValueError(f"{type(self).__name__}: weight must be finite, got {weight}")
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ValueError(f"{type(self).__name__}: name must be a non-empty string, got {name!r}")
+        self.weight = weight
+        self.name = name if name is not None else default_name(type(self))
+        self.add_state("total", torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state("count", torch.tensor(0), dist_reduce_fx="sum")
+
+    @abstractmethod
+    def score(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> Tensor:
+        """One value per completion, ``[N]`` float32, each within :attr:`value_range`."""
+
+    def checked_score(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> tuple[Tensor, int]:
+        """:meth:`score` with its contract enforced: ``([N] float32 values, number of non-finite values)``.
+
+        Non-finite values (NaN, inf) are replaced by 0 and counted; the caller decides how to report them.
+        A wrong length or shape is a bug in the reward and raises ``ValueError``.
+        """
+        if len(completions) != len(samples):
+            raise ValueError(
+                f"reward {self.name!r}: got {len(completions)} completions but {len(samples)} samples; "
+                "pass one sample per completion (repeat each prompt's sample K times)"
+            )
+        values = torch.as_tensor(self.score(completions, samples), dtype=torch.float32)
+        if values.shape != (len(completions),):
+            raise ValueError(
+                f"reward {self.name!r}: score must return shape [{len(completions)}] (one value per completion), "
+                f"got {list(values.shape)}"
+            )
+        finite = torch.isfinite(values)
+        num_nonfinite = int((~finite).sum())
+        if num_nonfinite:
+            values = torch.where(finite, values, torch.zeros_like(values))
+        return values, num_nonfinite
+
+    def update(
+        self, completions: Sequence[str], samples: Sequence[VisualSample], scores: Tensor | None = None
+    ) -> None:
+        """Accumulate the scores of a batch.
+
+        Args:
+            completions: N completion texts.
+            samples: N samples, ``samples[i]`` the prompt of ``completions[i]``.
+            scores: the ``[N]`` values already computed for this batch (as :class:`~app.rewards.WeightedReward`
+                does), to avoid scoring twice; by default :meth:`score` is called.
+        """
+        if scores is None:
+            scores, num_nonfinite = self.checked_score(completions, samples)
+            if num_nonfinite:
+                warnings.warn(
+                    f"reward {self.name!r} returned {num_nonfinite} non-finite value(s); counted as 0",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        elif scores.shape != (len(completions),):
+            raise ValueError(f"reward {self.name!r}: scores must have shape [{len(completions)}], got {scores.shape}")
+        self.total += scores.sum().to(self.total)
+        self.count += scores.numel()
+
+    def compute(self) -> Tensor:
+        """Mean score over everything accumulated since the last reset (0 before any update)."""
+        return self.total / self.count.clamp(min=1)
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, weight={self.weight}"

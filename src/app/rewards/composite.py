@@ -1,0 +1,109 @@
+"""Weighted composition of reward components: ``total = sum_c weight_c * value_c``."""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from app.rewards.base import RewardComponent
+from app.types import RewardOutput, VisualSample
+
+
+class WeightedReward(torch.nn.Module):
+    """Scores completions with every component and sums them with the components' weights.
+
+    Not a ``Metric`` itself: it holds the component metrics. It is an ``nn.Module`` only so that a LightningModule
+    that stores it as an attribute moves the components' states to its device (distributed sync needs them there).
+
+    Non-finite component values (NaN, inf) are replaced by 0, counted in :attr:`num_nonfinite` (cumulative; per
+    component in :attr:`nonfinite_counts`) and reported with a ``RuntimeWarning`` naming the component.
+
+    Args:
+        components: the rewards; their ``name`` values must be unique.
+
+    Example:
+        >>> from app.rewards import AccuracyReward, FormatReward
+        >>> from app.types import VisualSample
+        >>> rewards = WeightedReward([AccuracyReward(), FormatReward(weight=0.5)])
+        >>> sample = VisualSample(images=[], question="Is the mug on the table?", task="spatial", answer="yes")
+        >>> out = rewards(["<think>it is</think><answer>Yes</answer>", "<answer>yes</answer>"], [sample, sample])
+        >>> out.total
+        tensor([1.5000, 1.0000])
+        >>> out.components["format"]
+        tensor([1., 0.])
+    """
+
+    def __init__(self, components: Sequence[RewardComponent]) -> None:
+        super().__init__()
+        components = list(components)
+        if not components:
+            raise ValueError("WeightedReward needs at least one reward component")
+        for component in components:
+            if not isinstance(component, RewardComponent):
+                raise TypeError(f"reward components must be RewardComponent instances, got {type(component).__name__}")
+        duplicates = sorted(name for name, n in Counter(c.name for c in components).items() if n > 1)
+        if duplicates:
+            raise ValueError(
+                f"reward component names must be unique (they are log keys); duplicated: {duplicates}. "
+                "Pass name=... to tell them apart"
+            )
+        self.components = torch.nn.ModuleList(components)
+        self.num_nonfinite = 0
+        self.nonfinite_counts: dict[str, int] = {c.name: 0 for c in components}
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.components]
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {c.name: c.weight for c in self.components}
+
+    def forward(
+        self, completions: Sequence[str], samples: Sequence[VisualSample], *, accumulate: bool = False
+    ) -> RewardOutput:
+        """Score a batch: ``total`` ``[N]`` and every unweighted component ``[N]``.
+
+        Args:
+            completions: N completion texts.
+            samples: N samples, ``samples[i]`` the prompt of ``completions[i]``.
+            accumulate: also add the values to each component's metric state (as :meth:`update` would), without
+                scoring twice.
+        """
+        values: dict[str, Tensor] = {}
+        for component in self.components:
+            scores, num_nonfinite = component.checked_score(completions, samples)
+            if num_nonfinite:
+                self.num_nonfinite += num_nonfinite
+                self.nonfinite_counts[component.name] += num_nonfinite
+                warnings.warn(
+                    f"reward {component.name!r} returned {num_nonfinite} non-finite value(s) (NaN/inf); replaced by 0",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            if accumulate:
+                component.update(completions, samples, scores=scores)
+            values[component.name] = scores
+        device = next(iter(values.values())).device
+        total = torch.zeros(len(completions), dtype=torch.float32, device=device)  # [N]
+        for component in self.components:
+            total = total + component.weight * values[component.name].to(device)
+        return RewardOutput(total=total, components=values)
+
+    def update(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> None:
+        """Update every component metric with this batch."""
+        for component in self.components:
+            component.update(completions, samples)
+
+    def compute(self) -> dict[str, Tensor]:
+        """Accumulated mean of every component, by name."""
+        return {component.name: component.compute() for component in self.components}
+
+    def reset(self) -> None:
+        """Reset every component metric (the non-finite counters are kept: they are cumulative)."""
+        for component in self.components:
+            component.reset()

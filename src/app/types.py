@@ -1,0 +1,99 @@
+"""Typed containers passed between the stages of the loop (data -> rollout -> rewards -> loss).
+
+Shapes use N = B * K rows (B prompts, K completions each, group-major: row ``b * K + k``), P prompt tokens and
+L completion tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from PIL import Image
+
+
+@dataclass
+class VisualSample:
+    """One prompt: its images, the question, and what rewards and SFT may read.
+
+    ``answer`` is optional on purpose: label-free training runs on samples without it.
+    ``reasoning`` is the chain of thought used by supervised fine-tuning (Reason-RFT stage 1).
+    """
+
+    images: list[Image.Image]
+    question: str
+    task: str
+    answer: str | None = None
+    reasoning: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CompletionBatch:
+    """K sampled completions for each of B prompts.
+
+    Attributes:
+        completion_ids: ``[N, L]`` token ids, right-padded with the pad id.
+        completion_mask: ``[N, L]`` 1 for real completion tokens (up to and including EOS), 0 for padding.
+        texts: N decoded completions (special tokens skipped).
+        truncated: ``[N]`` bool, True where the completion hit ``max_new_tokens`` without an EOS.
+        group_size: K.
+    """
+
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    texts: list[str]
+    truncated: torch.Tensor
+    group_size: int
+
+
+@dataclass
+class RewardOutput:
+    """Weighted total reward and every named component, one value per completion.
+
+    Attributes:
+        total: ``[N]`` weighted sum of the components.
+        components: name -> ``[N]`` unweighted component values.
+    """
+
+    total: torch.Tensor
+    components: dict[str, torch.Tensor]
+
+
+@dataclass
+class GRPOBatch:
+    """Everything one GRPO update needs; built once per rollout and reused for ``num_iterations`` updates.
+
+    Attributes:
+        prompt_inputs: processor outputs for the B prompts, repeated to N rows (input_ids ``[N, P]``, attention_mask,
+            pixel_values, image_grid_thw, mm_token_type_ids ...).
+        completions: the sampled completions.
+        old_logprobs: ``[N, L]`` log-probs of the completion tokens under the policy that sampled them.
+        ref_logprobs: ``[N, L]`` log-probs under the reference (adapter disabled), or None when beta == 0.
+        advantages: ``[N]`` group-relative advantages.
+        loss_mask: ``[N, L]`` tokens that enter the loss (completion mask, minus dropped groups / truncated rows).
+        rewards: the reward output used for the advantages.
+    """
+
+    prompt_inputs: dict[str, torch.Tensor]
+    completions: CompletionBatch
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    rewards: RewardOutput
+
+
+@dataclass
+class CompletionRecord:
+    """One row of the completion table that logging callbacks write."""
+
+    step: int
+    task: str
+    question: str
+    completion: str
+    answer: str | None
+    reward: float
+    advantage: float
+    components: dict[str, float]
