@@ -30,6 +30,38 @@ class VisualSample:
 
 
 @dataclass
+class PromptInputs:
+    """Processor outputs for N prompt rows (left-padded), with what is needed to select rows of them.
+
+    Attributes:
+        tensors: ``input_ids`` / ``attention_mask`` / ``mm_token_type_ids`` ``[N, P]``; ``pixel_values``
+            ``[num_patches, D]`` (the patches of all images, in row order) and ``image_grid_thw`` ``[num_images, 3]``.
+        images_per_row: number of images in each row.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    images_per_row: list[int]
+
+    def __len__(self) -> int:
+        return self.tensors["input_ids"].shape[0]
+
+    def select(self, rows: slice) -> PromptInputs:
+        """The rows ``rows`` (a contiguous slice), with their images' patches."""
+        start, stop, _ = rows.indices(len(self))
+        if (start, stop) == (0, len(self)):
+            return self
+        out = {k: v[start:stop] for k, v in self.tensors.items() if k not in ("pixel_values", "image_grid_thw")}
+        if "image_grid_thw" in self.tensors:
+            grid = self.tensors["image_grid_thw"]  # [num_images, 3]
+            first_image, last_image = sum(self.images_per_row[:start]), sum(self.images_per_row[:stop])
+            patches = grid.prod(dim=1)  # [num_images]
+            first_patch, last_patch = int(patches[:first_image].sum()), int(patches[:last_image].sum())
+            out["image_grid_thw"] = grid[first_image:last_image]
+            out["pixel_values"] = self.tensors["pixel_values"][first_patch:last_patch]
+        return PromptInputs(out, self.images_per_row[start:stop])
+
+
+@dataclass
 class CompletionBatch:
     """K sampled completions for each of B prompts.
 
@@ -66,19 +98,19 @@ class GRPOBatch:
     """Everything one GRPO update needs; built once per rollout and reused for ``num_iterations`` updates.
 
     Attributes:
-        prompt_inputs: processor outputs for the B prompts, repeated to N rows (input_ids ``[N, P]``, attention_mask,
-            pixel_values, image_grid_thw, mm_token_type_ids ...).
+        prompt_inputs: the B prompts, each repeated K times (N rows).
         completions: the sampled completions.
-        old_logprobs: ``[N, L]`` log-probs of the completion tokens under the policy that sampled them.
+        old_logprobs: ``[N, L]`` log-probs under the policy that sampled them; None when ``num_iterations == 1``
+            (then the current log-probs, detached, are the old ones and the ratio is exactly 1).
         ref_logprobs: ``[N, L]`` log-probs under the reference (adapter disabled), or None when beta == 0.
         advantages: ``[N]`` group-relative advantages.
         loss_mask: ``[N, L]`` tokens that enter the loss (completion mask, minus dropped groups / truncated rows).
         rewards: the reward output used for the advantages.
     """
 
-    prompt_inputs: dict[str, torch.Tensor]
+    prompt_inputs: PromptInputs
     completions: CompletionBatch
-    old_logprobs: torch.Tensor
+    old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
     advantages: torch.Tensor
     loss_mask: torch.Tensor

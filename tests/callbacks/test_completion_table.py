@@ -76,9 +76,17 @@ def test_fit_writes_csv_and_tensorboard_text(tmp_path):
     expected = make_records(step=1)[:2] + make_records(step=3)[:2]
     assert len(rows) == len(expected)
     assert list(rows[0]) == [
-        "step", "task", "question", "completion", "answer", "reward", "advantage", "reward/accuracy", "reward/format"
+        "step",
+        "task",
+        "question",
+        "completion",
+        "answer",
+        "reward",
+        "advantage",
+        "reward/accuracy",
+        "reward/format",
     ]
-    for row, record in zip(rows, expected):
+    for row, record in zip(rows, expected, strict=True):
         assert int(row["step"]) == record.step
         assert (row["task"], row["question"], row["completion"]) == (record.task, record.question, record.completion)
         assert row["answer"] == ("" if record.answer is None else record.answer)
@@ -102,7 +110,10 @@ def test_fit_writes_csv_and_tensorboard_text(tmp_path):
 
 def fake_trainer(tmp_path, global_step: int, is_global_zero: bool = True) -> SimpleNamespace:
     return SimpleNamespace(
-        global_step=global_step, is_global_zero=is_global_zero, loggers=[], log_dir=str(tmp_path),
+        global_step=global_step,
+        is_global_zero=is_global_zero,
+        loggers=[],
+        log_dir=str(tmp_path),
         default_root_dir=str(tmp_path),
     )
 

@@ -1,0 +1,41 @@
+"""Writing a trained policy as a Hugging Face folder: at the end of fit (callback) or from a checkpoint (CLI)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lightning as L
+
+log = logging.getLogger(__name__)
+
+
+class ExportPolicy(L.Callback):
+    """Export ``pl_module.policy`` to ``output_dir`` when fit ends (rank 0 only).
+
+    The folder loads with ``AutoModelForImageTextToText.from_pretrained`` / ``AutoProcessor.from_pretrained``; with
+    LoRA it holds the merged weights plus the adapter in PEFT format under ``adapter/``. A GRPO config points its
+    ``policy.model`` at the SFT stage's folder to start from it.
+    """
+
+    def __init__(self, output_dir: str):
+        self.output_dir = output_dir
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            path = pl_module.policy.export(self.output_dir)
+            log.info("exported the policy to %s", path)
+        trainer.strategy.barrier("export_policy")
+
+
+def export_from_checkpoint(model: L.LightningModule, ckpt_path: str | Path, output_dir: str | Path) -> Path:
+    """Load a Lightning checkpoint's weights into ``model`` (built from the same config) and export its policy."""
+    import torch
+
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    missing, unexpected = model.load_state_dict(checkpoint["state_dict"], strict=False)
+    if unexpected or [k for k in missing if not k.startswith("policy.reference.")]:
+        raise ValueError(
+            f"checkpoint {ckpt_path} does not match the config's model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    return model.policy.export(output_dir)

@@ -1,0 +1,293 @@
+"""The VLM policy: a Qwen-VL model + processor with optional PEFT LoRA, sampling and chunked per-token log-probs.
+
+One class owns everything that touches the model, so the Lightning modules only see prompts, completions and
+log-prob tensors. Group layout: completion row ``b * K + k`` belongs to prompt ``b``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from app.embedded.models import load_vlm
+from app.models.kernels import apply_optional_kernels
+from app.sampling.logprobs import chunked_token_logprobs
+from app.types import CompletionBatch, PromptInputs, VisualSample
+
+log = logging.getLogger(__name__)
+
+LANGUAGE_MODEL_PROJECTIONS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+REASONING_INSTRUCTION = (
+    " Output the thinking process in <think> </think> and the final answer in <answer> </answer> tags."
+)
+_VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoRASettings:
+    """PEFT LoRA on the language model.
+
+    Attributes:
+        r: rank of the update.
+        alpha: scaling numerator (``lora_alpha``); the update is scaled by alpha / r.
+        dropout: dropout on the LoRA input.
+        target_modules: regex over module names; the default hits the language model's attention and MLP projections
+            and nothing in the vision tower.
+    """
+
+    r: int = 32
+    alpha: int = 64
+    dropout: float = 0.05
+    target_modules: str = LANGUAGE_MODEL_PROJECTIONS
+
+    def __post_init__(self):
+        if self.r < 1 or self.alpha <= 0:
+            raise ValueError(f"LoRA needs r >= 1 and alpha > 0, got r={self.r}, alpha={self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class SamplingSettings:
+    """How completions are drawn. ``num_generations`` is the group size K."""
+
+    num_generations: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+
+    def __post_init__(self):
+        if self.num_generations < 1:
+            raise ValueError(f"num_generations must be >= 1, got {self.num_generations}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use greedy decoding for validation), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+class VLMPolicy(nn.Module):
+    """A vision-language policy loaded through ``from_pretrained``.
+
+    Args:
+        model: an embedded name (``tiny-qwen2-vl``, ``tiny-qwen2.5-vl``, ``tiny-qwen3-vl``), a hub id such as
+            ``Qwen/Qwen2.5-VL-3B-Instruct``, or a local folder (for example an exported SFT policy).
+        lora: LoRA settings; None trains all language-model parameters (full fine-tuning).
+        freeze_vision: keep the vision tower (and its merger) frozen.
+        dtype: weight dtype: float32, bfloat16 or float16.
+        attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``flash_attention_2``, ...); None = library default.
+        use_liger_kernel: patch the model with Liger kernels when liger-kernel is installed and CUDA is available.
+        gradient_checkpointing: recompute activations in backward to save memory.
+        logprob_chunk_size: completion tokens per chunk when computing log-probs (bounds the float32 logits in memory).
+        instruction: appended to every question; the reasoning-format instruction of the papers by default.
+        seed: seed of the embedded model's random weights (ignored for real checkpoints).
+    """
+
+    def __init__(
+        self,
+        model: str = "tiny-qwen2.5-vl",
+        lora: LoRASettings | None = None,
+        freeze_vision: bool = True,
+        dtype: str = "float32",
+        attn_implementation: str | None = None,
+        use_liger_kernel: bool = False,
+        gradient_checkpointing: bool = False,
+        logprob_chunk_size: int = 1024,
+        instruction: str = REASONING_INSTRUCTION,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        hf_model, self.processor = load_vlm(model, dtype=_DTYPES[dtype], seed=seed, **extra)
+        self.processor.tokenizer.padding_side = "left"
+        self.model_name = model
+        self.instruction = instruction
+        self.logprob_chunk_size = logprob_chunk_size
+        self.uses_lora = lora is not None
+        apply_optional_kernels(hf_model, use_liger_kernel)
+        if gradient_checkpointing:
+            hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = self._wrap(hf_model, lora, freeze_vision)  # PeftModel with LoRA, the HF model otherwise
+        self.reference: nn.Module | None = None
+        tokenizer = self.processor.tokenizer
+        self.pad_token_id = tokenizer.pad_token_id
+        self.eos_token_ids = _as_list(hf_model.generation_config.eos_token_id) or [tokenizer.eos_token_id]
+        self.suppressed_token_ids = [
+            i for i in tokenizer.convert_tokens_to_ids(list(_VISION_TOKENS)) if i is not None and i != tokenizer.unk_token_id
+        ]
+
+    @staticmethod
+    def _wrap(hf_model: nn.Module, lora: LoRASettings | None, freeze_vision: bool) -> nn.Module:
+        if lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            config = LoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules
+            )
+            wrapped = get_peft_model(hf_model, config)
+        else:
+            wrapped = hf_model
+            for parameter in hf_model.parameters():
+                parameter.requires_grad_(True)
+        for parameter in _vision_tower(hf_model).parameters():
+            parameter.requires_grad_(not freeze_vision)
+        return wrapped
+
+    # ----------------------------------------------------------------------------------------------------- prompts
+    def prompt_text(self, sample: VisualSample) -> str:
+        content = [{"type": "image"} for _ in sample.images]
+        content.append({"type": "text", "text": sample.question + self.instruction})
+        messages = [{"role": "user", "content": content}]
+        return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode_prompts(self, samples: Sequence[VisualSample], repeats: int = 1) -> PromptInputs:
+        """Processor inputs for the prompts, each row repeated ``repeats`` times (group-major), left-padded."""
+        texts = [self.prompt_text(s) for s in samples for _ in range(repeats)]
+        images = [list(s.images) for s in samples for _ in range(repeats)]
+        inputs = self.processor(text=texts, images=images if any(images) else None, return_tensors="pt", padding=True)
+        tensors = {k: v.to(self.device) for k, v in inputs.items()}
+        return PromptInputs(tensors, [len(row) for row in images])
+
+    # ------------------------------------------------------------------------------------------------- sampling
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_inputs: PromptInputs,
+        sampling: SamplingSettings | None = None,
+        greedy: bool = False,
+        group_size: int = 1,
+    ) -> CompletionBatch:
+        """Draw one completion per row of ``prompt_inputs`` (already repeated K times by ``encode_prompts``)."""
+        sampling = sampling or SamplingSettings()
+        kwargs = dict(do_sample=False) if greedy else dict(
+            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0
+        )
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            sequences = self.model.generate(
+                **prompt_inputs.tensors,
+                max_new_tokens=sampling.max_new_tokens,
+                suppress_tokens=self.suppressed_token_ids,
+                pad_token_id=self.pad_token_id,
+                eos_token_id=self.eos_token_ids,
+                **kwargs,
+            )
+        finally:
+            self.model.train(was_training)
+        completion_ids = sequences[:, prompt_inputs.tensors["input_ids"].shape[1] :]  # [N, L]
+        return self._completion_batch(completion_ids, group_size)
+
+    def _completion_batch(self, completion_ids: torch.Tensor, group_size: int) -> CompletionBatch:
+        is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=completion_ids.device))  # [N, L]
+        has_eos = is_eos.any(dim=1)  # [N]
+        first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), completion_ids.shape[1] - 1)  # [N]
+        positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)  # [L]
+        mask = (positions[None, :] <= first_eos[:, None]).long()  # [N, L]
+        completion_ids = completion_ids.masked_fill(mask == 0, self.pad_token_id)
+        texts = self.processor.batch_decode(completion_ids, skip_special_tokens=True)
+        return CompletionBatch(completion_ids, mask, texts, truncated=~has_eos, group_size=group_size)
+
+    def encode_targets(self, targets: Sequence[str], group_size: int = 1) -> CompletionBatch:
+        """Tokenise reference completions (for SFT), each closed with the end-of-turn token, right-padded."""
+        tokenizer = self.processor.tokenizer
+        rows = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in targets]
+        length = max(len(r) for r in rows)
+        ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+        return self._completion_batch(ids.to(self.device), group_size)
+
+    # ------------------------------------------------------------------------------------------------ log-probs
+    def sequence_logprobs(
+        self,
+        prompt_inputs: PromptInputs,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        temperature: float = 1.0,
+        hf_model: nn.Module | None = None,
+    ) -> torch.Tensor:
+        """Per-token log-probs ``[N, L]`` (float32) of the completion tokens, computed in chunks over the vocabulary."""
+        prompt = prompt_inputs.tensors
+        prompt_length = prompt["input_ids"].shape[1]
+        inputs = dict(prompt)
+        inputs["input_ids"] = torch.cat([prompt["input_ids"], completion_ids], dim=1)  # [N, P+L]
+        inputs["attention_mask"] = torch.cat([prompt["attention_mask"], completion_mask], dim=1)
+        if "mm_token_type_ids" in inputs:
+            inputs["mm_token_type_ids"] = torch.cat([prompt["mm_token_type_ids"], torch.zeros_like(completion_ids)], dim=1)
+        hf_model = hf_model or self.hf_model
+        hidden = hf_model.model(**inputs, use_cache=False).last_hidden_state  # [N, P+L, H]
+        hidden = hidden[:, prompt_length - 1 : -1]  # [N, L, H] states that predict the completion tokens
+        return chunked_token_logprobs(
+            hidden, hf_model.lm_head, completion_ids, chunk_size=self.logprob_chunk_size, temperature=temperature
+        )
+
+    def enable_reference(self) -> None:
+        """Prepare the KL reference. With LoRA it is the adapter-disabled model (free); with full fine-tuning a frozen
+        copy of the starting weights is kept (and saved in checkpoints, so a resumed run keeps the same reference)."""
+        if not self.uses_lora and self.reference is None:
+            self.reference = copy.deepcopy(self.hf_model).requires_grad_(False).eval()
+
+    @torch.no_grad()
+    def reference_logprobs(self, prompt_inputs, completion_ids, completion_mask, temperature: float = 1.0):
+        """Log-probs ``[N, L]`` under the reference policy."""
+        if self.uses_lora:
+            with self.model.disable_adapter():
+                return self.sequence_logprobs(prompt_inputs, completion_ids, completion_mask, temperature)
+        if self.reference is None:
+            raise RuntimeError("reference_logprobs needs enable_reference() first (done by modules with beta > 0)")
+        return self.sequence_logprobs(prompt_inputs, completion_ids, completion_mask, temperature, self.reference)
+
+    # --------------------------------------------------------------------------------------------------- export
+    def export(self, output_dir: str | Path) -> Path:
+        """Write the policy as a Hugging Face folder (LoRA merged) plus, with LoRA, the adapter in PEFT format."""
+        output_dir = Path(output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if self.uses_lora:
+            self.model.save_pretrained(output_dir / "adapter")
+            merged = copy.deepcopy(self.model).merge_and_unload()
+        else:
+            merged = self.hf_model
+        merged.save_pretrained(output_dir)
+        self.processor.save_pretrained(output_dir)
+        return output_dir
+
+    # ---------------------------------------------------------------------------------------------------- utils
+    @property
+    def hf_model(self) -> nn.Module:
+        """The transformers model (LoRA layers are injected into it in place)."""
+        return self.model.get_base_model() if self.uses_lora else self.model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf_model.parameters()).device
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def vision_parameters(self) -> list[nn.Parameter]:
+        return list(_vision_tower(self.hf_model).parameters())
+
+
+def _vision_tower(hf_model: nn.Module) -> nn.Module:
+    inner = getattr(hf_model, "model", hf_model)
+    for name in ("visual", "vision_tower", "vision_model"):
+        if hasattr(inner, name):
+            return getattr(inner, name)
+    raise ValueError(f"cannot find the vision tower of {type(hf_model).__name__}")
+
+
+def _as_list(value) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]

@@ -1,0 +1,90 @@
+"""What the VLM SFT and GRPO modules share: the policy, the optimizer, and greedy-decoding evaluation."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import lightning as L
+import torch
+
+from app.models.vlm import SamplingSettings, VLMPolicy
+from app.rewards import AccuracyReward, FormatReward, RewardComponent
+from app.types import VisualSample
+
+
+class VLMModule(L.LightningModule):
+    """Base LightningModule around a :class:`VLMPolicy`.
+
+    Args:
+        policy: the model to train.
+        learning_rate: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        warmup_steps: linear learning-rate warm-up, in optimizer steps.
+        eval_max_new_tokens: generation budget for greedy evaluation.
+        eval_rewards: rewards scored on greedy completions in validation / test, logged as ``val/<name>/<task>``
+            (``accuracy`` is logged as ``val/acc/<task>``, ``format`` as the format rate). Default: accuracy and format.
+    """
+
+    def __init__(
+        self,
+        policy: VLMPolicy,
+        learning_rate: float = 1e-6,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        eval_max_new_tokens: int = 256,
+        eval_rewards: Sequence[RewardComponent] | None = None,
+    ):
+        super().__init__()
+        self.save_hyperparameters(ignore=["policy", "rewards", "eval_rewards"])
+        self.policy = policy
+        self.eval_rewards = list(eval_rewards) if eval_rewards is not None else [AccuracyReward(), FormatReward()]
+        self.eval_results: dict[str, dict[str, float]] = {}
+
+    # ------------------------------------------------------------------------------------------------ optimizer
+    def configure_optimizers(self):
+        parameters = self.policy.trainable_parameters()
+        if not parameters:
+            raise ValueError("the policy has no trainable parameters: set policy.lora or freeze less")
+        optimizer = torch.optim.AdamW(parameters, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
+        warmup = max(self.hparams.warmup_steps, 0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def validation_step(self, batch: list[VisualSample], batch_idx: int) -> None:
+        self._evaluate(batch, stage="val")
+
+    def test_step(self, batch: list[VisualSample], batch_idx: int) -> None:
+        self._evaluate(batch, stage="test")
+
+    @torch.no_grad()
+    def _evaluate(self, samples: list[VisualSample], stage: str) -> None:
+        prompts = self.policy.encode_prompts(samples)
+        sampling = SamplingSettings(num_generations=1, max_new_tokens=self.hparams.eval_max_new_tokens)
+        completions = self.policy.generate(prompts, sampling, greedy=True)
+        for reward in self.eval_rewards:
+            values = reward.score(completions.texts, samples).to(self.device)  # [B]
+            key = "acc" if reward.name == "accuracy" else reward.name
+            self.log(f"{stage}/{key}", values.mean(), batch_size=len(samples), sync_dist=True)
+            by_task = defaultdict(list)
+            for sample, value in zip(samples, values):
+                by_task[sample.task].append(value)
+            for task, task_values in by_task.items():
+                self.log(
+                    f"{stage}/{key}/{task}", torch.stack(task_values).mean(), batch_size=len(task_values), sync_dist=True
+                )
+
+    def on_validation_epoch_end(self) -> None:
+        self._remember("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._remember("test")
+
+    def _remember(self, stage: str) -> None:
+        """Keep this evaluation's figures (the CLI prints them at the end of a run)."""
+        metrics = {
+            k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith(f"{stage}/") and v.numel() == 1
+        }
+        if metrics and not self.trainer.sanity_checking:
+            self.eval_results[f"{stage}@step{self.global_step}"] = metrics
