@@ -73,11 +73,10 @@ def export_main(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["export"]:
-        export_main(argv[1:])
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["export"]:
+        export_main((sys.argv[1:] if argv is None else argv)[1:])
         return
-    AppCLI(args=argv)
+    AppCLI(args=argv, save_config_kwargs={"overwrite": True})
 
 
 if __name__ == "__main__":

@@ -85,7 +85,11 @@ def test_update_compute_accumulate_mean_of_scores():
 
 
 def test_real_rewards_accumulate_score_mean():
-    completions = ["<think>a</think><answer>yes</answer>", "<answer>yes</answer>", "<think>a</think><answer>no</answer>"]
+    completions = [
+        "<think>a</think><answer>yes</answer>",
+        "<answer>yes</answer>",
+        "<think>a</think><answer>no</answer>",
+    ]
     samples = [SAMPLE] * 3
     for reward in (FormatReward(), AccuracyReward()):
         reward.update(completions, samples)

@@ -29,7 +29,8 @@ def test_total_is_weighted_sum_random_weights(seed):
                  name=f"c{i}")
         for i in range(rng.randint(1, 4))
     ] + [FormatReward(weight=rng.uniform(0, 1)), AccuracyReward(weight=rng.uniform(0, 1))]
-    completions = [rng.choice(["<think>a</think><answer>yes</answer>", "<answer>no</answer>", "junk"]) for _ in range(n)]
+    choices = ["<think>a</think><answer>yes</answer>", "<answer>no</answer>", "junk"]
+    completions = [rng.choice(choices) for _ in range(n)]
     out = WeightedReward(components)(completions, samples(n))
 
     assert isinstance(out, RewardOutput)

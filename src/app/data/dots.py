@@ -34,6 +34,7 @@ def make_dots_sample(
     min_gap: int | None = None,
     num_distractors: int = 0,
     answer: str | None = None,
+    dot_radius: int | None = None,
 ) -> VisualSample:
     """Render one red/blue dot scene with its question, answer and a one-line reasoning.
 
@@ -43,8 +44,11 @@ def make_dots_sample(
         min_gap: smallest horizontal distance between the red and blue centres; ``image_size // 4`` when None.
         num_distractors: extra green or yellow dots, placed without touching the red and blue ones when possible.
         answer: "yes" (red is left) or "no"; drawn from ``rng`` when None.
+        dot_radius: radius in pixels; ``image_size / 14`` when None.
     """
-    radius = max(2, round(image_size / 14))
+    radius = max(2, round(image_size / 14)) if dot_radius is None else dot_radius
+    if radius < 1 or 2 * radius >= image_size:
+        raise ValueError(f"dot_radius must be in [1, {image_size // 2 - 1}] for image_size={image_size}, got {radius}")
     min_gap = image_size // 4 if min_gap is None else min_gap
     lo, hi = radius, image_size - 1 - radius  # centres keep the whole dot inside the image
     if min_gap < 1 or min_gap > hi - lo:
@@ -95,6 +99,7 @@ class DotsDataset(Dataset):
         min_gap: smallest horizontal distance between the red and blue centres (``image_size // 4`` when None).
         num_distractors: extra green or yellow dots per image.
         labeled: when False, ``answer`` and ``reasoning`` are None (label-free training); the scene is unchanged.
+        dot_radius: radius in pixels (``image_size / 14`` when None).
     """
 
     def __init__(
@@ -105,6 +110,7 @@ class DotsDataset(Dataset):
         min_gap: int | None = None,
         num_distractors: int = 0,
         labeled: bool = True,
+        dot_radius: int | None = None,
     ) -> None:
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
@@ -114,6 +120,7 @@ class DotsDataset(Dataset):
         self.min_gap = min_gap
         self.num_distractors = num_distractors
         self.labeled = labeled
+        self.dot_radius = dot_radius
 
     def __len__(self) -> int:
         return self.num_samples
@@ -130,7 +137,7 @@ class DotsDataset(Dataset):
             raise IndexError(f"index {index} out of range for {self.num_samples} samples")
         rng = random.Random(f"dots:{self.seed}:{index}")  # str seeds hash with SHA-512: stable across processes
         sample = make_dots_sample(
-            rng, self.image_size, self.min_gap, self.num_distractors, answer=self.answer_for(index)
+            rng, self.image_size, self.min_gap, self.num_distractors, self.answer_for(index), self.dot_radius
         )
         if not self.labeled:
             sample.answer = sample.reasoning = None
