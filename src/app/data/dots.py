@@ -84,7 +84,9 @@ def make_dots_sample(
         question=QUESTION,
         task=TASK,
         answer=answer,
-        reasoning=f"red x={red_x}, blue x={blue_x}, red is {side}",
+        # The reasoning names what must be seen, not pixel coordinates: with coordinates in the teacher-forced target
+        # a small model learns to read the answer off its own digits and never looks at the image.
+        reasoning=f"red is {side} of blue",
         meta={"red_xy": red_xy, "blue_xy": blue_xy, "image_size": image_size},
     )
 

@@ -118,6 +118,7 @@ class VLMPolicy(nn.Module):
         if gradient_checkpointing:
             hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = self._wrap(hf_model, lora, freeze_vision)  # PeftModel with LoRA, the HF model otherwise
+        self.model.train()  # from_pretrained returns eval mode; generation switches to eval and back itself
         self.reference: nn.Module | None = None
         tokenizer = self.processor.tokenizer
         self.pad_token_id = tokenizer.pad_token_id

@@ -1,0 +1,173 @@
+"""Shared fixtures: one embedded-model cache for the whole session (subprocesses included), tiny policies, dots samples.
+
+Environment set at import time, before anything imports transformers, so that every test and every subprocess it
+starts sees it:
+
+- ``APP_CACHE_DIR``: a per-session folder (unless already set), so tiny models are built once and shared.
+- ``HF_HUB_OFFLINE``: nothing may download; a wrong name fails at once instead of retrying the hub for a minute.
+- ``OMP_NUM_THREADS`` / ``torch.set_num_threads``: one thread by default (``APP_TEST_THREADS`` overrides). The models
+  are tiny, so more threads gain nothing, and on a shared 2-core machine two spinning OpenMP threads per process make
+  every matmul over 100x slower.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+THREADS = int(os.environ.get("APP_TEST_THREADS", "1"))
+
+if "APP_CACHE_DIR" not in os.environ:
+    os.environ["APP_CACHE_DIR"] = tempfile.mkdtemp(prefix="app-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["APP_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+for path in (str(ROOT / "src"), str(ROOT)):  # `app` and the top-level `callbacks` package, also without PYTHONPATH
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(THREADS)
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for ``python -m app`` subprocesses: the session's cache, offline, src and the repo on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+def dots_samples(n: int, seed: int = 0):
+    """``n`` labeled dots samples with 64-pixel images (the quickstart task, small)."""
+    from app.data import DotsDataset
+
+    dataset = DotsDataset(n, seed, image_size=64, dot_radius=12)
+    return [dataset[i] for i in range(n)]
+
+
+def make_policy(model: str = "tiny-qwen2-vl", lora_r: int | None = 4, **kwargs):
+    """A fresh tiny policy; LoRA (rank ``lora_r``, no dropout) unless ``lora_r`` is None (full fine-tuning)."""
+    from app.models import LoRASettings, VLMPolicy
+
+    lora = LoRASettings(r=lora_r, alpha=2 * lora_r, dropout=0.0) if lora_r is not None else None
+    return VLMPolicy(model, lora=lora, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_policy():
+    """A tiny-qwen2-vl policy with LoRA r=4 (dropout 0). Shared: tests must not change its weights."""
+    return make_policy().eval()
+
+
+@pytest.fixture(scope="session")
+def samples():
+    """Four dots samples (64 px, one image each)."""
+    return dots_samples(4)
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def new_policy():
+    """Factory of fresh tiny policies (for tests that train or perturb weights): ``new_policy(model, lora_r, **kw)``."""
+    return make_policy
+
+
+@pytest.fixture(scope="session")
+def new_samples():
+    """Factory of dots samples: ``new_samples(n, seed)``."""
+    return dots_samples
+
+
+@pytest.fixture(scope="session")
+def app_env():
+    """Factory of subprocess environments: ``app_env(**extra)``."""
+    return subprocess_env
+
+
+class StepRecorder:
+    """Keeps, after every training batch, the global step, the logged metrics (as floats) and the step's outputs."""
+
+    def __init__(self):
+        import lightning as L
+
+        class _Callback(L.Callback):
+            def on_train_batch_end(cb, trainer, pl_module, outputs, batch, batch_idx):
+                metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+                self.steps.append({"global_step": trainer.global_step, "metrics": metrics, "outputs": outputs})
+
+        self.steps: list[dict] = []
+        self.callback = _Callback()
+
+    def metric(self, key: str) -> list[float]:
+        return [step["metrics"][key] for step in self.steps]
+
+
+def run_fit(module, data, max_steps: int = 2, callbacks=(), ckpt_path=None, weights_only=None, **trainer_kwargs):
+    """Fit ``module`` on CPU (no logger, no checkpoints, no progress bar) and record every step.
+
+    ``data`` is a LightningDataModule or a training DataLoader. Returns ``(trainer, recorder)``.
+    """
+    import lightning as L
+
+    recorder = StepRecorder()
+    kwargs = dict(
+        max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+    )
+    kwargs.update(trainer_kwargs)
+    trainer = L.Trainer(callbacks=[recorder.callback, *callbacks], **kwargs)
+    if isinstance(data, L.LightningDataModule):
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=weights_only)
+    else:
+        trainer.fit(module, train_dataloaders=data, ckpt_path=ckpt_path, weights_only=weights_only)
+    return trainer, recorder
+
+
+@pytest.fixture(scope="session")
+def fit():
+    """``fit(module, data, max_steps=2, callbacks=(), ckpt_path=None, weights_only=None, **trainer_kwargs)``
+    -> ``(trainer, recorder)``."""
+    return run_fit
+
+
+def tiny_datamodule(train_size: int = 8, batch_size: int = 2, seed: int = 0, **kwargs):
+    """The quickstart's data module, tiny: 64-pixel dots images."""
+    from app.data import VisualTaskDataModule
+
+    args = dict(
+        task="dots_left_of", train_size=train_size, val_size=4, test_size=4, batch_size=batch_size, val_batch_size=4,
+        seed=seed, image_size=64, task_kwargs={"dot_radius": 12},
+    )
+    return VisualTaskDataModule(**{**args, **kwargs})
+
+
+@pytest.fixture(scope="session")
+def new_datamodule():
+    """Factory of tiny dots data modules: ``new_datamodule(train_size=8, batch_size=2, seed=0, **kwargs)``."""
+    return tiny_datamodule
+
+
+def snapshot(module) -> dict:
+    """A copy of every parameter of ``module`` by name."""
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+@pytest.fixture(scope="session")
+def params_snapshot():
+    """``params_snapshot(module) -> {name: tensor}`` (detached copies)."""
+    return snapshot

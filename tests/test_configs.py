@@ -1,0 +1,63 @@
+"""Every YAML recipe parses against its classes (without instantiating them: the GPU recipes name hub checkpoints that
+cannot be downloaded here), and the tiny test fixtures instantiate into the objects they describe."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.cli import AppCLI
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
+FIXTURE_CONFIGS = [ROOT / "tests" / "fixtures" / "tiny_grpo.yaml", ROOT / "tests" / "fixtures" / "tiny_sft.yaml"]
+
+
+def print_config(args: list[str], capsys) -> dict:
+    """Run ``fit ... --print_config`` in process: parse and validate, print, exit 0; never instantiate."""
+    with pytest.raises(SystemExit) as exit_info:
+        AppCLI(args=["fit", *args, "--print_config"])
+    captured = capsys.readouterr()
+    assert exit_info.value.code in (0, None), captured.err[-2000:]
+    return yaml.safe_load(captured.out)
+
+
+def test_there_are_recipes():
+    assert RECIPES, "configs/ holds no YAML recipe"
+
+
+@pytest.mark.parametrize("path", RECIPES + FIXTURE_CONFIGS, ids=lambda p: p.name)
+def test_config_parses_against_its_classes(path, capsys):
+    config = print_config(["--config", str(path)], capsys)
+    assert config["model"]["class_path"].startswith("app.modules.")
+    assert config["data"]["class_path"].startswith("app.data.")
+    assert config["model"]["init_args"]["policy"]["class_path"] == "app.models.VLMPolicy"
+
+
+@pytest.mark.parametrize("path", RECIPES + FIXTURE_CONFIGS, ids=lambda p: p.name)
+def test_config_opens_with_the_command_that_runs_it(path):
+    header = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    assert any("python -m app fit --config" in line for line in header), f"{path.name} does not say how to run it"
+    assert any(path.name in line for line in header)
+
+
+@pytest.mark.parametrize(
+    "path, module_class",
+    [(FIXTURE_CONFIGS[0], "VLMGRPOModule"), (FIXTURE_CONFIGS[1], "VLMSFTModule")],
+    ids=["tiny_grpo", "tiny_sft"],
+)
+def test_tiny_fixture_instantiates(path, module_class, tmp_path):
+    cli = AppCLI(args=["--config", str(path), "--trainer.default_root_dir", str(tmp_path)], run=False)
+    assert type(cli.model).__name__ == module_class
+    assert cli.model.policy.model_name == "tiny-qwen2-vl"
+    assert cli.trainer.max_steps == 2
+    assert cli.trainer.default_root_dir == str(tmp_path)
+    assert cli.datamodule.image_size == 64 and cli.datamodule.val_size == 4 and cli.datamodule.batch_size == 2
+    if module_class == "VLMGRPOModule":
+        assert cli.model.sampling.num_generations == 4 and cli.model.sampling.max_new_tokens == 8
+        assert cli.model.policy.uses_lora
+        assert cli.model.rewards.names == ["accuracy", "format"]
