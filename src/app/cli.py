@@ -40,13 +40,13 @@ class AppCLI(LightningCLI):
         return {k: float(v) for k, v in (results[0] if results else {}).items()}
 
     def _report(self, before: dict[str, float], after: dict[str, float]) -> None:
+        log_dir = Path(self.trainer.log_dir or self.trainer.default_root_dir)  # a collective call: every rank makes it
         if not self.trainer.is_global_zero:
             return
         keys = sorted(set(before) | set(after))
         lines = [f"{'held-out metric':<32}{'before fit':>12}{'after fit':>12}"]
         lines += [f"{k:<32}{before.get(k, float('nan')):>12.3f}{after.get(k, float('nan')):>12.3f}" for k in keys]
         print("\n".join(["", *lines, ""]), flush=True)
-        log_dir = Path(self.trainer.log_dir or self.trainer.default_root_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         (log_dir / "summary.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
 

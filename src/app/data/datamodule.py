@@ -14,6 +14,7 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from app.data.sampler import ResumableShuffleSampler
 from app.data.dots import DotsDataset
 from app.types import VisualSample
 
@@ -78,6 +79,7 @@ class VisualTaskDataModule(LightningDataModule):
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self.test_dataset: Dataset | None = None
+        self._resume_state: dict[str, int] = {}
 
     def _build(self, split: str, size: int) -> Dataset:
         seed = split_seed(self.seed, split)
@@ -91,16 +93,32 @@ class VisualTaskDataModule(LightningDataModule):
             self.test_dataset = self._build("test", self.test_size)
 
     def _loader(self, dataset: Dataset, batch_size: int, train: bool) -> DataLoader:
+        sampler = None
+        if train:
+            sampler = ResumableShuffleSampler(len(dataset), self.seed)
+            if self._resume_state:
+                done = self._resume_state["batches_done"] * batch_size
+                sampler.resume(self._resume_state["epoch"], done)
+                self._resume_state = {}
         return DataLoader(
             dataset,
             batch_size=batch_size,
-            shuffle=train,
+            sampler=sampler,
             drop_last=train,
-            generator=torch.Generator().manual_seed(self.seed) if train else None,
             num_workers=self.num_workers,
             collate_fn=collate_visual_samples,
             persistent_workers=self.num_workers > 0,
         )
+
+    def state_dict(self) -> dict[str, int]:
+        """Where training is in the current epoch, saved in checkpoints so a resumed run continues mid-epoch."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != "fit":
+            return {}
+        return {"epoch": trainer.current_epoch, "batches_done": trainer.fit_loop.epoch_loop.batch_idx + 1}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self._resume_state = dict(state_dict)
 
     def train_dataloader(self) -> DataLoader:
         self.setup()

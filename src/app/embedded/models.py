@@ -157,6 +157,8 @@ def build_tiny_vlm(name: str, seed: int = 0):
 def resolve_pretrained(name_or_path: str, seed: int = 0) -> str:
     """Return a folder or hub id that ``from_pretrained`` loads; embedded names are built and cached on first use."""
     if name_or_path not in TINY_VLMS:
+        if name_or_path.startswith("tiny-") and not Path(name_or_path).exists():
+            raise ValueError(f"unknown embedded model {name_or_path!r}; known: {sorted(TINY_VLMS)}")
         return name_or_path
     target = cache_root() / f"{name_or_path}-seed{seed}"
     if (target / "config.json").exists():

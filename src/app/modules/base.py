@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from collections.abc import Sequence
 
 import lightning as L
+import numpy as np
 import torch
 
 from app.models.vlm import SamplingSettings, VLMPolicy
 from app.rewards import AccuracyReward, FormatReward, RewardComponent
 from app.types import VisualSample
+
+
+def rng_states() -> dict:
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 class VLMModule(L.LightningModule):
@@ -36,7 +53,7 @@ class VLMModule(L.LightningModule):
         eval_rewards: Sequence[RewardComponent] | None = None,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["policy", "rewards", "eval_rewards"])
+        self.save_hyperparameters(ignore=["policy", "rewards", "eval_rewards", "sampling"])
         self.policy = policy
         self.eval_rewards = list(eval_rewards) if eval_rewards is not None else [AccuracyReward(), FormatReward()]
         self.eval_results: dict[str, dict[str, float]] = {}
@@ -50,6 +67,15 @@ class VLMModule(L.LightningModule):
         warmup = max(self.hparams.warmup_steps, 0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Sampling draws from the global generators: save them so a resumed run samples what an uninterrupted one would.
+        checkpoint["rng_states"] = rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "rng_states" in checkpoint:
+            restore_rng_states(checkpoint["rng_states"])
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def validation_step(self, batch: list[VisualSample], batch_idx: int) -> None:

@@ -10,6 +10,7 @@ into one optimizer step per iteration.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Literal
@@ -75,6 +76,7 @@ class VLMGRPOModule(VLMModule):
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
         self.automatic_optimization = False
         self.sampling = sampling or SamplingSettings()
+        self.hparams["sampling"] = dataclasses.asdict(self.sampling)  # plain data, so checkpoints load with weights_only
         self.rewards = WeightedReward(rewards)
         if beta > 0:
             policy.enable_reference()
@@ -117,8 +119,8 @@ class VLMGRPOModule(VLMModule):
         scheduler = self.lr_schedulers()
         for _ in range(self.hparams.num_iterations):
             stats = self._update(rollout, optimizer)
-        if scheduler is not None:
-            scheduler.step()
+            if scheduler is not None:
+                scheduler.step()
         self._log_step(rollout, stats)
         return {"loss": stats["loss"], "records": self._records(batch, rollout)}
 
