@@ -105,6 +105,9 @@ class VisualTaskDataModule(LightningDataModule):
             batch_size=batch_size,
             sampler=sampler,
             drop_last=train,
+            # Its own generator: creating an iterator draws a worker seed, which must not touch the global generator
+            # (a resumed run restores that generator and must sample exactly what an uninterrupted run would).
+            generator=torch.Generator().manual_seed(self.seed),
             num_workers=self.num_workers,
             collate_fn=collate_visual_samples,
             persistent_workers=self.num_workers > 0,

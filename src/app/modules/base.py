@@ -16,7 +16,10 @@ from app.types import VisualSample
 
 
 def rng_states() -> dict:
-    states = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """The global generators' states, as plain types and tensors (checkpoints load with ``weights_only=True``)."""
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    numpy_state = [name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached]
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -25,7 +28,8 @@ def rng_states() -> dict:
 def restore_rng_states(states: dict) -> None:
     torch.set_rng_state(states["torch"])
     random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    name, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
 
