@@ -99,8 +99,11 @@ def _run_worker(args: argparse.Namespace, path: str, mode: str, completions: int
     if proc.returncode != 0:
         raise RuntimeError(f"{path} {mode} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"  peak RSS {result['peak_kib'] / 1024:.0f} MiB, baseline {result['base_kib'] / 1024:.0f} MiB, "
-          f"{result['seconds']:.0f} s", flush=True)
+    print(
+        f"  peak RSS {result['peak_kib'] / 1024:.0f} MiB, baseline {result['base_kib'] / 1024:.0f} MiB, "
+        f"{result['seconds']:.0f} s",
+        flush=True,
+    )
     return {**result, "path": path, "mode": mode, "completions": completions, "save": save}
 
 
@@ -117,10 +120,14 @@ def _rows(mode: str, runs: dict) -> list[dict]:
 
 
 def _print_table(args: argparse.Namespace, rows: list[dict]) -> None:
-    print(f"\nvocab {args.vocab}, hidden {args.hidden}, chunk {args.chunk_size}, float32, {args.threads} threads, "
-          f"head {'trained' if args.train_head else 'frozen'}; increment = peak RSS - RSS after weight and inputs")
-    header = f"{'path':8} {'mode':9} {'tokens':>9} {'peak MiB':>9} {'incr MiB':>9} {'chunked/naive':>14} " \
-             f"{'max|dlogp|':>11} {'max|dgrad_h|':>13} {'secs':>5}"
+    print(
+        f"\nvocab {args.vocab}, hidden {args.hidden}, chunk {args.chunk_size}, float32, {args.threads} threads, "
+        f"head {'trained' if args.train_head else 'frozen'}; increment = peak RSS - RSS after weight and inputs"
+    )
+    header = (
+        f"{'path':8} {'mode':9} {'tokens':>9} {'peak MiB':>9} {'incr MiB':>9} {'chunked/naive':>14} "
+        f"{'max|dlogp|':>11} {'max|dgrad_h|':>13} {'secs':>5}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -129,8 +136,10 @@ def _print_table(args: argparse.Namespace, rows: list[dict]) -> None:
         ratio = f"{r['ratio']:.3f}" + ("*" if scaled else "") if r["path"] == "chunked" else ""
         dlogp = f"{r['diff']['logp']:.2e}" if r["path"] == "chunked" else ""
         dgrad = f"{r['diff']['grad_h']:.2e}" if r["path"] == "chunked" and "grad_h" in r["diff"] else ""
-        print(f"{r['path']:8} {r['mode']:9} {size:>9} {r['peak_kib'] / 1024:9.0f} {r['inc_mib']:9.0f} {ratio:>14} "
-              f"{dlogp:>11} {dgrad:>13} {r['seconds']:5.0f}")
+        print(
+            f"{r['path']:8} {r['mode']:9} {size:>9} {r['peak_kib'] / 1024:9.0f} {r['inc_mib']:9.0f} {ratio:>14} "
+            f"{dlogp:>11} {dgrad:>13} {r['seconds']:5.0f}"
+        )
     if any(r["completions"] != o["completions"] for r in rows for o in rows if r["mode"] == o["mode"]):
         print("* naive scaled down to fit --max-gib; the ratio is against that smaller naive run (an upper bound)")
 

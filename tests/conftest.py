@@ -126,8 +126,15 @@ def run_fit(module, data, max_steps: int = 2, callbacks=(), ckpt_path=None, weig
 
     recorder = StepRecorder()
     kwargs = dict(
-        max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
     )
     kwargs.update(trainer_kwargs)
     trainer = L.Trainer(callbacks=[recorder.callback, *callbacks], **kwargs)
@@ -150,8 +157,15 @@ def tiny_datamodule(train_size: int = 8, batch_size: int = 2, seed: int = 0, **k
     from app.data import VisualTaskDataModule
 
     args = dict(
-        task="dots_left_of", train_size=train_size, val_size=4, test_size=4, batch_size=batch_size, val_batch_size=4,
-        seed=seed, image_size=64, task_kwargs={"dot_radius": 12},
+        task="dots_left_of",
+        train_size=train_size,
+        val_size=4,
+        test_size=4,
+        batch_size=batch_size,
+        val_batch_size=4,
+        seed=seed,
+        image_size=64,
+        task_kwargs={"dot_radius": 12},
     )
     return VisualTaskDataModule(**{**args, **kwargs})
 

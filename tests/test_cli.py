@@ -38,8 +38,18 @@ def python_m_app(args: list[str], env: dict, timeout: int) -> subprocess.Complet
 # ------------------------------------------------------------------------------------------------ config errors
 def test_print_config_shows_command_line_overrides(capsys):
     code, out, err = run_cli(
-        ["fit", "--config", str(TINY_GRPO), "--model.init_args.eps_high", "0.28", "--trainer.max_steps", "7",
-         "--model.init_args.sampling.max_new_tokens", "5", "--print_config"],
+        [
+            "fit",
+            "--config",
+            str(TINY_GRPO),
+            "--model.init_args.eps_high",
+            "0.28",
+            "--trainer.max_steps",
+            "7",
+            "--model.init_args.sampling.max_new_tokens",
+            "5",
+            "--print_config",
+        ],
         capsys,
     )
     assert code == 0, err
@@ -125,8 +135,19 @@ def test_fit_validates_before_and_after_and_writes_the_run_folder(cli_fit):
 def test_fit_resumes_from_a_checkpoint_through_the_cli(cli_fit, tmp_path):
     _, _, ckpt, _ = cli_fit
     cli = AppCLI(
-        args=["fit", "--config", str(TINY_GRPO), "--ckpt_path", str(ckpt), "--trainer.max_steps", "3",
-              "--validate_before_and_after", "false", "--trainer.default_root_dir", str(tmp_path)],
+        args=[
+            "fit",
+            "--config",
+            str(TINY_GRPO),
+            "--ckpt_path",
+            str(ckpt),
+            "--trainer.max_steps",
+            "3",
+            "--validate_before_and_after",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ],
         save_config_kwargs={"overwrite": True},
     )
     assert cli.trainer.global_step == 3
@@ -136,9 +157,19 @@ def test_export_command_writes_a_folder_that_loads_with_from_pretrained(cli_fit,
     cli, _, ckpt, _ = cli_fit
     out = tmp_path / "exported"
     result = python_m_app(
-        ["export", "--config", str(TINY_GRPO), "--trainer.default_root_dir", str(tmp_path),
-         "--ckpt_path", str(ckpt), "--output_dir", str(out)],
-        app_env(), timeout=240,
+        [
+            "export",
+            "--config",
+            str(TINY_GRPO),
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--ckpt_path",
+            str(ckpt),
+            "--output_dir",
+            str(out),
+        ],
+        app_env(),
+        timeout=240,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"exported to {out}" in result.stdout
@@ -175,10 +206,25 @@ def test_two_process_ddp_fit_on_cpu(tmp_path, app_env):
     env = app_env(OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{FIXTURES}"  # ddp_probe.py: a reward with signal, per-rank reports
     result = python_m_app(
-        ["fit", "--config", str(TINY_GRPO), "--config", str(FIXTURES / "ddp_probe.yaml"),
-         "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
-         "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path)],
-        env, timeout=300,
+        [
+            "fit",
+            "--config",
+            str(TINY_GRPO),
+            "--config",
+            str(FIXTURES / "ddp_probe.yaml"),
+            "--trainer.strategy",
+            "ddp",
+            "--trainer.devices",
+            "2",
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ],
+        env,
+        timeout=300,
     )
     log = result.stdout + result.stderr
     assert "GLOBAL_RANK: 0" in log and "GLOBAL_RANK: 1" in log

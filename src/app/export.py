@@ -33,7 +33,7 @@ def export_from_checkpoint(model: L.LightningModule, ckpt_path: str | Path, outp
     import torch
 
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    missing, unexpected = model.load_state_dict(checkpoint["state_dict"], strict=False)
+    missing, unexpected = model.load_state_dict(checkpoint["state_dict"], strict=True)
     if unexpected or [k for k in missing if not k.startswith("policy.reference.")]:
         raise ValueError(
             f"checkpoint {ckpt_path} does not match the config's model: missing {missing[:5]}, unexpected {unexpected[:5]}"

@@ -54,7 +54,7 @@ def test_builds_caches_loads_and_generates(name, fresh_cache, monkeypatch):
 @pytest.mark.parametrize("name", NAMES)
 def test_build_is_deterministic_for_a_seed(name):
     (a, _), (b, _) = build_tiny_vlm(name, seed=3), build_tiny_vlm(name, seed=3)
-    for (key, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+    for (key, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(pa, pb), key
 
 

@@ -28,7 +28,9 @@ def mixed_samples():
     return [
         VisualSample(images=[image(64, 64)], question="Is the red dot left of the blue dot?", task="t", answer="yes"),
         VisualSample(
-            images=[image(96, 64, (30, 60, 220)), image(64, 120)], question="Which image is wider?", task="t",
+            images=[image(96, 64, (30, 60, 220)), image(64, 120)],
+            question="Which image is wider?",
+            task="t",
             answer="first",
         ),
         VisualSample(images=[image(80, 80, (40, 170, 60))], question="Count the dots.", task="t", answer="1"),
@@ -113,7 +115,7 @@ def test_generate_gives_n_completions_with_masks_up_to_the_first_eos(tiny_policy
     assert n == 3 * K and length <= 10 and c.group_size == K
     assert c.completion_mask.shape == (n, length) and c.truncated.shape == (n,) and len(c.texts) == n
     eos_ids = torch.tensor(tiny_policy.eos_token_ids)
-    for row, mask, truncated in zip(c.completion_ids, c.completion_mask, c.truncated):
+    for row, mask, truncated in zip(c.completion_ids, c.completion_mask, c.truncated, strict=True):
         is_eos = torch.isin(row, eos_ids)
         if truncated:
             assert length == 10 and not is_eos.any() and mask.all()
@@ -152,7 +154,7 @@ def test_encode_targets_masks_target_tokens_plus_one_eos(tiny_policy):
     c = tiny_policy.encode_targets(targets)
     lengths = [len(tokenizer(t, add_special_tokens=False).input_ids) for t in targets]
     assert c.completion_mask.sum(dim=1).tolist() == [n + 1 for n in lengths]
-    for row, n in zip(c.completion_ids, lengths):
+    for row, n in zip(c.completion_ids, lengths, strict=True):
         assert row[n].item() == tokenizer.eos_token_id
     assert c.texts == targets and not c.truncated.any()
 
@@ -206,7 +208,13 @@ def test_lora_trains_only_adapters_of_the_language_model(new_policy):
     lora_modules = [n for n, m in policy.model.named_modules() if hasattr(m, "lora_A")]
     assert lora_modules and all("language_model" in n for n in lora_modules)
     assert {n.rsplit(".", 1)[-1] for n in lora_modules} == {
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
     }
     assert not any(p.requires_grad for p in policy.vision_parameters())
     assert {id(p) for p in policy.trainable_parameters()} == {

@@ -29,7 +29,9 @@ class FlatForYesReward(RewardComponent):
     value_range = (0.0, float("inf"))
 
     def score(self, completions, samples):
-        return torch.tensor([1.0 if s.answer == "yes" else len(c) / 32 for c, s in zip(completions, samples)])
+        return torch.tensor(
+            [1.0 if s.answer == "yes" else len(c) / 32 for c, s in zip(completions, samples, strict=True)]
+        )
 
 
 def grpo_module(policy, rewards=None, max_new_tokens: int = 8, **kwargs) -> VLMGRPOModule:
@@ -102,8 +104,14 @@ def test_on_policy_ratio_is_exactly_one_and_metrics_are_logged(lora_fit):
     assert recorder.metric("train/kl") == [0.0, 0.0]
     metrics = recorder.steps[-1]["metrics"]
     for key in (
-        "train/reward/total", "train/reward/length", "train/loss/policy", "train/frac_zero_std",
-        "train/completion_length", "train/frac_truncated", "train/nonfinite_rewards", "train/grad_norm",
+        "train/reward/total",
+        "train/reward/length",
+        "train/loss/policy",
+        "train/frac_zero_std",
+        "train/completion_length",
+        "train/frac_truncated",
+        "train/nonfinite_rewards",
+        "train/grad_norm",
     ):
         assert key in metrics, key
     assert 0 < metrics["train/completion_length"] <= 8
@@ -281,8 +289,11 @@ def test_micro_batching_gives_the_same_gradients(options, new_policy, new_datamo
     policy = new_policy("tiny-qwen2-vl", lora_r=4)  # LoRA dropout 0, and the tiny models have no other dropout
     perturb_lora_b(policy)
     module = MicroBatchProbe(
-        policy, rewards=[LengthReward()], sampling=SamplingSettings(num_generations=K, max_new_tokens=8),
-        gradient_clip_val=0.0, **options,
+        policy,
+        rewards=[LengthReward()],
+        sampling=SamplingSettings(num_generations=K, max_new_tokens=8),
+        gradient_clip_val=0.0,
+        **options,
     )
     with likely_eos(policy):  # unequal completion lengths, so the normalisers matter
         fit(module, new_datamodule(), max_epochs=1, max_steps=-1, limit_train_batches=1)
@@ -292,7 +303,7 @@ def test_micro_batching_gives_the_same_gradients(options, new_policy, new_datamo
     assert any(g.abs().sum() > 0 for g in full_grads)
     for size in MicroBatchProbe.sizes[1:]:
         grads, stats = module.results[size]
-        for g, ref in zip(grads, full_grads):
+        for g, ref in zip(grads, full_grads, strict=True):
             torch.testing.assert_close(g, ref, atol=1e-6, rtol=1e-4)
         for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
             assert stats[key] == pytest.approx(full_stats[key], abs=1e-6, rel=1e-4), key

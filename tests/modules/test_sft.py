@@ -99,8 +99,9 @@ def test_validation_logs_accuracy_and_format_per_task(new_policy, new_datamodule
     import lightning as L
 
     module = VLMSFTModule(new_policy("tiny-qwen2-vl", lora_r=4), eval_max_new_tokens=4)
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
     (results,) = trainer.validate(module, datamodule=new_datamodule(), verbose=False)
     for key in ("val/acc", "val/acc/dots_left_of", "val/format", "val/format/dots_left_of"):
         assert key in results and 0.0 <= results[key] <= 1.0

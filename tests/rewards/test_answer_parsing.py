@@ -71,8 +71,19 @@ def test_normalize_answer(raw, expected):
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("yes", True), ("True", True), ("YES.", True), ("no", False), ("False!", False), (" nO ", False),
-     ("maybe", None), ("yes no", None), ("", None), (None, None), ("1", None)],
+    [
+        ("yes", True),
+        ("True", True),
+        ("YES.", True),
+        ("no", False),
+        ("False!", False),
+        (" nO ", False),
+        ("maybe", None),
+        ("yes no", None),
+        ("", None),
+        (None, None),
+        ("1", None),
+    ],
 )
 def test_parse_bool(raw, expected):
     assert parse_bool(raw) is expected

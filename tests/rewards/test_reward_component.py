@@ -26,8 +26,15 @@ def test_writing_and_composing_a_new_reward():
 
 @pytest.mark.parametrize(
     ("class_name", "expected"),
-    [("FormatReward", "format"), ("AccuracyReward", "accuracy"), ("NumericToleranceReward", "numeric_tolerance"),
-     ("OTConsistencyReward", "ot_consistency"), ("TriSRReward", "tri_sr"), ("Reward", "reward"), ("Length", "length")],
+    [
+        ("FormatReward", "format"),
+        ("AccuracyReward", "accuracy"),
+        ("NumericToleranceReward", "numeric_tolerance"),
+        ("OTConsistencyReward", "ot_consistency"),
+        ("TriSRReward", "tri_sr"),
+        ("Reward", "reward"),
+        ("Length", "length"),
+    ],
 )
 def test_default_name(class_name, expected):
     assert default_name(type(class_name, (), {})) == expected

@@ -25,8 +25,11 @@ def test_total_is_weighted_sum_random_weights(seed):
     rng = random.Random(seed)
     n = rng.randint(1, 8)
     components = [
-        Constant(torch.rand(n, generator=torch.Generator().manual_seed(seed * 10 + i)), weight=rng.uniform(-2, 2),
-                 name=f"c{i}")
+        Constant(
+            torch.rand(n, generator=torch.Generator().manual_seed(seed * 10 + i)),
+            weight=rng.uniform(-2, 2),
+            name=f"c{i}",
+        )
         for i in range(rng.randint(1, 4))
     ] + [FormatReward(weight=rng.uniform(0, 1)), AccuracyReward(weight=rng.uniform(0, 1))]
     choices = ["<think>a</think><answer>yes</answer>", "<answer>no</answer>", "junk"]

@@ -14,8 +14,8 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from app.data.sampler import ResumableShuffleSampler
 from app.data.dots import DotsDataset
+from app.data.sampler import ResumableShuffleSampler
 from app.types import VisualSample
 
 TaskFactory = Callable[..., Dataset]

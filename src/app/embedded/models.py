@@ -57,8 +57,14 @@ TINY_VLMS: dict[str, TinyVLMSpec] = {
         model_type="qwen2_vl",
         text_config={**_TEXT, "rope_parameters": _MROPE},
         vision_config=dict(
-            depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
-            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+            depth=2,
+            embed_dim=32,
+            hidden_size=64,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
         ),
         patch_size=14,
         processor_class="Qwen2VLProcessor",
@@ -67,9 +73,16 @@ TINY_VLMS: dict[str, TinyVLMSpec] = {
         model_type="qwen2_5_vl",
         text_config={**_TEXT, "rope_parameters": _MROPE},
         vision_config=dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
-            window_size=56, fullatt_block_indexes=[1],
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=56,
+            fullatt_block_indexes=[1],
         ),
         patch_size=14,
         processor_class="Qwen2_5_VLProcessor",
@@ -82,9 +95,16 @@ TINY_VLMS: dict[str, TinyVLMSpec] = {
             "rope_parameters": {**_MROPE, "mrope_interleaved": True},
         },
         vision_config=dict(
-            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-            patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
-            num_position_embeddings=64, deepstack_visual_indexes=[0],
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
         ),
         patch_size=16,
         processor_class="Qwen3VLProcessor",
@@ -179,6 +199,7 @@ def resolve_pretrained(name_or_path: str, seed: int = 0) -> str:
 def load_vlm(name_or_path: str, dtype: torch.dtype | None = None, seed: int = 0, **kwargs):
     """Load model and processor through ``from_pretrained`` (embedded names are resolved first)."""
     path = resolve_pretrained(name_or_path, seed=seed)
+    transformers.utils.logging.disable_progress_bar()  # per-shard bars would interleave with the training bar
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, **kwargs)
     processor = AutoProcessor.from_pretrained(path)
     return model, processor

@@ -124,7 +124,9 @@ class VLMPolicy(nn.Module):
         self.pad_token_id = tokenizer.pad_token_id
         self.eos_token_ids = _as_list(hf_model.generation_config.eos_token_id) or [tokenizer.eos_token_id]
         self.suppressed_token_ids = [
-            i for i in tokenizer.convert_tokens_to_ids(list(_VISION_TOKENS)) if i is not None and i != tokenizer.unk_token_id
+            i
+            for i in tokenizer.convert_tokens_to_ids(list(_VISION_TOKENS))
+            if i is not None and i != tokenizer.unk_token_id
         ]
 
     @staticmethod
@@ -170,8 +172,10 @@ class VLMPolicy(nn.Module):
     ) -> CompletionBatch:
         """Draw one completion per row of ``prompt_inputs`` (already repeated K times by ``encode_prompts``)."""
         sampling = sampling or SamplingSettings()
-        kwargs = dict(do_sample=False) if greedy else dict(
-            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0
+        kwargs = (
+            dict(do_sample=False)
+            if greedy
+            else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         )
         was_training = self.model.training
         self.model.eval()
@@ -225,7 +229,9 @@ class VLMPolicy(nn.Module):
         inputs["input_ids"] = torch.cat([prompt["input_ids"], completion_ids], dim=1)  # [N, P+L]
         inputs["attention_mask"] = torch.cat([prompt["attention_mask"], completion_mask], dim=1)
         if "mm_token_type_ids" in inputs:
-            inputs["mm_token_type_ids"] = torch.cat([prompt["mm_token_type_ids"], torch.zeros_like(completion_ids)], dim=1)
+            inputs["mm_token_type_ids"] = torch.cat(
+                [prompt["mm_token_type_ids"], torch.zeros_like(completion_ids)], dim=1
+            )
         hf_model = hf_model or self.hf_model
         hidden = hf_model.model(**inputs, use_cache=False).last_hidden_state  # [N, P+L, H]
         hidden = hidden[:, prompt_length - 1 : -1]  # [N, L, H] states that predict the completion tokens

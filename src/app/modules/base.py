@@ -98,11 +98,14 @@ class VLMModule(L.LightningModule):
             key = "acc" if reward.name == "accuracy" else reward.name
             self.log(f"{stage}/{key}", values.mean(), batch_size=len(samples), sync_dist=True)
             by_task = defaultdict(list)
-            for sample, value in zip(samples, values):
+            for sample, value in zip(samples, values, strict=True):
                 by_task[sample.task].append(value)
             for task, task_values in by_task.items():
                 self.log(
-                    f"{stage}/{key}/{task}", torch.stack(task_values).mean(), batch_size=len(task_values), sync_dist=True
+                    f"{stage}/{key}/{task}",
+                    torch.stack(task_values).mean(),
+                    batch_size=len(task_values),
+                    sync_dist=True,
                 )
 
     def on_validation_epoch_end(self) -> None:
@@ -114,7 +117,9 @@ class VLMModule(L.LightningModule):
     def _remember(self, stage: str) -> None:
         """Keep this evaluation's figures (the CLI prints them at the end of a run)."""
         metrics = {
-            k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith(f"{stage}/") and v.numel() == 1
+            k: float(v)
+            for k, v in self.trainer.callback_metrics.items()
+            if k.startswith(f"{stage}/") and v.numel() == 1
         }
         if metrics and not self.trainer.sanity_checking:
             self.eval_results[f"{stage}@step{self.global_step}"] = metrics

@@ -76,7 +76,9 @@ class VLMGRPOModule(VLMModule):
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
         self.automatic_optimization = False
         self.sampling = sampling or SamplingSettings()
-        self.hparams["sampling"] = dataclasses.asdict(self.sampling)  # plain data, so checkpoints load with weights_only
+        self.hparams["sampling"] = dataclasses.asdict(
+            self.sampling
+        )  # plain data, so checkpoints load with weights_only
         self.rewards = WeightedReward(rewards)
         if beta > 0:
             policy.enable_reference()
@@ -142,9 +144,16 @@ class VLMGRPOModule(VLMModule):
             old = rollout.old_logprobs[rows] if rollout.old_logprobs is not None else logprobs.detach()
             ref = rollout.ref_logprobs[rows] if rollout.ref_logprobs is not None else None
             out = grpo_loss(
-                logprobs, old, rollout.advantages[rows], mask[rows],
-                eps_low=hp.eps_low, eps_high=hp.eps_high, beta=hp.beta, ref_logprobs=ref,
-                aggregation=hp.loss_aggregation, max_length=self.sampling.max_new_tokens,
+                logprobs,
+                old,
+                rollout.advantages[rows],
+                mask[rows],
+                eps_low=hp.eps_low,
+                eps_high=hp.eps_high,
+                beta=hp.beta,
+                ref_logprobs=ref,
+                aggregation=hp.loss_aggregation,
+                max_length=self.sampling.max_new_tokens,
             )
             # Weight each micro-batch by its share of the normaliser, so the sum equals the full-batch aggregate.
             micro = mask[rows]
@@ -158,9 +167,7 @@ class VLMGRPOModule(VLMModule):
             for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
                 sums[key] = sums.get(key, 0.0) + getattr(out, key).detach() * share
         if hp.gradient_clip_val > 0:
-            sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(
-                self.policy.trainable_parameters(), hp.gradient_clip_val
-            )
+            sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), hp.gradient_clip_val)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return sums
@@ -203,4 +210,3 @@ class VLMGRPOModule(VLMModule):
             )
             for i in range(limit)
         ]
-

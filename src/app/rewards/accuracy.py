@@ -34,7 +34,9 @@ def accuracy_reward(completions: Sequence[str], answers: Sequence[str]) -> Tenso
     for i, answer in enumerate(answers):
         if answer is None:
             raise ValueError(f"accuracy_reward needs a label for every completion; answers[{i}] is None")
-    return torch.tensor([float(_match(c, str(a))) for c, a in zip(completions, answers)], dtype=torch.float32)
+    return torch.tensor(
+        [float(_match(c, str(a))) for c, a in zip(completions, answers, strict=True)], dtype=torch.float32
+    )
 
 
 class AccuracyReward(RewardComponent):

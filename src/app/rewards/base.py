@@ -133,9 +133,7 @@ class RewardComponent(Metric):
             values = torch.where(finite, values, torch.zeros_like(values))
         return values, num_nonfinite
 
-    def update(
-        self, completions: Sequence[str], samples: Sequence[VisualSample], scores: Tensor | None = None
-    ) -> None:
+    def update(self, completions: Sequence[str], samples: Sequence[VisualSample], scores: Tensor | None = None) -> None:
         """Accumulate the scores of a batch.
 
         Args:
