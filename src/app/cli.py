@@ -16,6 +16,10 @@ class AppCLI(LightningCLI):
     side by side (and writes them to ``<log_dir>/summary.json``): the quickstart uses it to show accuracy rising.
     """
 
+    def __init__(self, *args, save_config_kwargs: dict | None = None, **kwargs) -> None:
+        # Re-running a recipe into the same folder is the normal case (the quickstart), so the saved config is replaced.
+        super().__init__(*args, save_config_kwargs={"overwrite": True, **(save_config_kwargs or {})}, **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
             "--validate_before_and_after",
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     if (sys.argv[1:] if argv is None else argv)[:1] == ["export"]:
         export_main((sys.argv[1:] if argv is None else argv)[1:])
         return
-    AppCLI(args=argv, save_config_kwargs={"overwrite": True})
+    AppCLI(args=argv)
 
 
 if __name__ == "__main__":

@@ -32,10 +32,16 @@ def export_from_checkpoint(model: L.LightningModule, ckpt_path: str | Path, outp
     """Load a Lightning checkpoint's weights into ``model`` (built from the same config) and export its policy."""
     import torch
 
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    missing, unexpected = model.load_state_dict(checkpoint["state_dict"], strict=True)
-    if unexpected or [k for k in missing if not k.startswith("policy.reference.")]:
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    state = checkpoint["state_dict"]
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    mismatched = sorted(k for k in set(state) & set(expected) if state[k].shape != expected[k].shape)
+    if missing or unexpected or mismatched:
         raise ValueError(
-            f"checkpoint {ckpt_path} does not match the config's model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            f"checkpoint {ckpt_path} does not match the config's model: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}, shape mismatch {mismatched[:3]} (is it a checkpoint of this config?)"
         )
+    model.load_state_dict(state)
     return model.policy.export(output_dir)

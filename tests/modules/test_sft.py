@@ -145,3 +145,12 @@ def test_modules_train_in_train_mode_so_gradient_checkpointing_is_active(new_pol
         del mlp.forward
     assert modes == [True], "the policy's HF model is in eval mode during training_step"
     assert len(calls) == 2, f"decoder layer ran {len(calls)} time(s) for one forward+backward; 2 = recomputed"
+
+
+def test_predict_step_returns_greedy_completions_per_sample(tiny_policy, samples):
+    module = VLMSFTModule(tiny_policy, eval_max_new_tokens=6)
+    rows = module.predict_step(samples, 0)
+    assert [r["question"] for r in rows] == [s.question for s in samples]
+    assert [r["answer"] for r in rows] == [s.answer for s in samples]
+    again = module.predict_step(samples, 0)
+    assert [r["completion"] for r in rows] == [r["completion"] for r in again]  # greedy: deterministic

@@ -134,3 +134,7 @@ class VisualTaskDataModule(LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         self.setup()
         return self._loader(self.test_dataset, self.val_batch_size, train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        """``python -m app predict`` answers the test split."""
+        return self.test_dataloader()

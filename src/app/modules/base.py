@@ -89,10 +89,22 @@ class VLMModule(L.LightningModule):
         self._evaluate(batch, stage="test")
 
     @torch.no_grad()
-    def _evaluate(self, samples: list[VisualSample], stage: str) -> None:
+    def predict_step(self, batch: list[VisualSample], batch_idx: int) -> list[dict[str, str | None]]:
+        """Greedy completions for ``python -m app predict``."""
+        completions = self._greedy(batch)
+        return [
+            {"task": s.task, "question": s.question, "answer": s.answer, "completion": text}
+            for s, text in zip(batch, completions.texts, strict=True)
+        ]
+
+    def _greedy(self, samples: list[VisualSample]):
         prompts = self.policy.encode_prompts(samples)
         sampling = SamplingSettings(num_generations=1, max_new_tokens=self.hparams.eval_max_new_tokens)
-        completions = self.policy.generate(prompts, sampling, greedy=True)
+        return self.policy.generate(prompts, sampling, greedy=True)
+
+    @torch.no_grad()
+    def _evaluate(self, samples: list[VisualSample], stage: str) -> None:
+        completions = self._greedy(samples)
         for reward in self.eval_rewards:
             values = reward.score(completions.texts, samples).to(self.device)  # [B]
             key = "acc" if reward.name == "accuracy" else reward.name
