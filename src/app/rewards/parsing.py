@@ -104,3 +104,30 @@ def parse_bool(s: str) -> bool | None:
     if s in _FALSE:
         return False
     return None
+
+
+_MAX_NUMBER_CHARS = 64
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d{1,3})?")
+_FRACTION = re.compile(r"([+-]?\d{1,18})\s*/\s*(\d{1,18})")
+
+
+def parse_number(s: str) -> float | None:
+    """A finite number from a short answer: integers, decimals, ``a/b`` fractions, percentages (``"50%"`` -> 0.5);
+    ``None`` for anything else, for non-finite values and for answers longer than 64 characters.
+
+    >>> parse_number("42"), parse_number("-0.5"), parse_number("3/4"), parse_number("50%"), parse_number("1e309")
+    (42.0, -0.5, 0.75, 0.5, None)
+    """
+    s = normalize_answer(s).replace(",", "")
+    if not s or len(s) > _MAX_NUMBER_CHARS:
+        return None
+    scale = 1.0
+    if s.endswith("%"):
+        s, scale = s[:-1].rstrip(), 0.01
+    if _PLAIN_NUMBER.fullmatch(s):
+        value = float(s) * scale
+    elif (fraction := _FRACTION.fullmatch(s)) is not None and int(fraction.group(2)) != 0:
+        value = int(fraction.group(1)) / int(fraction.group(2)) * scale
+    else:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
