@@ -15,18 +15,34 @@ from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from app.data.dots import DotsDataset
+from app.data.pairs import PairedDotsDataset
 from app.data.sampler import ResumableShuffleSampler
+from app.data.triplets import TripletDotsDataset
 from app.types import VisualSample
 
 TaskFactory = Callable[..., Dataset]
 """Builds a task's data set: ``factory(num_samples=..., seed=..., image_size=..., **task_kwargs)``."""
 
-TASKS: dict[str, TaskFactory] = {"dots_left_of": DotsDataset}
+TASKS: dict[str, TaskFactory] = {
+    "dots_left_of": DotsDataset,
+    "dots_left_of_pairs": PairedDotsDataset,
+    "dots_count_triplets": TripletDotsDataset,
+}
 
 
-def collate_visual_samples(batch: list[VisualSample]) -> list[VisualSample]:
-    """Keep a batch as a list of samples; the model's processor turns them into tensors later."""
-    return list(batch)
+def collate_visual_samples(batch: list[VisualSample | tuple[VisualSample, ...]]) -> list[VisualSample]:
+    """Keep a batch as a list of samples; the model's processor turns them into tensors later.
+
+    Items that are tuples or lists (a prompt and its augmented twin) are flattened in order, so the prompts of one item
+    stay adjacent (and on one rank, since samplers split data sets by item).
+    """
+    samples: list[VisualSample] = []
+    for item in batch:
+        if isinstance(item, (tuple, list)):
+            samples.extend(item)
+        else:
+            samples.append(item)
+    return samples
 
 
 def split_seed(seed: int, split: str) -> int:

@@ -1,39 +1,88 @@
-"""Discrete accuracy reward: exact match of the ``<answer>`` block with the label, after normalisation."""
+"""Discrete accuracy reward (Reason-RFT "discrete-valued type"): exact match of the ``<answer>`` block with the label,
+after normalisation."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from app.rewards.base import RewardComponent
-from app.rewards.parsing import extract_answer, normalize_answer
+from app.rewards.parsing import extract_answer, normalize_answer, parse_bool, parse_number, parse_option
 from app.types import VisualSample
+
+
+def answers_equivalent(pred: str, answer: str) -> bool:
+    """Whether a predicted answer equals the label, after normalisation.
+
+    In order: equal after :func:`~app.rewards.parsing.normalize_answer` (case, whitespace, trailing punctuation, a
+    bare option letter such as ``"(B)"``); else, judged by the kind of the label: a boolean label (yes/true, no/false)
+    matches a prediction with the same :func:`~app.rewards.parsing.parse_bool` value; a numeric label matches a
+    prediction with the same :func:`~app.rewards.parsing.parse_number` value (relative tolerance 1e-9, only to absorb
+    float rounding: ``"0.50"`` equals ``"1/2"``, ``"0.33"`` does not equal ``"1/3"``); an option-letter label matches a
+    prediction naming the same letter with :func:`~app.rewards.parsing.parse_option` (``"Option B"``,
+    ``"the answer is (b)"``). An empty prediction never matches.
+
+    >>> answers_equivalent("True", "yes"), answers_equivalent("0.50", "1/2"), answers_equivalent("Option B", "b")
+    (True, True, True)
+    >>> answers_equivalent("(A) cup", "A"), answers_equivalent("0.33", "1/3")
+    (False, False)
+    """
+    pred_norm, answer_norm = normalize_answer(pred), normalize_answer(answer)
+    if not pred_norm or not answer_norm:
+        return False
+    if pred_norm == answer_norm:
+        return True
+    if (label_bool := parse_bool(answer_norm)) is not None:
+        return parse_bool(pred_norm) is label_bool
+    if (label_number := parse_number(answer)) is not None:
+        pred_number = parse_number(pred)
+        return pred_number is not None and math.isclose(pred_number, label_number, rel_tol=1e-9, abs_tol=0.0)
+    if (label_option := parse_option(answer)) is not None:
+        return parse_option(pred) == label_option
+    return False
 
 
 def _match(completion: object, answer: str) -> bool:
     pred = extract_answer(completion)
-    if pred is None:
-        return False
-    pred = normalize_answer(pred)
-    return bool(pred) and pred == normalize_answer(answer)
+    return pred is not None and answers_equivalent(pred, answer)
+
+
+def require_answers(reward: RewardComponent, samples: Sequence[VisualSample]) -> list[str]:
+    """``sample.answer`` of every sample; ``ValueError`` naming the task if one is missing (a misconfiguration)."""
+    for sample in samples:
+        if sample.answer is None:
+            raise ValueError(
+                f"{type(reward).__name__} ({reward.name!r}) needs labeled samples, but a sample of task "
+                f"{sample.task!r} has answer=None; label-free training must use a consistency reward instead"
+            )
+    return [sample.answer for sample in samples]
+
+
+def check_labels(fn_name: str, completions: Sequence[object], answers: Sequence[object]) -> None:
+    """Same length, and no ``None`` label: the checks every labeled functional reward makes."""
+    if len(completions) != len(answers):
+        raise ValueError(f"got {len(completions)} completions but {len(answers)} answers")
+    for i, answer in enumerate(answers):
+        if answer is None:
+            raise ValueError(f"{fn_name} needs a label for every completion; answers[{i}] is None")
 
 
 def accuracy_reward(completions: Sequence[str], answers: Sequence[str]) -> Tensor:
-    """``[N]`` float32: 1.0 where the first ``<answer>`` block matches ``answers[i]`` after
-    :func:`~app.rewards.parsing.normalize_answer` (case, whitespace, trailing punctuation, option letters), else 0.0.
+    """``[N]`` float32: 1.0 where the first ``<answer>`` block matches ``answers[i]`` (see
+    :func:`answers_equivalent`: case, whitespace, trailing punctuation, option letters, booleans, numbers), else 0.0.
 
     A completion without an answer block, or with an empty one, scores 0. Every answer must be given (not ``None``).
 
     >>> accuracy_reward(["<answer> (B) </answer>", "<answer>b</answer>", "B"], ["b", "B.", "B"])
     tensor([1., 1., 0.])
+    >>> accuracy_reward(["<answer>true</answer>", "<answer>$\\\\frac{1}{2}$</answer>", "<answer>Option C</answer>"],
+    ...                 ["yes", "0.50", "(c)"])
+    tensor([1., 1., 1.])
     """
-    if len(completions) != len(answers):
-        raise ValueError(f"got {len(completions)} completions but {len(answers)} answers")
-    for i, answer in enumerate(answers):
-        if answer is None:
-            raise ValueError(f"accuracy_reward needs a label for every completion; answers[{i}] is None")
+    check_labels("accuracy_reward", completions, answers)
     return torch.tensor(
         [float(_match(c, str(a))) for c, a in zip(completions, answers, strict=True)], dtype=torch.float32
     )
@@ -57,10 +106,4 @@ class AccuracyReward(RewardComponent):
     """
 
     def score(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> Tensor:
-        for sample in samples:
-            if sample.answer is None:
-                raise ValueError(
-                    f"{type(self).__name__} ({self.name!r}) needs labeled samples, but a sample of task "
-                    f"{sample.task!r} has answer=None; label-free training must use a consistency reward instead"
-                )
-        return accuracy_reward(completions, [sample.answer for sample in samples])
+        return accuracy_reward(completions, require_answers(self, samples))

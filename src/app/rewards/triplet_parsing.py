@@ -1,0 +1,212 @@
+"""Safe parsing of the structured response to a triplet question (CoRe / TriSR, papers/002).
+
+A triplet sample shows three images, numbered 1, 2 and 3, and asks one comparison question for each pair
+``"1-2"``, ``"1-3"`` and ``"2-3"``. TriSR scores the intermediate structure of the response, so the prompt asks for it
+explicitly (the paper: "per-image attribute estimates, pairwise comparative judgments inferred in the reasoning trace,
+and final predicted answers", in the ``<think>...</think> <answer>...</answer>`` form). The format the triplet prompts
+ask for (:data:`TRIPLET_RESPONSE_INSTRUCTION`), here for "which image has more dots?"::
+
+    <think>
+    I count the dots in each image.
+    Image 1: 4
+    Image 2: 7
+    Image 3: 2
+    Compare 1-2: 2
+    Compare 1-3: 1
+    Compare 2-3: 2
+    </think>
+    <answer>1-2: 2; 1-3: 1; 2-3: 2</answer>
+
+- **Attribute estimates** ``v_hat_k``: lines ``Image k: <number>`` in the reasoning, k in 1..3. The value is the first
+  whitespace-separated word after the colon, read by :func:`parse_real` (``4``, ``-3.5``, ``2e3``; trailing
+  punctuation allowed); lines whose value is not a number (``Image 1: shows a crowd``) are free text and ignored.
+- **Judgments** ``y~_ij``: lines ``Compare i-j: <answer>`` in the reasoning.
+- **Final answers** ``y_hat_ij``: ``i-j: <answer>`` items in the ``<answer>`` block, separated by ``;`` or newlines.
+
+Free text may surround the structured lines; a line may start with list markers (``-``, ``*``, ``#``). Keys are
+case-insensitive; ``=`` may replace ``:``; a pair may be written ``1-2``, ``(1,2)`` or ``1 vs 2``, smaller image first
+(a reversed pair such as ``2-1`` is not read). The reasoning is the first ``<think>...</think>`` block, or, when the
+completion has no ``<think>`` (chat templates of thinking models open it in the prompt), everything before the first
+``</think>``. The answer block is the first ``<answer>...</answer>``.
+
+An ``<answer>`` value is what the question asks for; TriSR (:mod:`app.rewards.trisr`) reads it by the sample's
+answer type: ordinal (``2`` or ``Image 2`` names the image that wins the comparison, ``same`` a tie), interval
+(``[-3, -1]``, a range of the difference ``v_i - v_j``) or categorical (a label). Here values are only normalised
+(:func:`~app.rewards.parsing.normalize_answer`: case, whitespace, trailing punctuation, option letters).
+
+Safety: the input is cut to :data:`~app.rewards.parsing.MAX_PARSE_CHARS` characters first, tags are found with
+``str.find``, lines are matched by anchored regexes with bounded repetitions (linear time), and nothing raises.
+Anything malformed is ``None``: a missing line, a non-number estimate, a value over 64 characters, and a key given
+twice with different values (a hedge such as ``1-2: 1; 1-2: 2`` is ambiguous, not two chances).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from app.rewards.parsing import bounded, extract_answer, extract_tag, normalize_answer
+
+PAIRS: tuple[str, str, str] = ("1-2", "1-3", "2-3")
+"""The three image pairs of a triplet, as the keys of judgments, answers and ``meta["pair_answers"]``."""
+
+MAX_VALUE_CHARS = 64
+"""Longest answer or judgment value read; a longer one is malformed (``None``)."""
+
+TRIPLET_RESPONSE_INSTRUCTION = (
+    " Think step by step inside <think> </think>. In your thinking, first write one line per image with your estimate"
+    " of the quantity, as 'Image 1: <number>', 'Image 2: <number>' and 'Image 3: <number>', then one line per pair"
+    " with your judgment, as 'Compare 1-2: <answer>', 'Compare 1-3: <answer>' and 'Compare 2-3: <answer>'."
+    " Then give the final answers inside <answer> </answer> as '1-2: <answer>; 1-3: <answer>; 2-3: <answer>'."
+)
+"""Appended to a triplet question (after the question says what an ``<answer>`` is); asks for the format above."""
+
+_MARKERS = "-*#>•· \t"
+_REAL = re.compile(r"[+-]?(?:\d{1,32}(?:\.\d{0,32})?|\.\d{1,32})(?:e[+-]?\d{1,3})?", re.IGNORECASE)
+# One pair key, then ":" or "=": "1-2:", "(1, 2) =", "Image 1 vs Image 2:". Anchored (re.match), bounded repetitions.
+_PAIR = (
+    r"\(?\s{0,4}(?:image\s{0,4})?([1-3])\s{0,4}(?:-|–|,|vs\.?|and)\s{0,4}(?:image\s{0,4})?([1-3])\s{0,4}\)?\s{0,4}[:=]"
+)
+_ATTRIBUTE_LINE = re.compile(r"image\s{0,4}([1-3])\s{0,4}[:=]", re.IGNORECASE)
+_JUDGMENT_LINE = re.compile(r"compare\s{0,4}" + _PAIR, re.IGNORECASE)
+_ANSWER_ITEM = re.compile(r"(?:pair\s{0,4})?" + _PAIR, re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class TripletResponse:
+    """What a triplet response states; every field is ``None`` where the response leaves it out or garbles it.
+
+    Attributes:
+        attributes: estimates ``(v_hat_1, v_hat_2, v_hat_3)`` (finite floats or None).
+        judgments: pair (``"1-2"``, ``"1-3"``, ``"2-3"``) -> normalised judgment ``y~_ij`` from the reasoning, or None.
+        answers: pair -> normalised final answer ``y_hat_ij`` from the ``<answer>`` block, or None.
+    """
+
+    attributes: tuple[float | None, float | None, float | None] = (None, None, None)
+    judgments: dict[str, str | None] = field(default_factory=lambda: dict.fromkeys(PAIRS))
+    answers: dict[str, str | None] = field(default_factory=lambda: dict.fromkeys(PAIRS))
+
+
+class _Collector:
+    """Per-key values; a key seen with two different values is ambiguous and reads as None."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, object] = {}
+        self.conflicted: set[str] = set()
+
+    def add(self, key: str, value: object) -> None:
+        if key in self.values and self.values[key] != value:
+            self.conflicted.add(key)
+        self.values.setdefault(key, value)
+
+    def get(self, key: str):
+        return None if key in self.conflicted else self.values.get(key)
+
+
+def parse_real(text: object) -> float | None:
+    """A finite number written as a plain decimal (``4``, ``-0.5``, ``.5``, ``2e3``), else ``None``.
+
+    Trailing punctuation is ignored; at most 32 digits on each side of the point (a 100,000-digit integer is
+    ``None``), and overflow (``1e309``), ``nan`` and ``inf`` are ``None``. No ``eval``: a regex then ``float``.
+
+    >>> parse_real("4."), parse_real("-0.5"), parse_real("1e309"), parse_real("nan"), parse_real("four")
+    (4.0, -0.5, None, None, None)
+    """
+    if not isinstance(text, str) or len(text) > MAX_VALUE_CHARS:
+        return None
+    text = text.strip().rstrip(".,;:!?")
+    if _REAL.fullmatch(text) is None:
+        return None
+    value = float(text)
+    return value if abs(value) != float("inf") else None
+
+
+def _value(text: str) -> str | None:
+    text = text.strip()
+    if not text or len(text) > MAX_VALUE_CHARS:
+        return None
+    return normalize_answer(text) or None
+
+
+def _pair_key(match: re.Match) -> str | None:
+    i, j = match.group(1), match.group(2)
+    return f"{i}-{j}" if i < j else None
+
+
+def _reasoning(text: str) -> str | None:
+    """First ``<think>`` block, or what precedes the first ``</think>`` when there is no ``<think>``."""
+    if "<think>" in text:
+        return extract_tag(text, "think")
+    end = text.find("</think>")
+    return text[:end] if end >= 0 else None
+
+
+def parse_triplet_response(text: object) -> TripletResponse:
+    """Read the attribute estimates, judgments and final answers of a triplet response (format in the module doc).
+
+    Never raises: a non-string, or anything malformed, gives ``None`` fields.
+
+    >>> r = parse_triplet_response(
+    ...     "<think>Image 1: 4\\nImage 2: 7 dots\\nImage 3: two\\nCompare 1-2: Image 2\\nCompare 2-3: 2</think>"
+    ...     "<answer>1-2: 2; 1-3: Image 1.; 2-3: 2; 2-3: 3</answer>"
+    ... )
+    >>> r.attributes
+    (4.0, 7.0, None)
+    >>> r.judgments
+    {'1-2': 'image 2', '1-3': None, '2-3': '2'}
+    >>> r.answers  # 2-3 was given twice with different values
+    {'1-2': '2', '1-3': 'image 1', '2-3': None}
+    """
+    text = bounded(text)
+    if text is None:
+        return TripletResponse()
+    attributes, judgments, answers = _Collector(), _Collector(), _Collector()
+
+    reasoning = _reasoning(text)
+    for line in (reasoning or "").splitlines():
+        line = line.strip().lstrip(_MARKERS).replace("*", "")
+        if (match := _JUDGMENT_LINE.match(line)) is not None:
+            if (key := _pair_key(match)) is not None and (value := _value(line[match.end() :])) is not None:
+                judgments.add(key, value)
+        elif (match := _ATTRIBUTE_LINE.match(line)) is not None:
+            words = line[match.end() :].split(maxsplit=1)
+            number = parse_real(words[0]) if words else None
+            if number is not None:
+                attributes.add(match.group(1), number)
+
+    for item in re.split(r"[;\n]", extract_answer(text) or ""):
+        item = item.strip().lstrip(_MARKERS)
+        if (match := _ANSWER_ITEM.match(item)) is not None:
+            if (key := _pair_key(match)) is not None and (value := _value(item[match.end() :])) is not None:
+                answers.add(key, value)
+
+    return TripletResponse(
+        attributes=tuple(attributes.get(k) for k in "123"),
+        judgments={pair: judgments.get(pair) for pair in PAIRS},
+        answers={pair: answers.get(pair) for pair in PAIRS},
+    )
+
+
+def format_triplet_response(
+    attributes: tuple[float, float, float] | list[float], judgments: dict[str, str], answers: dict[str, str]
+) -> tuple[str, str]:
+    """``(reasoning, answer)`` texts in the documented format: the ``<think>`` content and the ``<answer>`` content.
+
+    Used by data generators for SFT targets and ``sample.answer``; :func:`parse_triplet_response` reads them back.
+
+    >>> reasoning, answer = format_triplet_response([4, 7, 2], {"1-2": "2", "1-3": "1", "2-3": "2"},
+    ...                                             {"1-2": "2", "1-3": "1", "2-3": "2"})
+    >>> answer
+    '1-2: 2; 1-3: 1; 2-3: 2'
+    >>> parse_triplet_response(f"<think>{reasoning}</think><answer>{answer}</answer>").attributes
+    (4.0, 7.0, 2.0)
+    """
+    lines = [f"Image {k}: {_number_text(v)}" for k, v in enumerate(attributes, start=1)]
+    lines += [f"Compare {pair}: {judgments[pair]}" for pair in PAIRS]
+    reasoning = "\n" + "\n".join(lines) + "\n"
+    return reasoning, "; ".join(f"{pair}: {answers[pair]}" for pair in PAIRS)
+
+
+def _number_text(value: float) -> str:
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)

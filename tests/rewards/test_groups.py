@@ -1,0 +1,55 @@
+"""Groups are runs of the same sample object; pairs are consecutive groups sharing a pair id; bad layouts raise."""
+
+import pytest
+
+from app.rewards.groups import pair_groups, split_groups
+from app.types import VisualSample
+
+
+def sample(pair_id=None, relation=None, question="q") -> VisualSample:
+    meta = {} if pair_id is None else {"pair_id": pair_id}
+    if relation is not None:
+        meta["relation"] = relation
+    return VisualSample(images=[], question=question, task="t", meta=meta)
+
+
+def test_split_groups_uses_identity_not_equality():
+    a, b = sample(1), sample(1)
+    assert a == b and a is not b  # equal dataclasses, still two prompts
+    assert split_groups([a, a, a, b, b, b, a]) == [slice(0, 3), slice(3, 6), slice(6, 7)]
+    assert split_groups([]) == []
+    assert split_groups([a]) == [slice(0, 1)]
+
+
+def test_pair_groups_pairs_consecutive_groups():
+    x0, t0 = sample(0), sample(0, "negation")
+    x1, t1 = sample("b"), sample("b", "identity")
+    rows = [x0] * 3 + [t0] * 3 + [x1] * 3 + [t1] * 3
+    assert pair_groups(rows) == [
+        (slice(0, 3), slice(3, 6), "negation"),
+        (slice(6, 9), slice(9, 12), "identity"),
+    ]
+    assert pair_groups([]) == []
+
+
+@pytest.mark.parametrize(
+    "layout, message",
+    [
+        ("x x t t u u", r"3 groups.*rows 4:6.*unpaired"),
+        ("x x u u", r"pair ids differ \(1 != 2\)"),
+        ("x x t", r"same size, got 2 rows.*and 1"),
+        ("n n t t", r"pair_id'\] is missing"),
+    ],
+    ids=["odd_number_of_groups", "different_pair_ids", "different_sizes", "missing_pair_id"],
+)
+def test_layout_errors_name_the_problem(layout, message):
+    named = {"x": sample(1), "t": sample(1, "negation"), "u": sample(2, "identity"), "n": sample()}
+    with pytest.raises(ValueError, match=message):
+        pair_groups([named[key] for key in layout.split()])
+
+
+@pytest.mark.parametrize("relation", [None, "opposite", "Negation"])
+def test_unknown_or_missing_relation(relation):
+    x, twin = sample(5), sample(5, relation)
+    with pytest.raises(ValueError, match=r"unknown relation .* pair 5's twin"):
+        pair_groups([x, x, twin, twin])
