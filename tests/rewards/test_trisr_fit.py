@@ -2,6 +2,9 @@
 
 from pathlib import Path
 
+import pytest
+import yaml
+
 from app.cli import AppCLI
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "trisr_dots.yaml"
@@ -44,3 +47,50 @@ def test_two_grpo_steps_log_the_trisr_reward(tmp_path):
     results = cli.trainer.validate(cli.model, datamodule=cli.datamodule)
     for key in ("val/triplet_overall_accuracy/dots_count_triplets", "val/triplet_partial_accuracy", "val/format"):
         assert 0.0 <= results[0][key] <= 1.0
+
+
+def test_the_stabilisers_and_components_parse_from_yaml(tmp_path, capsys):
+    """The paper's stabilisers (cosine length around a triplet correctness, repetition, overlong) and the TriSR
+    components as weight-0 log entries, all from YAML (``print_config`` parses and validates without instantiating)."""
+    config = yaml.safe_load(CONFIG.read_text())
+    config["model"]["init_args"]["rewards"] += [
+        {
+            "class_path": "app.rewards.stabilizers.CosineLengthReward",
+            "init_args": {
+                "weight": 0.1,
+                "max_length": 64,
+                "correctness": {"class_path": "app.rewards.trisr.TripletOverallAccuracy"},
+            },
+        },
+        {"class_path": "app.rewards.stabilizers.RepetitionPenalty", "init_args": {"weight": 0.1, "ngram_size": 3}},
+        {
+            "class_path": "app.rewards.stabilizers.SoftOverlongPenalty",
+            "init_args": {"max_length": 64, "cache_length": 16},
+        },
+        {"class_path": "app.rewards.trisr.TripletConsistencyReward", "init_args": {"weight": 0.0}},
+    ]
+    path = tmp_path / "trisr_dots_stabilised.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as exit_info:
+        AppCLI(args=["fit", "--config", str(path), "--print_config"])
+    printed = capsys.readouterr()
+    assert exit_info.value.code in (0, None), printed.err[-2000:]
+    rewards = yaml.safe_load(printed.out)["model"]["init_args"]["rewards"]
+    assert rewards[2]["init_args"]["correctness"]["class_path"] == "app.rewards.trisr.TripletOverallAccuracy"
+    cli = AppCLI(
+        args=[
+            "--config",
+            str(path),
+            f"--trainer.default_root_dir={tmp_path}",
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+        ],
+        run=False,
+    )
+    assert cli.model.rewards.names == [
+        "tri_sr",
+        "format",
+        "cosine_length",
+        "repetition_penalty",
+        "soft_overlong_penalty",
+        "triplet_consistency",
+    ]

@@ -1,6 +1,19 @@
 """Data: task generators and the data module that serves them as lists of ``VisualSample``."""
 
+from app.data.counting import CountingDataset
 from app.data.datamodule import TASKS, VisualTaskDataModule, collate_visual_samples
 from app.data.dots import DotsDataset, make_dots_sample
+from app.data.pairs import PairedDotsDataset
+from app.data.triplets import TripletDotsDataset, make_dots_triplet_sample
 
-__all__ = ["TASKS", "DotsDataset", "VisualTaskDataModule", "collate_visual_samples", "make_dots_sample"]
+__all__ = [
+    "TASKS",
+    "CountingDataset",
+    "DotsDataset",
+    "PairedDotsDataset",
+    "TripletDotsDataset",
+    "VisualTaskDataModule",
+    "collate_visual_samples",
+    "make_dots_sample",
+    "make_dots_triplet_sample",
+]

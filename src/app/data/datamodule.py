@@ -14,6 +14,7 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from app.data.counting import CountingDataset
 from app.data.dots import DotsDataset
 from app.data.pairs import PairedDotsDataset
 from app.data.sampler import ResumableShuffleSampler
@@ -27,6 +28,7 @@ TASKS: dict[str, TaskFactory] = {
     "dots_left_of": DotsDataset,
     "dots_left_of_pairs": PairedDotsDataset,
     "dots_count_triplets": TripletDotsDataset,
+    "dots_count": CountingDataset,
 }
 
 

@@ -5,6 +5,38 @@ TorchMetrics accumulation.
 """
 
 from app.rewards.accuracy import accuracy_reward
+from app.rewards.consistency import consistency_rewards
 from app.rewards.format import format_reward
+from app.rewards.function_sequence import function_sequence_reward
+from app.rewards.numeric import numeric_tolerance_reward
+from app.rewards.stabilizers import cosine_length_reward, repetition_penalty, soft_overlong_penalty
+from app.rewards.trisr import (
+    attribute_grounding_reward,
+    judgment_alignment_reward,
+    tri_sr_reward,
+    triplet_consistency_reward,
+    triplet_overall_accuracy,
+    triplet_partial_accuracy,
+    triplet_task_reward,
+)
 
-__all__ = ["accuracy_reward", "format_reward"]
+consistency_reward = consistency_rewards  # the twin of ConsistencyReward under the package's naming rule
+
+__all__ = [
+    "accuracy_reward",
+    "attribute_grounding_reward",
+    "consistency_reward",
+    "consistency_rewards",
+    "cosine_length_reward",
+    "format_reward",
+    "function_sequence_reward",
+    "judgment_alignment_reward",
+    "numeric_tolerance_reward",
+    "repetition_penalty",
+    "soft_overlong_penalty",
+    "tri_sr_reward",
+    "triplet_consistency_reward",
+    "triplet_overall_accuracy",
+    "triplet_partial_accuracy",
+    "triplet_task_reward",
+]

@@ -31,8 +31,9 @@ completion has no ``<think>`` (chat templates of thinking models open it in the 
 
 An ``<answer>`` value is what the question asks for; TriSR (:mod:`app.rewards.trisr`) reads it by the sample's
 answer type: ordinal (``2`` or ``Image 2`` names the image that wins the comparison, ``same`` a tie), interval
-(``[-3, -1]``, a range of the difference ``v_i - v_j``) or categorical (a label). Here values are only normalised
-(:func:`~app.rewards.parsing.normalize_answer`: case, whitespace, trailing punctuation, option letters).
+(``[-3, -1]``, a range of the difference ``v_i - v_j``) or categorical (a label). :func:`parse_triplet_response` only
+normalises values (:func:`~app.rewards.parsing.normalize_answer`: case, whitespace, trailing punctuation, option
+letters); :func:`canonical_answer` reads one by its type.
 
 Safety: the input is cut to :data:`~app.rewards.parsing.MAX_PARSE_CHARS` characters first, tags are found with
 ``str.find``, lines are matched by anchored regexes with bounded repetitions (linear time), and nothing raises.
@@ -210,3 +211,77 @@ def format_triplet_response(
 def _number_text(value: float) -> str:
     value = float(value)
     return str(int(value)) if value.is_integer() else repr(value)
+
+
+# ------------------------------------------------------------------------------------------------ canonical answers
+ANSWER_TYPES = ("ordinal", "interval", "categorical")
+"""How a sample's answers are read (``meta["answer_type"]``); see :mod:`app.rewards.trisr`."""
+
+_TIE = frozenset({"same", "the same", "equal", "tie", "=", "neither"})
+_IMAGE_ALIASES = {"1": "1", "2": "2", "3": "3", "a": "1", "b": "2", "c": "3"}
+_INTERVAL = re.compile(r"[\[(]?\s{0,4}(\S{1,40}?)\s{0,4}(?:,|to|\.\.|~)\s{0,4}(\S{1,40}?)\s{0,4}[\])]?")
+
+Canonical = int | tuple[float, float] | str
+"""A canonical answer: an ordinal sign, an interval ``(lo, hi)``, or a categorical label."""
+
+
+def canonical_answer(value: object, pair: str, answer_type: str = "ordinal") -> Canonical | None:
+    """The canonical form of an answer to ``pair`` (``"1-2"``, ...) read as ``answer_type``; ``None`` if it is missing
+    or unreadable. Equal canonical forms are equal answers.
+
+    - ``ordinal``: the sign ``s_ij``: +1 for image i (``1``, ``Image 1``, ``A``, ``first``, ``>``; images 1/2/3 are
+      also A/B/C), -1 for image j (likewise, ``second``, ``<``), 0 for a tie (``same``, ``equal``, ``tie``, ``=``,
+      ``neither``); an image outside the pair is unreadable.
+    - ``interval``: ``(lo, hi)`` from ``[lo, hi]``, ``(lo, hi)``, ``lo to hi``, ``lo..hi`` or one number (``lo == hi``);
+      ``lo > hi`` is unreadable.
+    - ``categorical``: the normalised label.
+
+    ``answer_type`` is trusted (it comes from the data): an unknown one raises ``ValueError``.
+
+    >>> canonical_answer("Image 2", "1-2"), canonical_answer("A", "1-3"), canonical_answer("same", "2-3")
+    (-1, 1, 0)
+    >>> canonical_answer("3", "1-2") is None  # image 3 is not in the pair
+    True
+    >>> canonical_answer("[-3, -1]", "1-2", "interval"), canonical_answer("2", "1-3", "interval")
+    ((-3.0, -1.0), (2.0, 2.0))
+    """
+    if not isinstance(value, str):
+        return None
+    value = normalize_answer(value)
+    if not value:
+        return None
+    if answer_type == "ordinal":
+        return _ordinal_sign(value, pair)
+    if answer_type == "interval":
+        return _interval(value)
+    if answer_type == "categorical":
+        return value
+    raise ValueError(f"answer_type must be one of {ANSWER_TYPES}, got {answer_type!r}")
+
+
+def _ordinal_sign(value: str, pair: str) -> int | None:
+    if value in _TIE:
+        return 0
+    if value in ("first", ">"):
+        return 1
+    if value in ("second", "<"):
+        return -1
+    image = _IMAGE_ALIASES.get(value.removeprefix("image").strip())
+    if image == pair[0]:
+        return 1
+    if image == pair[2]:
+        return -1
+    return None
+
+
+def _interval(value: str) -> tuple[float, float] | None:
+    single = parse_real(value)
+    if single is not None:
+        return (single, single)
+    match = _INTERVAL.fullmatch(value)
+    if match is None:
+        return None
+    lo, hi = parse_real(match.group(1)), parse_real(match.group(2))
+    if lo is None or hi is None or lo > hi:
+        return None
+    return (lo, hi)

@@ -18,8 +18,8 @@ Ground truth lives in ``sample.meta``::
         "answer_type": "ordinal",                                 # optional: ordinal (default) | interval | categorical
     }
 
-Answers are compared in canonical form, by answer type (a missing or unreadable answer equals nothing, not even
-another missing one):
+Answers are compared in canonical form (:func:`~app.rewards.triplet_parsing.canonical_answer`), by answer type; a
+missing or unreadable answer equals nothing, not even another missing one:
 
 - ``ordinal``: the answer names the image that wins the comparison the question asks for (more dots, closer, ...):
   ``2``, ``Image 2``, ``B`` (images 1/2/3 are also A/B/C), ``first``/``second`` (of the pair) or ``>``/``<``; ``same``,
@@ -31,8 +31,8 @@ another missing one):
 
 Triplet consistency ``tau``:
 
-- ordinal: if ``s_12`` and ``s_23`` imply ``s_13`` (the same sign, or one of them 0 and the other decides: the implied
-  sign is ``s_12`` if ``s_23 == 0`` else ``s_23`` when they agree or one is 0), +1 if the predicted ``s_13`` equals it,
+- ordinal: ``s_12`` and ``s_23`` imply ``s_13`` when they have the same sign (``s_13`` must be that sign; both 0
+  imply 0) or when one of them is 0 (``s_13`` must be the other one). +1 if the predicted ``s_13`` is the implied sign,
   -1 if not; 0 when they point opposite ways (nothing implied) or when any of the three answers is missing.
 - interval (the paper's "composed interval ``Delta_12 + Delta_23`` compatible with ``Delta_13`` up to quantisation
   tolerance"): ``v_1 - v_3 = Delta_12 + Delta_23``, so the composed range is ``[lo_12 + lo_23, hi_12 + hi_23]``; +1 if it
@@ -46,79 +46,24 @@ Triplet consistency ``tau``:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from torch import Tensor
 
 from app.rewards.base import RewardComponent
-from app.rewards.parsing import normalize_answer
 from app.rewards.ranges import scores_in_range
-from app.rewards.triplet_parsing import PAIRS, TripletResponse, parse_real, parse_triplet_response
+from app.rewards.triplet_parsing import (
+    ANSWER_TYPES,
+    PAIRS,
+    Canonical,
+    TripletResponse,
+    canonical_answer,
+    parse_triplet_response,
+)
 from app.types import VisualSample
 
-ANSWER_TYPES = ("ordinal", "interval", "categorical")
 DEFAULT_EPS = 1e-6
-
-_TIE = frozenset({"same", "the same", "equal", "tie", "=", "neither"})
-_IMAGE_ALIASES = {"1": "1", "2": "2", "3": "3", "a": "1", "b": "2", "c": "3"}
-_INTERVAL = re.compile(r"[\[(]?\s{0,4}(\S{1,40}?)\s{0,4}(?:,|to|\.\.|~)\s{0,4}(\S{1,40}?)\s{0,4}[\])]?")
-
-Canonical = int | tuple[float, float] | str
-
-
-# ------------------------------------------------------------------------------------------------ canonical answers
-def canonical_answer(value: object, pair: str, answer_type: str = "ordinal") -> Canonical | None:
-    """The canonical form of an answer to ``pair`` (see the module doc), or ``None`` if it is missing or unreadable.
-
-    >>> canonical_answer("Image 2", "1-2"), canonical_answer("A", "1-3"), canonical_answer("same", "2-3")
-    (-1, 1, 0)
-    >>> canonical_answer("3", "1-2") is None  # image 3 is not in the pair
-    True
-    >>> canonical_answer("[-3, -1]", "1-2", "interval"), canonical_answer("2", "1-3", "interval")
-    ((-3.0, -1.0), (2.0, 2.0))
-    """
-    if not isinstance(value, str):
-        return None
-    value = normalize_answer(value)
-    if not value:
-        return None
-    if answer_type == "ordinal":
-        return _ordinal_sign(value, pair)
-    if answer_type == "interval":
-        return _interval(value)
-    if answer_type == "categorical":
-        return value
-    raise ValueError(f"answer_type must be one of {ANSWER_TYPES}, got {answer_type!r}")
-
-
-def _ordinal_sign(value: str, pair: str) -> int | None:
-    if value in _TIE:
-        return 0
-    if value in ("first", ">"):
-        return 1
-    if value in ("second", "<"):
-        return -1
-    image = _IMAGE_ALIASES.get(value.removeprefix("image").strip())
-    if image == pair[0]:
-        return 1
-    if image == pair[2]:
-        return -1
-    return None
-
-
-def _interval(value: str) -> tuple[float, float] | None:
-    single = parse_real(value)
-    if single is not None:
-        return (single, single)
-    match = _INTERVAL.fullmatch(value)
-    if match is None:
-        return None
-    lo, hi = parse_real(match.group(1)), parse_real(match.group(2))
-    if lo is None or hi is None or lo > hi:
-        return None
-    return (lo, hi)
 
 
 # ------------------------------------------------------------------------------------------------ the four terms
