@@ -8,7 +8,8 @@ import pytest
 from app.data import TASKS, VisualTaskDataModule
 from app.data.triplets import DOT, TASK, TripletDotsDataset, make_dots_triplet_sample
 from app.rewards.triplet_parsing import TRIPLET_RESPONSE_INSTRUCTION, parse_triplet_response
-from app.rewards.trisr import TripletOverallAccuracy, TriSRReward, triplet_consistency_reward
+from app.rewards.trisr import TripletOverallAccuracy, TriSRReward
+from app.rewards.trisr_scores import triplet_consistency_reward
 
 
 def count_blobs(image) -> int:

@@ -20,6 +20,8 @@ from app.rewards.trisr import (
     TripletPartialAccuracy,
     TripletTaskReward,
     TriSRReward,
+)
+from app.rewards.trisr_scores import (
     attribute_grounding_reward,
     judgment_alignment_reward,
     tri_sr_reward,

@@ -10,7 +10,7 @@ from app.rewards.format import format_reward
 from app.rewards.function_sequence import function_sequence_reward
 from app.rewards.numeric import numeric_tolerance_reward
 from app.rewards.stabilizers import cosine_length_reward, repetition_penalty, soft_overlong_penalty
-from app.rewards.trisr import (
+from app.rewards.trisr_scores import (
     attribute_grounding_reward,
     judgment_alignment_reward,
     tri_sr_reward,
