@@ -4,6 +4,7 @@ from app.data.counting import CountingDataset
 from app.data.datamodule import TASKS, VisualTaskDataModule, collate_visual_samples
 from app.data.dots import DotsDataset, make_dots_sample
 from app.data.pairs import PairedDotsDataset
+from app.data.transforms import TransformDataset
 from app.data.triplets import TripletDotsDataset, make_dots_triplet_sample
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "CountingDataset",
     "DotsDataset",
     "PairedDotsDataset",
+    "TransformDataset",
     "TripletDotsDataset",
     "VisualTaskDataModule",
     "collate_visual_samples",

@@ -18,6 +18,7 @@ from app.data.counting import CountingDataset
 from app.data.dots import DotsDataset
 from app.data.pairs import PairedDotsDataset
 from app.data.sampler import ResumableShuffleSampler
+from app.data.transforms import TransformDataset
 from app.data.triplets import TripletDotsDataset
 from app.types import VisualSample
 
@@ -29,6 +30,7 @@ TASKS: dict[str, TaskFactory] = {
     "dots_left_of_pairs": PairedDotsDataset,
     "dots_count_triplets": TripletDotsDataset,
     "dots_count": CountingDataset,
+    "dots_transform": TransformDataset,
 }
 
 
