@@ -1,0 +1,94 @@
+"""Classical computer vision for scorers: named colours in HSV, segmentation, connected components, shape.
+
+Images are ``uint8`` RGB arrays ``[H, W, 3]``. Everything is deterministic (OpenCV on the CPU, no learned models).
+Colours are named by hue: each name owns a hue interval (OpenCV hue, 0-179) with minimum saturation and value, wide
+enough to survive blur, noise and JPEG, narrow enough that a neighbouring named hue (violet for purple) falls outside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+# name -> RGB used by renderers. Hues are at least ~20 OpenCV units apart so a scorer can tell neighbours apart.
+PALETTE: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "orange": (240, 140, 20),
+    "yellow": (235, 220, 30),
+    "green": (40, 170, 60),
+    "cyan": (30, 200, 210),
+    "blue": (30, 60, 220),
+    "violet": (110, 40, 230),
+    "purple": (150, 40, 170),
+    "magenta": (225, 40, 200),
+}
+BACKGROUND = (235, 235, 235)
+WALL = (40, 40, 40)
+_HUE_TOLERANCE = 7  # OpenCV hue units (x2 degrees) around a palette colour's hue
+_MIN_SATURATION = 90
+_MIN_VALUE = 70
+
+
+def palette_hue(name: str) -> int:
+    """OpenCV hue (0-179) of a palette colour."""
+    rgb = np.uint8([[PALETTE[name]]])
+    return int(cv2.cvtColor(rgb, cv2.COLOR_RGB2HSV)[0, 0, 0])
+
+
+def color_mask(image: np.ndarray, name: str, tolerance: int = _HUE_TOLERANCE) -> np.ndarray:
+    """Boolean ``[H, W]`` mask of pixels whose colour is the named palette colour."""
+    hsv = cv2.cvtColor(np.ascontiguousarray(image, dtype=np.uint8), cv2.COLOR_RGB2HSV)
+    hue = hsv[..., 0].astype(np.int16)
+    target = palette_hue(name)
+    distance = np.minimum(np.abs(hue - target), 180 - np.abs(hue - target))
+    return (distance <= tolerance) & (hsv[..., 1] >= _MIN_SATURATION) & (hsv[..., 2] >= _MIN_VALUE)
+
+
+def dark_mask(image: np.ndarray, max_value: int = 90) -> np.ndarray:
+    """Boolean mask of dark, unsaturated pixels (walls, outlines)."""
+    hsv = cv2.cvtColor(np.ascontiguousarray(image, dtype=np.uint8), cv2.COLOR_RGB2HSV)
+    return (hsv[..., 2] <= max_value) & (hsv[..., 1] <= 80)
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A connected component: pixel area, centroid (x, y), bounding box (x, y, w, h) and a shape guess."""
+
+    area: int
+    centroid: tuple[float, float]
+    bbox: tuple[int, int, int, int]
+    shape: str
+
+
+def blobs(mask: np.ndarray, min_area: int = 12) -> list[Blob]:
+    """Connected components of ``mask`` larger than ``min_area`` pixels, largest first, with a shape guess."""
+    mask_u8 = mask.astype(np.uint8)
+    count, labels, stats, centroids = cv2.connectedComponentsWithStats(mask_u8, connectivity=8)
+    found = []
+    for i in range(1, count):
+        area = int(stats[i, cv2.CC_STAT_AREA])
+        if area < min_area:
+            continue
+        x, y, w, h = (
+            int(stats[i, k]) for k in (cv2.CC_STAT_LEFT, cv2.CC_STAT_TOP, cv2.CC_STAT_WIDTH, cv2.CC_STAT_HEIGHT)
+        )
+        found.append(Blob(area, (float(centroids[i][0]), float(centroids[i][1])), (x, y, w, h), _shape(labels == i)))
+    return sorted(found, key=lambda b: (-b.area, b.centroid))
+
+
+def _shape(component: np.ndarray) -> str:
+    """``circle``, ``square`` or ``triangle`` from the component's fill ratio of its bounding box and its polygon."""
+    contours, _ = cv2.findContours(component.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    if not contours:
+        return "unknown"
+    contour = max(contours, key=cv2.contourArea)
+    area = cv2.contourArea(contour)
+    x, y, w, h = cv2.boundingRect(contour)
+    fill = area / max(w * h, 1)
+    if fill > 0.88:
+        return "square"
+    if fill < 0.62:
+        return "triangle"
+    return "circle"

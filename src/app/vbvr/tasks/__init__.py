@@ -1,0 +1,3 @@
+"""Built-in tasks; importing this package registers them."""
+
+from app.vbvr.tasks import counting  # noqa: F401

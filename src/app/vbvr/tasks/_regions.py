@@ -1,0 +1,73 @@
+"""Helpers shared by the colour-mixing, symmetry, pattern and rotation scorers: name the dominant palette colour of an
+image region by nearest palette hue (so purple, violet and magenta are told apart even where their ``color_mask``
+tolerances overlap), and draw / read square grid cells.
+
+>>> import numpy as np
+>>> from app.vbvr.cv import PALETTE
+>>> image = np.full((8, 8, 3), PALETTE["violet"], dtype=np.uint8)
+>>> dominant_color(image, np.ones((8, 8), bool))
+('violet', 1.0)
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from app.vbvr.cv import PALETTE, palette_hue
+
+_NAMES = tuple(PALETTE)
+_MIN_SATURATION, _MIN_VALUE, _MAX_HUE_DISTANCE = 90, 70, 12
+
+
+def palette_labels(image: np.ndarray) -> np.ndarray:
+    """``[H, W]`` int array: index into ``PALETTE`` of each pixel's nearest palette hue, -1 for unsaturated, dark or
+    off-palette pixels."""
+    hsv = cv2.cvtColor(np.ascontiguousarray(image, dtype=np.uint8), cv2.COLOR_RGB2HSV)
+    hue = hsv[..., 0].astype(np.int16)[..., None]
+    targets = np.array([palette_hue(n) for n in _NAMES], dtype=np.int16)
+    distance = np.abs(hue - targets)
+    distance = np.minimum(distance, 180 - distance)
+    labels = distance.argmin(axis=-1)
+    valid = (
+        (distance.min(axis=-1) <= _MAX_HUE_DISTANCE) & (hsv[..., 1] >= _MIN_SATURATION) & (hsv[..., 2] >= _MIN_VALUE)
+    )
+    return np.where(valid, labels, -1)
+
+
+def dominant_color(image: np.ndarray, region: np.ndarray, labels: np.ndarray | None = None) -> tuple[str | None, float]:
+    """The most frequent palette colour inside boolean ``region`` and the fraction of the region it covers
+    (``(None, 0.0)`` if no pixel of the region is a palette colour)."""
+    labels = palette_labels(image) if labels is None else labels
+    inside = labels[region]
+    inside = inside[inside >= 0]
+    total = max(int(region.sum()), 1)
+    if inside.size == 0:
+        return None, 0.0
+    counts = np.bincount(inside, minlength=len(_NAMES))
+    best = int(counts.argmax())
+    return _NAMES[best], round(float(counts[best]) / total, 6)
+
+
+def disk(size: int, center: tuple[float, float], radius: float) -> np.ndarray:
+    """Boolean ``[size, size]`` mask of a disk."""
+    ys, xs = np.mgrid[0:size, 0:size]
+    return (xs + 0.5 - center[0]) ** 2 + (ys + 0.5 - center[1]) ** 2 <= radius**2
+
+
+def box(size: int, x0: float, y0: float, x1: float, y1: float, inset: float = 0.25) -> np.ndarray:
+    """Boolean ``[size, size]`` mask of the central part of the box ``(x0, y0)-(x1, y1)``: ``inset`` of its width and
+    height is trimmed off each side (the part of a cell that blur and JPEG leave intact)."""
+    dx, dy = (x1 - x0) * inset, (y1 - y0) * inset
+    mask = np.zeros((size, size), dtype=bool)
+    mask[int(round(y0 + dy)) : max(int(round(y1 - dy)), int(round(y0 + dy)) + 1),
+         int(round(x0 + dx)) : max(int(round(x1 - dx)), int(round(x0 + dx)) + 1)] = True  # fmt: skip
+    return mask
+
+
+def read_cell(image: np.ndarray, labels: np.ndarray, x0: float, y0: float, x1: float, y1: float,
+              min_cover: float = 0.5) -> str | None:  # fmt: skip
+    """The palette colour filling the cell ``(x0, y0)-(x1, y1)``, or None when at most ``min_cover`` of its centre is
+    one palette colour (an empty cell)."""
+    name, cover = dominant_color(image, box(image.shape[0], x0, y0, x1, y1), labels)
+    return name if cover > min_cover else None
