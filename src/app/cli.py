@@ -80,7 +80,19 @@ def main(argv: list[str] | None = None) -> None:
     if (sys.argv[1:] if argv is None else argv)[:1] == ["export"]:
         export_main((sys.argv[1:] if argv is None else argv)[1:])
         return
-    AppCLI(args=argv)
+    try:
+        AppCLI(args=argv)
+    finally:
+        _destroy_process_group()
+
+
+def _destroy_process_group() -> None:
+    """Tear down torch.distributed before interpreter exit: a gloo group left alive can abort the process at exit
+    ("terminate called without an active exception") after a successful DDP run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

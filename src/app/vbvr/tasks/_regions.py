@@ -14,7 +14,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from app.vbvr.cv import PALETTE, palette_hue
+from app.vbvr.cv import BACKGROUND, PALETTE, palette_hue
 
 _NAMES = tuple(PALETTE)
 _MIN_SATURATION, _MIN_VALUE, _MAX_HUE_DISTANCE = 90, 70, 12
@@ -49,17 +49,17 @@ def dominant_color(image: np.ndarray, region: np.ndarray, labels: np.ndarray | N
     return _NAMES[best], round(float(counts[best]) / total, 6)
 
 
-def disk(size: int, center: tuple[float, float], radius: float) -> np.ndarray:
-    """Boolean ``[size, size]`` mask of a disk."""
-    ys, xs = np.mgrid[0:size, 0:size]
+def disk(shape: tuple[int, ...], center: tuple[float, float], radius: float) -> np.ndarray:
+    """Boolean ``shape[:2]`` mask of a disk."""
+    ys, xs = np.mgrid[0 : shape[0], 0 : shape[1]]
     return (xs + 0.5 - center[0]) ** 2 + (ys + 0.5 - center[1]) ** 2 <= radius**2
 
 
-def box(size: int, x0: float, y0: float, x1: float, y1: float, inset: float = 0.25) -> np.ndarray:
-    """Boolean ``[size, size]`` mask of the central part of the box ``(x0, y0)-(x1, y1)``: ``inset`` of its width and
+def box(shape: tuple[int, ...], x0: float, y0: float, x1: float, y1: float, inset: float = 0.25) -> np.ndarray:
+    """Boolean ``shape[:2]`` mask of the central part of the box ``(x0, y0)-(x1, y1)``: ``inset`` of its width and
     height is trimmed off each side (the part of a cell that blur and JPEG leave intact)."""
     dx, dy = (x1 - x0) * inset, (y1 - y0) * inset
-    mask = np.zeros((size, size), dtype=bool)
+    mask = np.zeros(shape[:2], dtype=bool)
     mask[int(round(y0 + dy)) : max(int(round(y1 - dy)), int(round(y0 + dy)) + 1),
          int(round(x0 + dx)) : max(int(round(x1 - dx)), int(round(x0 + dx)) + 1)] = True  # fmt: skip
     return mask
@@ -69,5 +69,28 @@ def read_cell(image: np.ndarray, labels: np.ndarray, x0: float, y0: float, x1: f
               min_cover: float = 0.5) -> str | None:  # fmt: skip
     """The palette colour filling the cell ``(x0, y0)-(x1, y1)``, or None when at most ``min_cover`` of its centre is
     one palette colour (an empty cell)."""
-    name, cover = dominant_color(image, box(image.shape[0], x0, y0, x1, y1), labels)
+    name, cover = dominant_color(image, box(image.shape, x0, y0, x1, y1), labels)
     return name if cover > min_cover else None
+
+
+def foreground(image: np.ndarray, min_difference: int = 60) -> np.ndarray:
+    """Boolean mask of pixels that differ clearly from the background colour (objects, outlines)."""
+    difference = np.abs(image.astype(np.int16) - np.array(BACKGROUND, dtype=np.int16)).max(axis=-1)
+    return difference > min_difference
+
+
+def classify_shape(mask: np.ndarray) -> str | None:
+    """``circle``, ``square`` or ``triangle`` (apex up, as ``draw.draw_shape`` draws it): the template, fitted to the
+    bounding box of the mask's largest component, that overlaps it best (IoU); None for an empty mask."""
+    count, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+    if count < 2:
+        return None
+    largest = 1 + int(stats[1:, cv2.CC_STAT_AREA].argmax())
+    x, y, w, h = (int(stats[largest, k]) for k in (cv2.CC_STAT_LEFT, cv2.CC_STAT_TOP, cv2.CC_STAT_WIDTH, cv2.CC_STAT_HEIGHT))
+    component = (labels[y : y + h, x : x + w] == largest).astype(np.uint8)
+    ys, xs = np.mgrid[0:h, 0:w] + 0.5
+    circle = ((xs - w / 2) / (w / 2)) ** 2 + ((ys - h / 2) / (h / 2)) ** 2 <= 1.0
+    triangle = np.abs(xs - w / 2) <= ys / h * w / 2
+    templates = {"square": np.ones((h, w), np.uint8), "circle": circle.astype(np.uint8), "triangle": triangle.astype(np.uint8)}
+    iou = {name: (t & component).sum() / max((t | component).sum(), 1) for name, t in templates.items()}
+    return max(sorted(iou), key=iou.get)
