@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-# name -> RGB used by renderers. Hues are at least ~20 OpenCV units apart so a scorer can tell neighbours apart.
+# name -> RGB used by renderers. Neighbouring hues are 9 (purple / magenta) to ~30 OpenCV units apart; with the
+# +-7 tolerance below every pair stays distinguishable, and tasks that need a firm decision label each pixel by its
+# nearest palette hue (tasks/_regions.py).
 PALETTE: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
     "orange": (240, 140, 20),

@@ -60,13 +60,16 @@ def box(shape: tuple[int, ...], x0: float, y0: float, x1: float, y1: float, inse
     height is trimmed off each side (the part of a cell that blur and JPEG leave intact)."""
     dx, dy = (x1 - x0) * inset, (y1 - y0) * inset
     mask = np.zeros(shape[:2], dtype=bool)
-    mask[int(round(y0 + dy)) : max(int(round(y1 - dy)), int(round(y0 + dy)) + 1),
-         int(round(x0 + dx)) : max(int(round(x1 - dx)), int(round(x0 + dx)) + 1)] = True  # fmt: skip
+    mask[
+        int(round(y0 + dy)) : max(int(round(y1 - dy)), int(round(y0 + dy)) + 1),
+        int(round(x0 + dx)) : max(int(round(x1 - dx)), int(round(x0 + dx)) + 1),
+    ] = True
     return mask
 
 
-def read_cell(image: np.ndarray, labels: np.ndarray, x0: float, y0: float, x1: float, y1: float,
-              min_cover: float = 0.5) -> str | None:  # fmt: skip
+def read_cell(
+    image: np.ndarray, labels: np.ndarray, x0: float, y0: float, x1: float, y1: float, min_cover: float = 0.5
+) -> str | None:
     """The palette colour filling the cell ``(x0, y0)-(x1, y1)``, or None when at most ``min_cover`` of its centre is
     one palette colour (an empty cell)."""
     name, cover = dominant_color(image, box(image.shape, x0, y0, x1, y1), labels)
@@ -86,11 +89,17 @@ def classify_shape(mask: np.ndarray) -> str | None:
     if count < 2:
         return None
     largest = 1 + int(stats[1:, cv2.CC_STAT_AREA].argmax())
-    x, y, w, h = (int(stats[largest, k]) for k in (cv2.CC_STAT_LEFT, cv2.CC_STAT_TOP, cv2.CC_STAT_WIDTH, cv2.CC_STAT_HEIGHT))
+    x, y, w, h = (
+        int(stats[largest, k]) for k in (cv2.CC_STAT_LEFT, cv2.CC_STAT_TOP, cv2.CC_STAT_WIDTH, cv2.CC_STAT_HEIGHT)
+    )
     component = (labels[y : y + h, x : x + w] == largest).astype(np.uint8)
     ys, xs = np.mgrid[0:h, 0:w] + 0.5
     circle = ((xs - w / 2) / (w / 2)) ** 2 + ((ys - h / 2) / (h / 2)) ** 2 <= 1.0
     triangle = np.abs(xs - w / 2) <= ys / h * w / 2
-    templates = {"square": np.ones((h, w), np.uint8), "circle": circle.astype(np.uint8), "triangle": triangle.astype(np.uint8)}
+    templates = {
+        "square": np.ones((h, w), np.uint8),
+        "circle": circle.astype(np.uint8),
+        "triangle": triangle.astype(np.uint8),
+    }
     iou = {name: (t & component).sum() / max((t | component).sum(), 1) for name, t in templates.items()}
     return max(sorted(iou), key=iou.get)

@@ -56,7 +56,7 @@ class ColorMixingTask(VisualTask):
         pair = list(rng.choice(sorted(EXTENDED_MIXES if self.extended_mixes else MIXES)))
         rng.shuffle(pair)
         cells = rng.sample([(r, c) for r in range(self.grid) for c in range(self.grid)], 3)
-        sources = [{"color": color, "cell": list(cell)} for color, cell in zip(pair, cells)]
+        sources = [{"color": color, "cell": list(cell)} for color, cell in zip(pair, cells[:2], strict=True)]
         return {"grid": self.grid, "sources": sources, "target": list(cells[2])}
 
     def solve(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -85,7 +85,11 @@ class ColorMixingTask(VisualTask):
         return to_array(image)
 
     def render(self, config, solution):
-        frames = [self._draw(config, None), self._draw(config, solution["color"], 0.5), self._draw(config, solution["color"])]
+        frames = [
+            self._draw(config, None),
+            self._draw(config, solution["color"], 0.5),
+            self._draw(config, solution["color"]),
+        ]
         return np.stack(frames), [len(frames) - 1]
 
     def perturbations(self, config, solution):
@@ -111,9 +115,13 @@ class ColorMixingTask(VisualTask):
             kept.append(name == source["color"] and share > 0.5)
         return combine(
             [
-                Check("mixed_colour", float(found == expected and cover >= 0.3), hard=True,
-                      detail=f"target is {found or 'empty'} ({cover:.0%}), expected {expected} = {a} + {b}"),
+                Check(
+                    "mixed_colour",
+                    float(found == expected and cover >= 0.3),
+                    hard=True,
+                    detail=f"target is {found or 'empty'} ({cover:.0%}), expected {expected} = {a} + {b}",
+                ),
                 Check("target_filled", min(1.0, expected_cover / 0.9), detail=f"{expected_cover:.0%} {expected}"),
                 Check("sources_unchanged", sum(kept) / len(kept), detail=f"{sum(kept)}/{len(kept)} sources kept"),
             ]
-        )  # fmt: skip
+        )

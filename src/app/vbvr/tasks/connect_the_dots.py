@@ -2,7 +2,7 @@
 
 Problem: ``n`` dark dots of strictly increasing radius (the order; no numbers are drawn). Solution: line segments of a
 palette colour from each dot to the next larger one; the video adds one segment per frame. Dots are placed so that no
-dot lies near the segment between two others, which keeps every segment unambiguous.
+dot lies near a segment between two others, which keeps every segment unambiguous.
 
 Scorer (classical CV on the last frame): line pixels are the configuration's line colour (HSV mask, dilated by one pixel
 to absorb anti-aliasing and compression); each segment is sampled at points outside the dots at its ends.
@@ -10,7 +10,7 @@ to absorb anti-aliasing and compression); each segment is sampled at points outs
 * ``all_pairs_connected`` (hard): every consecutive pair (i, i + 1) has at least 80% of its sample points on line pixels.
 * ``segments_covered`` (soft, weight 2): the mean fraction of covered sample points over the consecutive pairs.
 * ``no_extra_segments`` (soft, weight 1): no non-consecutive pair of dots is joined by a line (sample points away from
-  the expected segments); each extra segment halves... removes half of the value.
+  the expected segments); each extra segment costs half of the value.
 * ``dots_unchanged`` (soft, weight 1): ``n`` dark dots are still visible.
 """
 
@@ -25,12 +25,12 @@ import numpy as np
 from PIL import ImageDraw
 
 from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import PALETTE, WALL, blobs, color_mask, dark_mask
+from app.vbvr.cv import PALETTE, WALL, blobs, color_mask
 from app.vbvr.draw import canvas, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 
 _LINE_WIDTH = 3
-_CLEARANCE = 10  # minimum distance from a dot to any segment between two other dots (and between dot centres: 3x)
+_CLEARANCE = 6  # minimum gap between a dot's rim and the segments (i, i+1), (i, i+2) between two other dots
 _COVERED = 0.8  # fraction of a segment's sample points on line pixels for the pair to count as connected
 
 
@@ -66,9 +66,13 @@ class ConnectTheDotsTask(VisualTask):
     def sample_config(self, rng: random.Random) -> dict[str, Any]:
         count = rng.randint(self.min_dots, self.max_dots)
         radii = [3 + i for i in range(count)]
-        points = self._place(rng, radii)
-        while points is None:
+        points = None
+        for _ in range(100):
             points = self._place(rng, radii)
+            if points is not None:
+                break
+        else:
+            raise ValueError(f"{self.name}: cannot place {count} dots apart on a {self.image_size} px image")
         return {"dots": [list(p) for p in points], "radii": radii, "line_color": rng.choice(sorted(PALETTE))}
 
     def _place(self, rng: random.Random, radii: list[int]) -> list[tuple[int, int]] | None:
@@ -81,7 +85,7 @@ class ConnectTheDotsTask(VisualTask):
                 candidate = points + [p]
                 segments = [(i, j) for i in range(k + 1) for j in (i + 1, i + 2) if j <= k]
                 if all(math.dist(p, q) >= radius + radii[i] + 16 for i, q in enumerate(points)) and all(
-                    point_segment_distance(candidate[m], candidate[i], candidate[j]) >= _CLEARANCE
+                    point_segment_distance(candidate[m], candidate[i], candidate[j]) >= _CLEARANCE + radii[m]
                     for i, j in segments
                     for m in range(k + 1)
                     if m not in (i, j)
@@ -111,7 +115,7 @@ class ConnectTheDotsTask(VisualTask):
 
     @staticmethod
     def _draw_dots(draw: ImageDraw.ImageDraw, dots, radii) -> None:
-        for (x, y), r in zip(dots, radii):
+        for (x, y), r in zip(dots, radii, strict=True):
             draw.ellipse((x - r, y - r, x + r, y + r), fill=WALL)
 
     def render(self, config, solution):
@@ -125,10 +129,12 @@ class ConnectTheDotsTask(VisualTask):
         order[1], order[2] = order[2], order[1]  # visit the second- and third-smallest dots the wrong way round
         return {
             "missing_segment": self._draw(config, segments[:-1]),
-            "wrong_order": self._draw(config, [[a, b] for a, b in zip(order, order[1:])]),
+            "wrong_order": self._draw(config, [[a, b] for a, b in zip(order, order[1:], strict=False)]),
         }
 
-    def _coverage(self, line: np.ndarray, config: dict[str, Any], i: int, j: int, away_from: list | None = None) -> float | None:
+    def _coverage(
+        self, line: np.ndarray, config: dict[str, Any], i: int, j: int, away_from: list | None = None
+    ) -> float | None:
         """Fraction of the sample points of segment i-j on line pixels (optionally only points farther than the
         clearance from the segments in ``away_from``); None when there are too few points to tell."""
         dots, radii = config["dots"], config["radii"]
@@ -154,12 +160,27 @@ class ConnectTheDotsTask(VisualTask):
                 value = self._coverage(line, config, i, j, away_from=expected)
                 if value is not None and value >= _COVERED:
                     extra.append((i, j))
-        dark = blobs(dark_mask(last), min_area=8)
+        brightness = cv2.cvtColor(np.ascontiguousarray(last), cv2.COLOR_RGB2HSV)[..., 2]
+        dark = blobs(brightness <= 100, min_area=8)  # by value only: noise makes dark pixels' saturation meaningless
         return combine(
             [
-                Check("all_pairs_connected", float(connected == n - 1), hard=True, detail=f"{connected}/{n - 1} consecutive pairs connected"),
-                Check("segments_covered", sum(covered) / max(n - 1, 1), weight=2.0, detail=f"coverage {[round(c, 2) for c in covered]}"),
-                Check("no_extra_segments", 1.0 - 0.5 * len(extra), detail=f"extra segments between dots {extra}" if extra else ""),
+                Check(
+                    "all_pairs_connected",
+                    float(connected == n - 1),
+                    hard=True,
+                    detail=f"{connected}/{n - 1} consecutive pairs connected",
+                ),
+                Check(
+                    "segments_covered",
+                    sum(covered) / max(n - 1, 1),
+                    weight=2.0,
+                    detail=f"coverage {[round(c, 2) for c in covered]}",
+                ),
+                Check(
+                    "no_extra_segments",
+                    1.0 - 0.5 * len(extra),
+                    detail=f"extra segments between dots {extra}" if extra else "",
+                ),
                 Check("dots_unchanged", float(len(dark) == n), detail=f"{len(dark)} dots, {n} expected"),
             ]
         )

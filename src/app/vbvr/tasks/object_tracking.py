@@ -48,7 +48,9 @@ class ObjectTrackingTask(VisualTask):
     def __init__(
         self, image_size: int = 128, min_steps: int = 8, max_steps: int = 12, min_radius: int = 6, max_radius: int = 8
     ) -> None:
-        super().__init__(image_size, min_steps=min_steps, max_steps=max_steps, min_radius=min_radius, max_radius=max_radius)
+        super().__init__(
+            image_size, min_steps=min_steps, max_steps=max_steps, min_radius=min_radius, max_radius=max_radius
+        )
         self.min_steps, self.max_steps = min_steps, max_steps
         self.min_radius, self.max_radius = min_radius, max_radius
 
@@ -137,14 +139,21 @@ class ObjectTrackingTask(VisualTask):
         ux, uy = vx / norm, vy / norm
         monotone, straight, detail_m, detail_s = 1.0, 1.0, "", ""
         if len(video) > 1:
-            along = [(b[0] - a[0]) * ux + (b[1] - a[1]) * uy for a, b in zip(centroids, centroids[1:])]
+            along = [(b[0] - a[0]) * ux + (b[1] - a[1]) * uy for a, b in zip(centroids, centroids[1:], strict=False)]
             if not along or sum(along) <= 0:
                 monotone, detail_m = 0.0, "the ball does not move along the expected direction"
             else:
                 monotone = sum(d >= -0.5 for d in along) / len(along)
-                detail_m = f"{sum(d < -0.5 for d in along)}/{len(along)} steps against the direction" if monotone < 1 else ""
+                detail_m = (
+                    f"{sum(d < -0.5 for d in along)}/{len(along)} steps against the direction" if monotone < 1 else ""
+                )
             sx, sy = config["start"]
             off = [abs((x - sx) * uy - (y - sy) * ux) for x, y in centroids]
             straight = sum(d <= config["radius"] / 2 for d in off) / len(video)
-            detail_s = f"{sum(d <= config['radius'] / 2 for d in off)}/{len(video)} frames on the line" if straight < 1 else ""
-        return [Check("moves_along_direction", monotone, detail=detail_m), Check("stays_on_line", straight, detail=detail_s)]
+            detail_s = (
+                f"{sum(d <= config['radius'] / 2 for d in off)}/{len(video)} frames on the line" if straight < 1 else ""
+            )
+        return [
+            Check("moves_along_direction", monotone, detail=detail_m),
+            Check("stays_on_line", straight, detail=detail_s),
+        ]

@@ -2,10 +2,10 @@
 
 Problem: a ``rows`` x ``columns`` board read row by row; the first cells hold a sequence that repeats a period of
 ``P`` distinct (shape, colour) items (ABAB..., ABCABC...; ABCD... out of domain), the last ``blanks`` cells are empty
-with a dark outline. Solution: each empty cell ``i`` holds item ``i mod P``. Scorer (each cell read by its dominant
-palette colour and the shape of its largest coloured blob): the fraction of filled cells with both the expected
-colour and the expected shape (hard, multiplies the score), the fractions with the expected colour and with the
-expected shape (soft, naming which attribute failed), the given cells unchanged (soft).
+with a dark outline. Solution: each empty cell ``i`` holds item ``i mod P``. Scorer (a cell's colour is the dominant
+palette colour of its pixels, its shape the template best fitting its largest foreground blob): the fraction of
+filled cells with both the expected colour and shape (hard, multiplies the score), the fractions with the expected
+colour and with the expected shape (soft, naming which attribute failed), the given cells unchanged (soft).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import PALETTE, WALL, blobs
+from app.vbvr.cv import PALETTE, WALL
 from app.vbvr.draw import canvas, draw_shape, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
-from app.vbvr.tasks._regions import box, palette_labels
+from app.vbvr.tasks._regions import box, classify_shape, foreground, palette_labels
 
 COLORS = ("red", "yellow", "green", "blue", "purple")
 SHAPES = ("circle", "square", "triangle")
@@ -32,10 +32,19 @@ class PatternContinuationTask(VisualTask):
     name = "pattern_continuation"
     faculty = "abstraction"
 
-    def __init__(self, image_size: int = 128, rows: int = 3, columns: int = 4, periods: tuple[int, ...] = (2, 3),
-                 min_blanks: int = 2, max_blanks: int = 4) -> None:  # fmt: skip
+    def __init__(
+        self,
+        image_size: int = 128,
+        rows: int = 3,
+        columns: int = 4,
+        periods: tuple[int, ...] = (2, 3),
+        min_blanks: int = 2,
+        max_blanks: int = 4,
+    ) -> None:
         periods = tuple(periods)
-        super().__init__(image_size, rows=rows, columns=columns, periods=periods, min_blanks=min_blanks, max_blanks=max_blanks)
+        super().__init__(
+            image_size, rows=rows, columns=columns, periods=periods, min_blanks=min_blanks, max_blanks=max_blanks
+        )
         self.rows, self.columns, self.periods = rows, columns, periods
         self.min_blanks, self.max_blanks = min_blanks, max_blanks
 
@@ -83,7 +92,9 @@ class PatternContinuationTask(VisualTask):
 
     def perturbations(self, config, solution):
         period = len(config["items"])
-        shifted = [config["items"][(i + 1) % period] for i in range(config["given"], config["rows"] * config["columns"])]
+        shifted = [
+            config["items"][(i + 1) % period] for i in range(config["given"], config["rows"] * config["columns"])
+        ]
         return {
             "wrong_next_item": self._draw(config, shifted),
             "wrong_hue": self._draw(config, [[shape, NEIGHBOUR[color]] for shape, color in solution["fill"]]),
@@ -92,13 +103,12 @@ class PatternContinuationTask(VisualTask):
     def _read(self, image: np.ndarray, labels: np.ndarray, config, index: int) -> tuple[str | None, str | None]:
         """(colour, shape) of the object in cell ``index``; (None, None) for an empty cell."""
         x, y, cell = self._cell(config, index)
-        region = box(image.shape, x, y, x + cell, y + cell, inset=0.1)
+        region = box(image.shape, x, y, x + cell, y + cell, inset=0.12)
         inside = np.where(region, labels, -1)
         counts = np.bincount(inside[inside >= 0], minlength=len(PALETTE))
         if counts.sum() < 0.12 * cell * cell:
             return None, None
-        found = blobs(inside >= 0, min_area=int(0.05 * cell * cell))
-        return list(PALETTE)[int(counts.argmax())], found[0].shape if found else None
+        return list(PALETTE)[int(counts.argmax())], classify_shape(foreground(image) & region)
 
     def score(self, frames, config) -> ScoreResult:
         last = as_frames(frames)[-1]

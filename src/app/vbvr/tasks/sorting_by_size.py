@@ -113,7 +113,7 @@ class SortingBySizeTask(VisualTask):
     def score(self, frames, config) -> ScoreResult:
         measured = self.measure(as_frames(frames)[-1], config)
         expected = sorted(config["heights"])
-        ascending = all(b > a for a, b in zip(measured, measured[1:])) and len(measured) > 0
+        ascending = all(b > a for a, b in zip(measured, measured[1:], strict=False)) and len(measured) > 0
         remaining, matched = list(measured), 0
         for height in expected:
             best = min(remaining, key=lambda m: abs(m - height), default=None)
@@ -123,7 +123,13 @@ class SortingBySizeTask(VisualTask):
         return combine(
             [
                 Check("sorted_ascending", float(ascending), hard=True, detail=f"heights left to right {measured}"),
-                Check("count_matches", float(len(measured) == len(expected)), detail=f"{len(measured)} bars, {len(expected)} expected"),
-                Check("sizes_match", matched / len(expected), detail=f"{matched}/{len(expected)} heights match {expected}"),
+                Check(
+                    "count_matches",
+                    float(len(measured) == len(expected)),
+                    detail=f"{len(measured)} bars, {len(expected)} expected",
+                ),
+                Check(
+                    "sizes_match", matched / len(expected), detail=f"{matched}/{len(expected)} heights match {expected}"
+                ),
             ]
         )

@@ -42,8 +42,15 @@ class SymmetryCompletionTask(VisualTask):
     name = "symmetry_completion"
     faculty = "abstraction"
 
-    def __init__(self, image_size: int = 128, rows: int = 6, half: int = 4, colors: int = 2, density: float = 0.45,
-                 threshold: float = 0.8) -> None:  # fmt: skip
+    def __init__(
+        self,
+        image_size: int = 128,
+        rows: int = 6,
+        half: int = 4,
+        colors: int = 2,
+        density: float = 0.45,
+        threshold: float = 0.8,
+    ) -> None:
         super().__init__(image_size, rows=rows, half=half, colors=colors, density=density, threshold=threshold)
         self.rows, self.half, self.colors, self.density, self.threshold = rows, half, colors, density, threshold
 
@@ -53,11 +60,24 @@ class SymmetryCompletionTask(VisualTask):
     def sample_config(self, rng: random.Random) -> dict[str, Any]:
         palette = rng.sample(COLORS, self.colors)
         while True:
-            cells = {(r, c): rng.choice(palette) for r in range(self.rows) for c in range(self.half) if rng.random() < self.density}
+            cells = {
+                (r, c): rng.choice(palette)
+                for r in range(self.rows)
+                for c in range(self.half)
+                if rng.random() < self.density
+            }
             translated = {(r, c + self.half): color for (r, c), color in cells.items()}
-            if len(cells) >= 3 and len(set(cells.values())) == self.colors and agreement(translated, mirror(cells, self.half)) <= 0.4:
+            if (
+                len(cells) >= 3
+                and len(set(cells.values())) == self.colors
+                and agreement(translated, mirror(cells, self.half)) <= 0.4
+            ):
                 break
-        return {"rows": self.rows, "half": self.half, "left": [[r, c, color] for (r, c), color in sorted(cells.items())]}
+        return {
+            "rows": self.rows,
+            "half": self.half,
+            "left": [[r, c, color] for (r, c), color in sorted(cells.items())],
+        }
 
     def solve(self, config: dict[str, Any]) -> dict[str, Any]:
         right = mirror(self._left(config), config["half"])
@@ -110,7 +130,7 @@ class SymmetryCompletionTask(VisualTask):
         }
         colors = sorted(set(left.values()))
         if len(colors) > 1:
-            swap = dict(zip(colors, colors[1:] + colors[:1]))
+            swap = dict(zip(colors, colors[1:] + colors[:1], strict=True))
             wrong["swapped_colours"] = self._draw(config, {**left, **{k: swap[v] for k, v in right.items()}})
         return wrong
 
@@ -136,8 +156,12 @@ class SymmetryCompletionTask(VisualTask):
         return combine(
             [
                 Check("right_mirrors_left", match, weight=2.0, detail=f"{match:.0%} of filled right-half cells match"),
-                Check("mirror_above_threshold", float(match >= self.threshold), hard=True,
-                      detail=f"{match:.0%} < {self.threshold:.0%}" if match < self.threshold else ""),
+                Check(
+                    "mirror_above_threshold",
+                    float(match >= self.threshold),
+                    hard=True,
+                    detail=f"{match:.0%} < {self.threshold:.0%}" if match < self.threshold else "",
+                ),
                 Check("left_unchanged", kept, detail=f"{kept:.0%} of left-half cells as given"),
             ]
-        )  # fmt: skip
+        )
