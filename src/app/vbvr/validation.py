@@ -69,11 +69,11 @@ def validate(task: VisualTask, seeds: range) -> ValidationRow:
 
 
 def report(rows: list[ValidationRow]) -> str:
-    lines = [f"{'task':<22}{'solver':>8}  {'worst perturbed (max)':<44}{'worst degraded (min)':<32}ok"]
+    lines = ["| task | solver | worst perturbed (max) | worst degraded (min) | ok |", "|---|---|---|---|---|"]
     for row in rows:
         perturbed = ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.perturbed.items()))
         degraded = ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.degraded.items()))
-        lines.append(f"{row.task:<22}{row.solver:>8.2f}  {perturbed:<44}{degraded:<32}{'yes' if row.ok else 'NO'}")
+        lines.append(f"| {row.task} | {row.solver:.2f} | {perturbed} | {degraded} | {'yes' if row.ok else 'NO'} |")
     return "\n".join(lines)
 
 

@@ -2,9 +2,10 @@
 
 Problem: an ``n x n`` grid with dark filled cells (stacks on the floor and floating ledges) and balls of distinct
 colours in the top two rows (two balls may share a column). Solution: every ball at its resting cell; the frames
-animate the fall one row per frame (all balls at once). Scorer: exactly one blob per ball colour (hard, count), every
-ball in its own column (hard), every ball supported by the floor, a filled cell or another ball (hard), each ball at
-its expected resting cell (soft, one check per ball).
+animate the fall one row per frame (all balls at once). Scorer: exactly one blob per ball colour (hard, count:
+``one_blob_per_ball``), every ball in its start column (hard, ``balls_stay_in_column``), every ball supported by the
+floor, a filled cell or another ball (hard, ``balls_supported``), each ball at its expected resting cell (soft, one
+``<colour>_ball_at_rest`` check per ball).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Problem: an open ``n x n`` grid (thin grid lines) with dark rectangular obstacle blocks, a green start cell in the left
 column and a red goal cell in the right column; the straight L-shaped route is always blocked. Solution: a blue polyline
 through the cell centres of a BFS-shortest 4-connected path (any shortest path is accepted). Scorer (shared with
-``maze_path``, ``_grid_path.GridPathTask``): the blue pixels form one connected component (hard), the blue cell graph joins
-start to goal (hard), no obstacle cell is blue (hard), the length is close to the shortest (soft, weight 2), the start
-and goal markers are in place (soft).
+``maze_path``: ``_grid_path.GridPathTask``): the blue pixels form one connected component (hard), the blue cell graph
+joins start to goal (hard), no obstacle cell is blue (hard: ``path_avoids_obstacles``), the length is close to the
+shortest (soft, weight 2), the start and goal markers are in place (soft).
 """
 
 from __future__ import annotations

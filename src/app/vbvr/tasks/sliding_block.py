@@ -3,8 +3,9 @@
 Problem: an ``n x n`` grid with dark wall cells, a dark-outlined target square and a few coloured blocks. The prompt
 names one block and a direction; the block slides cell by cell until the next cell is a wall, another block or the
 grid edge, or until it reaches the target square (where it stops). The frames show the slide, one cell per frame.
-Scorer: exactly one blob of the moved block's colour (hard), its centroid in the expected cell (hard), every other
-block still in its cell (soft, per block).
+Scorer: exactly one blob of the moved block's colour (hard, ``exactly_one_moved_block``), its centroid in the expected
+cell (hard, ``moved_block_at_expected_cell``), the other blocks in their cells (soft, ``other_blocks_unmoved``: the
+fraction in place).
 """
 
 from __future__ import annotations
