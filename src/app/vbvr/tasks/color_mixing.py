@@ -19,7 +19,7 @@ from app.vbvr.core import VisualTask, as_frames, register
 from app.vbvr.cv import PALETTE, WALL
 from app.vbvr.draw import canvas, cell_center, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
-from app.vbvr.tasks._regions import disk, dominant_color, palette_labels
+from app.vbvr.tasks._regions import disk_window, dominant_color, palette_labels
 
 MIXES = {
     ("blue", "red"): "purple",
@@ -101,17 +101,23 @@ class ColorMixingTask(VisualTask):
 
     def score(self, frames, config) -> ScoreResult:
         last = as_frames(frames)[-1]
-        labels = palette_labels(last)
         a, b = (s["color"] for s in config["sources"])
         expected = mix(a, b)
-        center, radius = self._geometry(config, config["target"])
-        target = disk(last.shape, center, radius * 0.6)
+
+        def region(cell):  # labels of the disk's pixels only (the disk's window of the image, not all of it)
+            center, radius = self._geometry(config, cell)
+            rows, columns, mask = disk_window(last.shape, center, radius * 0.6)
+            if mask.size == 0:  # the disk lies outside the image
+                return np.full(mask.shape, -1), mask
+            return palette_labels(last[rows, columns]), mask
+
+        labels, target = region(config["target"])
         found, cover = dominant_color(last, target, labels)
         expected_cover = float(np.mean(labels[target] == list(PALETTE).index(expected)))
         kept = []
         for source in config["sources"]:
-            center, radius = self._geometry(config, source["cell"])
-            name, share = dominant_color(last, disk(last.shape, center, radius * 0.6), labels)
+            labels, mask = region(source["cell"])
+            name, share = dominant_color(last, mask, labels)
             kept.append(name == source["color"] and share > 0.5)
         return combine(
             [

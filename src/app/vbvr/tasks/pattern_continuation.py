@@ -19,12 +19,13 @@ from app.vbvr.core import VisualTask, as_frames, register
 from app.vbvr.cv import PALETTE, WALL
 from app.vbvr.draw import canvas, draw_shape, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
-from app.vbvr.tasks._regions import box, classify_shape, foreground, palette_labels
+from app.vbvr.tasks._regions import box_label_counts, box_slices, shape_in_box
 
 COLORS = ("red", "yellow", "green", "blue", "purple")
 SHAPES = ("circle", "square", "triangle")
 NEIGHBOUR = {"red": "orange", "yellow": "orange", "green": "cyan", "blue": "violet", "purple": "magenta"}
 GRID_LINE = (200, 200, 200)
+_NAMES = tuple(PALETTE)
 
 
 @register
@@ -100,21 +101,25 @@ class PatternContinuationTask(VisualTask):
             "wrong_hue": self._draw(config, [[shape, NEIGHBOUR[color]] for shape, color in solution["fill"]]),
         }
 
-    def _read(self, image: np.ndarray, labels: np.ndarray, config, index: int) -> tuple[str | None, str | None]:
-        """(colour, shape) of the object in cell ``index``; (None, None) for an empty cell."""
-        x, y, cell = self._cell(config, index)
-        region = box(image.shape, x, y, x + cell, y + cell, inset=0.12)
-        inside = np.where(region, labels, -1)
-        counts = np.bincount(inside[inside >= 0], minlength=len(PALETTE))
-        if counts.sum() < 0.12 * cell * cell:
-            return None, None
-        return list(PALETTE)[int(counts.argmax())], classify_shape(foreground(image) & region)
+    def _read(self, image: np.ndarray, config) -> list[tuple[str | None, str | None]]:
+        """(colour, shape) of the object in every cell; (None, None) for an empty cell."""
+        length = config["rows"] * config["columns"]
+        cells = [self._cell(config, index) for index in range(length)]
+        boxes = [box_slices(image.shape, x, y, x + cell, y + cell, inset=0.12) for x, y, cell in cells]
+        read = []
+        for (_, _, cell), (rows, columns), (counts, _) in zip(
+            cells, boxes, box_label_counts(image, boxes), strict=True
+        ):
+            if counts.sum() < 0.12 * cell * cell:
+                read.append((None, None))
+            else:
+                read.append((_NAMES[int(counts.argmax())], shape_in_box(image, rows, columns)))
+        return read
 
     def score(self, frames, config) -> ScoreResult:
         last = as_frames(frames)[-1]
-        labels = palette_labels(last)
         items, length = config["items"], config["rows"] * config["columns"]
-        read = [self._read(last, labels, config, i) for i in range(length)]
+        read = self._read(last, config)
         expected = [tuple(items[i % len(items)])[::-1] for i in range(length)]  # (colour, shape)
         blanks = range(config["given"], length)
         both = sum(read[i] == expected[i] for i in blanks) / len(blanks)

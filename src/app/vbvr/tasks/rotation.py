@@ -19,7 +19,7 @@ from app.vbvr.core import VisualTask, as_frames, register
 from app.vbvr.cv import PALETTE, WALL
 from app.vbvr.draw import canvas, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
-from app.vbvr.tasks._regions import box, dominant_color, palette_labels
+from app.vbvr.tasks._regions import box_label_counts, box_slices, dominant_from_counts
 
 COLORS = ("red", "blue", "green", "purple", "orange")
 GRID_LINE = (200, 200, 200)
@@ -119,26 +119,29 @@ class RotationTask(VisualTask):
             "mirrored": self._draw(config, mirror(rotate(config["cells"], grid, angle), grid)),
         }
 
-    def _read(self, image: np.ndarray, labels: np.ndarray, config, panel: int) -> dict[tuple[int, int], str]:
+    def _read(self, image: np.ndarray, config) -> list[dict[tuple[int, int], str]]:
+        """Occupied cells (with their colour) of the source and the target panel."""
         cell, corners = self._panels(config)
-        x0, y0 = corners[panel]
-        found = {}
-        for r in range(config["grid"]):
-            for c in range(config["grid"]):
-                x, y = x0 + c * cell, y0 + r * cell
-                name, cover = dominant_color(image, box(image.shape, x, y, x + cell, y + cell), labels)
-                if cover > 0.5:
-                    found[(r, c)] = name
+        keys, boxes = [], []
+        for panel, (x0, y0) in enumerate(corners):
+            for r in range(config["grid"]):
+                for c in range(config["grid"]):
+                    x, y = x0 + c * cell, y0 + r * cell
+                    keys.append((panel, (r, c)))
+                    boxes.append(box_slices(image.shape, x, y, x + cell, y + cell))
+        found: list[dict[tuple[int, int], str]] = [{}, {}]
+        for (panel, key), (counts, area) in zip(keys, box_label_counts(image, boxes), strict=True):
+            name, cover = dominant_from_counts(counts, area)
+            if cover > 0.5:
+                found[panel][key] = name
         return found
 
     def score(self, frames, config) -> ScoreResult:
         last = as_frames(frames)[-1]
-        labels = palette_labels(last)
         expected = rotate(config["cells"], config["grid"], config["angle"])
-        target = self._read(last, labels, config, 1)
+        source, target = self._read(last, config)
         overlap = iou(set(target), expected)
         colour = sum(v == config["color"] for v in target.values()) / len(target) if target else 0.0
-        source = self._read(last, labels, config, 0)
         kept = iou({k for k, v in source.items() if v == config["color"]}, {tuple(c) for c in config["cells"]})
         return combine(
             [

@@ -19,7 +19,7 @@ from app.vbvr.core import VisualTask, as_frames, register
 from app.vbvr.cv import PALETTE, WALL
 from app.vbvr.draw import canvas, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
-from app.vbvr.tasks._regions import palette_labels, read_cell
+from app.vbvr.tasks._regions import box_label_counts, box_slices, dominant_from_counts
 
 COLORS = ("red", "blue", "yellow", "green", "purple")
 GRID_LINE = (200, 200, 200)
@@ -135,24 +135,29 @@ class SymmetryCompletionTask(VisualTask):
         return wrong
 
     def _read(self, image: np.ndarray, config, columns: range) -> Cells:
-        labels = palette_labels(image)
+        """Filled cells of ``columns``: those whose centre is more than half one palette colour (``read_cell``)."""
         cell, x0, y0 = self._board(config)
-        found = {}
+        keys, boxes = [], []
         for r in range(config["rows"]):
             for c in columns:
                 x, y = x0 + c * cell, y0 + r * cell
-                name = read_cell(image, labels, x, y, x + cell, y + cell)
-                if name is not None:
-                    found[(r, c)] = name
+                keys.append((r, c))
+                boxes.append(box_slices(image.shape, x, y, x + cell, y + cell))
+        found = {}
+        for key, (counts, area) in zip(keys, box_label_counts(image, boxes), strict=True):
+            name, cover = dominant_from_counts(counts, area)
+            if cover > 0.5:
+                found[key] = name
         return found
 
     def score(self, frames, config) -> ScoreResult:
         last = as_frames(frames)[-1]
         half = config["half"]
         left = self._left(config)
-        right = self._read(last, config, range(half, 2 * half))
+        cells = self._read(last, config, range(2 * half))
+        right = {k: v for k, v in cells.items() if k[1] >= half}
         match = agreement(right, mirror(left, half))
-        kept = agreement(self._read(last, config, range(half)), left)
+        kept = agreement({k: v for k, v in cells.items() if k[1] < half}, left)
         return combine(
             [
                 Check("right_mirrors_left", match, weight=2.0, detail=f"{match:.0%} of filled right-half cells match"),
