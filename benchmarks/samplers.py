@@ -1,0 +1,134 @@
+"""Time per denoising step of the ODE (Euler), SDE (Flow-GRPO) and CPS samplers on CPU, with 2 threads.
+
+    python benchmarks/samplers.py                 # about 1 minute on 2 cores
+    python benchmarks/samplers.py --repeats 5     # fewer repeats of the SD3-sized model
+
+A step is what a rollout pays: one transformer forward (``SD3Transformer2DModel``, random weights, batch 1, under
+``inference_mode``) plus the sampler's math, which for SDE and CPS includes drawing the noise and the step's log-prob.
+Two models: the tiny SD3 config of ENVIRONMENT.md (4 x 32 x 32 latents), and an SD3-medium-wide stack cut to
+``--layers`` joint blocks (head dim 64 x 24 heads = hidden 1536, joint_attention_dim 4096, 16 x 32 x 32 latents, 333 text
+tokens as with CLIP + T5). Each repeat runs one step of every sampler, in a rotating order, so load from other
+processes on a shared machine falls on all three alike; the table shows medians. "math only" times the sampler step
+alone (median of ``--math-calls`` calls), the part the samplers actually differ in; "math extra / ODE step" is that
+difference as a share of the ODE step, which is what the "vs ODE" ratio would show without timing noise (on a shared
+machine the step medians can move by more than the whole sampler math at SD3 width). Target: SDE/ODE and CPS/ODE within
+5% of 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout without installing
+
+import torch  # noqa: E402
+from diffusers import SD3Transformer2DModel  # noqa: E402
+
+from app.sampling.flow import cps_step, flow_sigmas, ode_step, sde_step  # noqa: E402
+
+TINY = dict(
+    sample_size=32,
+    patch_size=2,
+    in_channels=4,
+    num_layers=2,
+    attention_head_dim=8,
+    num_attention_heads=4,
+    joint_attention_dim=32,
+    caption_projection_dim=32,
+    pooled_projection_dim=64,
+    out_channels=4,
+    pos_embed_max_size=32,
+)
+SD3_WIDE = dict(  # SD3-medium's widths, fewer layers; pos_embed_max_size cut from 192 (only a crop of it is used)
+    sample_size=32,
+    patch_size=2,
+    in_channels=16,
+    attention_head_dim=64,
+    num_attention_heads=24,
+    joint_attention_dim=4096,
+    caption_projection_dim=1536,
+    pooled_projection_dim=2048,
+    out_channels=16,
+    pos_embed_max_size=64,
+)
+SAMPLERS = {
+    "ODE": lambda x, v, s, s1, g: ode_step(x, v, s, s1),
+    "SDE": lambda x, v, s, s1, g: sde_step(x, v, s, s1, eta=0.7, generator=g),
+    "CPS": lambda x, v, s, s1, g: cps_step(x, v, s, s1, eta=0.7, generator=g),
+}
+
+
+def bench(name: str, config: dict, text_tokens: int, repeats: int, math_calls: int) -> None:
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel(**config).eval()
+    params = sum(p.numel() for p in model.parameters())
+    size = config["sample_size"]
+    x = torch.randn(1, config["in_channels"], size, size)  # [B, C, H, W]
+    context = torch.randn(1, text_tokens, config["joint_attention_dim"])  # [B, L, D_text]
+    pooled = torch.randn(1, config["pooled_projection_dim"])  # [B, D_pooled]
+    sigmas = flow_sigmas(30, shift=3.0)
+    s, s_next = sigmas[10], sigmas[11]  # a mid-trajectory, trainable step
+    timestep = (s * 1000).reshape(1)
+    g = torch.Generator().manual_seed(0)
+
+    def step(sampler) -> None:
+        v = model(x, encoder_hidden_states=context, pooled_projections=pooled, timestep=timestep).sample
+        sampler(x, v, s, s_next, g)
+
+    times = {k: [] for k in SAMPLERS}
+    names = list(SAMPLERS)
+    with torch.inference_mode():
+        for k in names:  # warm-up
+            step(SAMPLERS[k])
+        for r in range(repeats):
+            for k in names[r % 3 :] + names[: r % 3]:  # rotate the order
+                start = time.perf_counter()
+                step(SAMPLERS[k])
+                times[k].append(time.perf_counter() - start)
+        v = torch.randn_like(x)
+        math_only = {}
+        for k, sampler in SAMPLERS.items():
+            calls = []
+            for _ in range(math_calls):
+                start = time.perf_counter()
+                sampler(x, v, s, s_next, g)
+                calls.append(time.perf_counter() - start)
+            math_only[k] = statistics.median(calls)
+
+    step_ms = {k: statistics.median(t) * 1e3 for k, t in times.items()}
+    print(
+        f"\n{name}: {params / 1e6:.1f}M params, latents {tuple(x.shape)}, {text_tokens} text tokens, {repeats} repeats"
+    )
+    print(f"{'sampler':<8}{'ms / step':>12}{'vs ODE':>10}{'math only (us)':>18}{'math extra / ODE step':>24}")
+    for k in names:
+        extra = (math_only[k] - math_only["ODE"]) * 1e3 / step_ms["ODE"]
+        print(f"{k:<8}{step_ms[k]:>12.2f}{step_ms[k] / step_ms['ODE']:>10.3f}{math_only[k] * 1e6:>18.1f}{extra:>24.2%}")
+    worst = max(abs(step_ms[k] / step_ms["ODE"] - 1) for k in ("SDE", "CPS"))
+    print(f"target: SDE/ODE and CPS/ODE within 5% -> {'met' if worst <= 0.05 else 'MISSED'} (worst {worst:.1%})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=9, help="steps per sampler on the SD3-sized model")
+    parser.add_argument("--tiny-repeats", type=int, default=100, help="steps per sampler on the tiny model")
+    parser.add_argument("--layers", type=int, default=2, help="joint blocks of the SD3-sized model (SD3-medium: 24)")
+    parser.add_argument("--math-calls", type=int, default=200, help="calls timed for the math-only column")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    bench("tiny SD3 (ENVIRONMENT.md)", TINY, text_tokens=16, repeats=args.tiny_repeats, math_calls=args.math_calls)
+    wide = dict(SD3_WIDE, num_layers=args.layers)
+    bench(
+        f"SD3-medium width, {args.layers} layers",
+        wide,
+        text_tokens=333,
+        repeats=args.repeats,
+        math_calls=args.math_calls,
+    )
+
+
+if __name__ == "__main__":
+    main()
