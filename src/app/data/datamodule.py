@@ -62,7 +62,8 @@ class VisualTaskDataModule(LightningDataModule):
         train_size: number of training samples.
         val_size: number of validation samples.
         test_size: number of test samples.
-        batch_size: prompts per training batch (each is later sampled K times by the policy).
+        batch_size: data items per training batch: prompts, or pairs / tuples for paired tasks, which collate flattens
+            (each prompt is later sampled K times by the policy; a pair never straddles two ranks).
         val_batch_size: prompts per validation and test batch.
         seed: seed of the whole data set; the splits use disjoint seeds derived from it, and the training order is
             shuffled with it.
