@@ -129,3 +129,38 @@ class CompletionRecord:
     reward: float
     advantage: float
     components: dict[str, float]
+
+
+@dataclass
+class FlowTrajectory:
+    """One flow-GRPO rollout: the trained transitions of N = B * K denoising trajectories and their scores.
+
+    Only the transitions that enter the loss are kept (S of the T steps, in sampling order); the others are not needed
+    for the update. ``...`` stands for the policy's ``latent_shape`` (``[C, h, w]`` or ``[C, t, h, w]``).
+
+    Attributes:
+        conditioning: the prompt encodings, every tensor with N rows (each prompt repeated K times, group-major).
+        sigmas: ``[T + 1]`` float32 noise levels of the schedule, ending at 0 (on the host).
+        step_indices: the S trained steps ``i`` (transition ``sigmas[i] -> sigmas[i + 1]``), increasing.
+        latents: ``[N, S, ...]`` float32 ``x_t`` before each trained step.
+        next_latents: ``[N, S, ...]`` float32 ``x_{t+1}`` sampled by each trained step.
+        old_logprobs: ``[N, S]`` float32 log-density of each sampled transition under the rollout policy (MEAN over
+            latent elements, see :mod:`app.sampling.flow`).
+        ref_logprobs: ``[N, S]`` the same under the reference (adapter disabled), or None when beta == 0.
+        images: ``[N, 3, H, W]`` or ``[N, F, 3, H, W]`` decoded final samples in [0, 1].
+        rewards: the reward output of the N samples.
+        advantages: ``[N]`` group-relative advantages.
+        loss_mask: ``[N]`` bool, False for samples left out of the loss (dropped zero-std groups).
+    """
+
+    conditioning: dict[str, torch.Tensor]
+    sigmas: torch.Tensor
+    step_indices: list[int]
+    latents: torch.Tensor
+    next_latents: torch.Tensor
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    images: torch.Tensor
+    rewards: RewardOutput
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor

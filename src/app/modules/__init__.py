@@ -1,7 +1,8 @@
-"""LightningModules: VLM supervised fine-tuning (Reason-RFT stage 1) and VLM GRPO."""
+"""LightningModules: VLM supervised fine-tuning (Reason-RFT stage 1), VLM GRPO and flow-matching GRPO."""
 
 from app.modules.base import VLMModule
+from app.modules.flow_grpo import FlowGRPOModule
 from app.modules.grpo import VLMGRPOModule
 from app.modules.sft import VLMSFTModule
 
-__all__ = ["VLMGRPOModule", "VLMModule", "VLMSFTModule"]
+__all__ = ["FlowGRPOModule", "VLMGRPOModule", "VLMModule", "VLMSFTModule"]

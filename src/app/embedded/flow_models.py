@@ -1,0 +1,272 @@
+"""Tiny SD3- and Wan-style flow models built from config, cached on disk as a diffusers pipeline folder.
+
+``resolve_flow_pretrained("tiny-sd3")`` builds the model once (random weights, deterministic for a seed), saves every
+component with ``save_pretrained`` into the subfolders of a diffusers pipeline folder (``transformer/``, ``vae/``,
+``text_encoder/``, ``tokenizer/``, ``scheduler/``, plus ``model_index.json``) under ``cache_root()/flow`` and returns
+that folder; anything else (a hub id or a local folder) is returned unchanged. :func:`load_flow_components` then loads
+each component with ``from_pretrained``, so the embedded defaults and real checkpoints (``stabilityai/stable-diffusion-
+3.5-medium``, ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``) take the same code path.
+
+The embedded models differ from the real ones in their text encoders: one tiny CLIP (SD3; the real SD3 concatenates
+CLIP-L, CLIP-G and T5) or one tiny T5 encoder (Wan; the real one is UMT5), both with the trained-offline BPE tokenizer.
+Their output sizes match the transformer configs: SD3 ``joint_attention_dim = 32`` (the encoder's hidden size) and
+``pooled_projection_dim = 64`` (its projection); Wan ``text_dim = 32``.
+
+Sizes: ``tiny-sd3`` makes 64x64 images from 4x16x16 latents (VAE factor 4, patch 2: 64 tokens); ``tiny-wan`` makes
+5-frame 32x32 videos from 4x2x4x4 latents (VAE factors 4 in time, 8 in space). The sample size of a model with no
+``sample_size`` in its transformer config (Wan) is written to ``app_flow.json`` in the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import processors
+from transformers import PreTrainedTokenizerFast
+
+from app.embedded.models import cache_root
+from app.embedded.tokenizer import build_tokenizer
+
+FLOW_CACHE = "flow"
+SAMPLE_SIZE_FILE = "app_flow.json"  # {"height": ..., "width": ..., "num_frames": ...} for models without sample_size
+TEXT_MAX_LENGTH = 16  # tokens per prompt of the embedded tokenizer (the real CLIP uses 77, Wan's UMT5 512)
+
+
+@dataclass(frozen=True)
+class TinyFlowSpec:
+    """How to build one embedded flow model: diffusers class names and config overrides of each component."""
+
+    transformer_class: str
+    transformer_config: dict[str, Any]
+    vae_class: str
+    vae_config: dict[str, Any]
+    text_encoder: str  # "clip" or "t5"
+    scheduler_config: dict[str, Any]
+    pipeline_class: str
+    sample_size: dict[str, int] | None = None
+
+
+TINY_FLOWS: dict[str, TinyFlowSpec] = {
+    "tiny-sd3": TinyFlowSpec(
+        transformer_class="SD3Transformer2DModel",
+        transformer_config=dict(
+            sample_size=16,
+            patch_size=2,
+            in_channels=4,
+            num_layers=2,
+            attention_head_dim=8,
+            num_attention_heads=4,
+            joint_attention_dim=32,
+            caption_projection_dim=32,
+            pooled_projection_dim=64,
+            out_channels=4,
+            pos_embed_max_size=32,
+        ),
+        vae_class="AutoencoderKL",
+        vae_config=dict(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 3,
+            up_block_types=("UpDecoderBlock2D",) * 3,
+            block_out_channels=(8, 16, 16),
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=8,
+            sample_size=64,
+            scaling_factor=1.5305,  # SD3's values
+            shift_factor=0.0609,
+        ),
+        text_encoder="clip",
+        scheduler_config=dict(num_train_timesteps=1000, shift=3.0),
+        pipeline_class="StableDiffusion3Pipeline",
+    ),
+    "tiny-wan": TinyFlowSpec(
+        transformer_class="WanTransformer3DModel",
+        transformer_config=dict(
+            patch_size=(1, 2, 2),
+            num_attention_heads=2,
+            attention_head_dim=12,
+            in_channels=4,
+            out_channels=4,
+            text_dim=32,
+            freq_dim=32,
+            ffn_dim=32,
+            num_layers=2,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            rope_max_seq_len=32,
+        ),
+        vae_class="AutoencoderKLWan",
+        vae_config=dict(
+            base_dim=8,
+            z_dim=4,
+            dim_mult=[1, 2, 2, 2],
+            num_res_blocks=1,
+            temperal_downsample=[False, True, True],
+            latents_mean=[0.0] * 4,
+            latents_std=[1.0] * 4,
+        ),
+        text_encoder="t5",
+        scheduler_config=dict(num_train_timesteps=1000, shift=3.0),
+        pipeline_class="WanPipeline",
+        sample_size=dict(height=32, width=32, num_frames=5),
+    ),
+}
+
+
+def flow_cache_root() -> Path:
+    """Folder holding built embedded flow models: ``cache_root() / "flow"``."""
+    return cache_root() / FLOW_CACHE
+
+
+def _tokenizer(seed: int) -> PreTrainedTokenizerFast:
+    """The embedded BPE tokenizer, right-padded, closing every prompt with ``<|endoftext|>`` (also its padding, as in
+    CLIP's tokenizer; CLIP pools the first one). Its ``<|im_end|>`` has id 2, which CLIP's config reads as the legacy
+    "pool the highest id" rule, so it is not used as the end token."""
+    tokenizer = build_tokenizer(seed=seed)
+    end = tokenizer.pad_token
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {end}", special_tokens=[(end, tokenizer.pad_token_id)]
+    )
+    tokenizer.eos_token = end
+    tokenizer.padding_side = "right"
+    tokenizer.model_max_length = TEXT_MAX_LENGTH
+    tokenizer.chat_template = None
+    return tokenizer
+
+
+def _text_encoder(kind: str, tokenizer: PreTrainedTokenizerFast):
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    common = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.pad_token_id)
+    if kind == "clip":
+        config = CLIPTextConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            projection_dim=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=TEXT_MAX_LENGTH,
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
+            **common,
+        )
+        return CLIPTextModelWithProjection(config)
+    config = T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, is_encoder_decoder=False, **common)
+    return T5EncoderModel(config)
+
+
+def build_tiny_flow(name: str, seed: int = 0) -> dict[str, Any]:
+    """Build an embedded flow model's components in memory (random weights, deterministic for a seed)."""
+    import diffusers
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    if name not in TINY_FLOWS:
+        raise ValueError(f"unknown embedded flow model {name!r}; known: {sorted(TINY_FLOWS)}")
+    spec = TINY_FLOWS[name]
+    tokenizer = _tokenizer(seed)
+    torch.manual_seed(seed)
+    return dict(
+        transformer=getattr(diffusers, spec.transformer_class)(**spec.transformer_config),
+        vae=getattr(diffusers, spec.vae_class)(**spec.vae_config),
+        text_encoder=_text_encoder(spec.text_encoder, tokenizer),
+        tokenizer=tokenizer,
+        scheduler=FlowMatchEulerDiscreteScheduler(**spec.scheduler_config),
+    )
+
+
+def _model_index(spec: TinyFlowSpec, components: dict[str, Any]) -> dict[str, Any]:
+    """A ``model_index.json`` naming each component's library and class, as diffusers writes it."""
+    index: dict[str, Any] = {"_class_name": spec.pipeline_class}
+    for key, component in components.items():
+        library = type(component).__module__.split(".")[0]
+        index[key] = [library, type(component).__name__]
+    return index
+
+
+def resolve_flow_pretrained(name_or_path: str, seed: int = 0) -> str:
+    """Return a pipeline folder or hub id; embedded names are built and cached on first use."""
+    if name_or_path not in TINY_FLOWS:
+        if name_or_path.startswith("tiny-") and not Path(name_or_path).exists():
+            raise ValueError(f"unknown embedded flow model {name_or_path!r}; known: {sorted(TINY_FLOWS)}")
+        return name_or_path
+    target = flow_cache_root() / f"{name_or_path}-seed{seed}"
+    if (target / "model_index.json").exists():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    spec = TINY_FLOWS[name_or_path]
+    components = build_tiny_flow(name_or_path, seed=seed)
+    # Build in a private folder and rename atomically, so concurrent processes (DDP ranks) never see a half-written one.
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    for key, component in components.items():
+        component.save_pretrained(staging / key)
+    if spec.sample_size is not None:
+        (staging / SAMPLE_SIZE_FILE).write_text(json.dumps(spec.sample_size, indent=2) + "\n")
+    # written last: its presence marks a complete folder
+    (staging / "model_index.json").write_text(json.dumps(_model_index(spec, components), indent=2) + "\n")
+    try:
+        staging.rename(target)
+    except OSError:  # another process won the race; its copy is identical
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
+def _load_component(path: str, subfolder: str, library: str, dtype: torch.dtype | None):
+    """``from_pretrained`` of one subfolder, the class read from its config (``_class_name`` or ``architectures``)."""
+    import diffusers
+    import transformers
+
+    if library == "diffusers":
+        config = _read_json(path, f"{subfolder}/config.json")
+        return getattr(diffusers, config["_class_name"]).from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
+    config = _read_json(path, f"{subfolder}/config.json")
+    model_class = getattr(transformers, config["architectures"][0])
+    return model_class.from_pretrained(path, subfolder=subfolder, dtype=dtype)
+
+
+def _read_json(path: str, filename: str) -> dict[str, Any] | None:
+    """A JSON file of a local folder or of a hub repository (from the local hub cache when offline)."""
+    local = Path(path) / filename
+    if Path(path).is_dir():
+        return json.loads(local.read_text()) if local.exists() else None
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        return json.loads(Path(hf_hub_download(path, filename)).read_text())
+    except EntryNotFoundError:
+        return None
+
+
+def load_flow_components(name_or_path: str, dtype: torch.dtype | None = None, seed: int = 0) -> dict[str, Any]:
+    """Load transformer, VAE, scheduler, text encoder(s) and tokenizer(s) through ``from_pretrained``.
+
+    Returns a dict with ``transformer``, ``vae``, ``scheduler``, ``text_encoder``, ``tokenizer`` (each None where the
+    folder has none), ``text_encoders_extra`` (names of further encoders, e.g. SD3's ``text_encoder_2`` and
+    ``text_encoder_3``; with any, no text encoder is loaded: see :class:`app.models.flow.FlowPolicy`), ``sample_size`` (the
+    ``app_flow.json`` dict or None) and ``path``.
+    """
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from transformers import AutoTokenizer
+
+    path = resolve_flow_pretrained(name_or_path, seed=seed)
+    index = _read_json(path, "model_index.json") or {}
+    components: dict[str, Any] = dict(path=path)
+    components["transformer"] = _load_component(path, "transformer", "diffusers", dtype)
+    components["vae"] = _load_component(path, "vae", "diffusers", dtype)
+    components["scheduler"] = FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler")
+    extra = sorted(
+        k for k, v in index.items() if k.startswith("text_encoder_") and isinstance(v, list) and v[0] is not None
+    )
+    # one text encoder is supported; with several (real SD3) none is loaded and encoding raises NotImplementedError
+    has_text = not extra and (index.get("text_encoder", [None])[0] is not None if index else True)
+    components["text_encoder"] = _load_component(path, "text_encoder", "transformers", dtype) if has_text else None
+    components["tokenizer"] = AutoTokenizer.from_pretrained(path, subfolder="tokenizer") if has_text else None
+    components["text_encoders_extra"] = extra
+    components["sample_size"] = _read_json(path, SAMPLE_SIZE_FILE)
+    return components

@@ -1,0 +1,345 @@
+"""The flow policy: a diffusers flow transformer (SD3- or Wan-style) + VAE + text encoder, with optional PEFT LoRA.
+
+One class owns everything that touches the models, so the flow-GRPO module only sees prompts, latents, velocities and
+decoded pixels. The samplers (:mod:`app.sampling.flow`) are pure step functions; a rollout is::
+
+    sigmas = policy.sigmas(T)                                     # [T + 1], 1 -> 0
+    cond = policy.encode_prompts(prompts)                         # {"encoder_hidden_states": [B, L, D], ...}
+    x = policy.initial_noise(B, generator)                        # [B, *latent_shape]
+    for i in range(T):
+        v = policy.velocity(x, sigmas[i].expand(B), cond)         # [B, *latent_shape] float32
+        x = ode_step(x, v, sigmas[i], sigmas[i + 1]).sample       # or sde_step / cps_step with log-probs
+    pixels = policy.decode(x)                                     # [B, 3, H, W] or [B, T, 3, H, W] in [0, 1]
+
+Text encoding follows the diffusers pipelines for one text encoder: a CLIP-like encoder (its output has
+``text_embeds``) gives ``encoder_hidden_states`` from its penultimate layer and ``pooled_projections`` from its
+projection, as ``StableDiffusion3Pipeline._get_clip_prompt_embeds`` does; a T5-like encoder gives its last hidden
+state with padding positions zeroed, as ``WanPipeline`` does. Real SD3 checkpoints concatenate three encoders (CLIP-L,
+CLIP-G, T5); that is not implemented yet and :meth:`FlowPolicy.encode_prompts` raises ``NotImplementedError`` for them
+(their transformer, VAE and scheduler load and run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from app.embedded.flow_models import SAMPLE_SIZE_FILE, load_flow_components
+from app.sampling.flow import flow_sigmas
+
+log = logging.getLogger(__name__)
+
+FLOW_ATTENTION_PROJECTIONS = r".*attn\d?\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_WAN_DEFAULT_SIZE = dict(height=480, width=832, num_frames=81)  # WanPipeline's defaults
+_MAX_TEXT_LENGTH = 512  # Wan's max_sequence_length; CLIP tokenizers cap themselves at 77
+
+
+@dataclass
+class FlowLoRASettings:
+    """PEFT LoRA on the transformer's attention projections.
+
+    Attributes:
+        r: rank of the update.
+        alpha: scaling numerator (``lora_alpha``); the update is scaled by alpha / r.
+        dropout: dropout on the LoRA input.
+        target_modules: regex over module names (PEFT full-matches it); the default hits the query/key/value/output
+            projections of every attention, and SD3/Flux's context-stream projections of joint attention
+            (``add_{q,k,v}_proj``, ``to_add_out``), as Flow-GRPO's SD3 recipe does.
+    """
+
+    r: int = 32
+    alpha: int = 64
+    dropout: float = 0.0
+    target_modules: str = FLOW_ATTENTION_PROJECTIONS
+
+    def __post_init__(self):
+        if self.r < 1 or self.alpha <= 0:
+            raise ValueError(f"LoRA needs r >= 1 and alpha > 0, got r={self.r}, alpha={self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+
+
+class FlowPolicy(nn.Module):
+    """A rectified-flow image or video generator loaded through ``from_pretrained``.
+
+    Args:
+        model: an embedded name (``tiny-sd3``, ``tiny-wan``), a diffusers pipeline folder or hub id (its
+            ``transformer/``, ``vae/``, ``scheduler/``, ``text_encoder/`` and ``tokenizer/`` are loaded), or a folder
+            written by :meth:`export`.
+        lora: LoRA settings; None trains the whole transformer (and keeps a frozen copy as the KL reference).
+        guidance_scale: classifier-free guidance weight; > 1 runs the empty prompt alongside (twice the compute).
+        dtype: weight dtype of every component: float32, bfloat16 or float16. Velocities are returned in float32.
+        seed: seed of the embedded model's random weights (ignored for real checkpoints).
+    """
+
+    prompt_cache_size: int = 4096  # prompts whose text conditioning is kept (least recently used dropped first)
+
+    def __init__(
+        self,
+        model: str = "tiny-sd3",
+        lora: FlowLoRASettings | None = FlowLoRASettings(),  # noqa: B008 (read only, never mutated)
+        guidance_scale: float = 1.0,
+        dtype: str = "float32",
+        seed: int = 0,
+    ):
+        super().__init__()
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        if guidance_scale < 1.0:
+            raise ValueError(f"guidance_scale must be >= 1 (1 disables guidance), got {guidance_scale}")
+        _quiet_progress_bars()
+        components = load_flow_components(model, dtype=_DTYPES[dtype], seed=seed)
+        self.model_name = model
+        self.source_path = components["path"]
+        self.guidance_scale = float(guidance_scale)
+        self.uses_lora = lora is not None
+        self.scheduler = components["scheduler"]
+        self.tokenizer = components["tokenizer"]
+        self.extra_text_encoders: list[str] = components["text_encoders_extra"]
+        self.sample_size: dict | None = components["sample_size"]
+        self.vae = components["vae"].requires_grad_(False).eval()
+        self.text_encoder = components["text_encoder"]
+        if self.text_encoder is not None:
+            self.text_encoder.requires_grad_(False).eval()
+        transformer = components["transformer"]
+        self.is_video: bool = "temperal_downsample" in self.vae.config  # Wan-style causal video VAE
+        self.latent_shape: tuple[int, ...] = self._latent_shape(transformer)
+        self.model = self._wrap(transformer, lora)  # PeftModel with LoRA, the diffusers model otherwise
+        self.frozen_reference: nn.Module | None = None
+        if not self.uses_lora:  # full fine-tuning: the KL reference is a frozen copy of the starting weights
+            self.frozen_reference = copy.deepcopy(transformer).requires_grad_(False).eval()
+        self._use_reference = False
+        self._prompt_cache: OrderedDict[str, dict[str, Tensor]] = OrderedDict()
+
+    @staticmethod
+    def _wrap(transformer: nn.Module, lora: FlowLoRASettings | None) -> nn.Module:
+        if lora is None:
+            return transformer.requires_grad_(True)
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
+            init_lora_weights=True,  # B = 0: the policy starts exactly at the base model
+        )
+        transformer.requires_grad_(False)
+        return get_peft_model(transformer, config)
+
+    def _latent_shape(self, transformer: nn.Module) -> tuple[int, ...]:
+        channels = transformer.config.in_channels
+        if not self.is_video:
+            spatial = 2 ** (len(self.vae.config.block_out_channels) - 1)
+            size = self.sample_size or {}
+            height = size.get("height", transformer.config.sample_size * spatial) // spatial
+            width = size.get("width", transformer.config.sample_size * spatial) // spatial
+            return (channels, height, width)
+        downsample = self.vae.config.temperal_downsample
+        temporal, spatial = 2 ** sum(downsample), 2 ** len(downsample)
+        size = {**_WAN_DEFAULT_SIZE, **(self.sample_size or {})}
+        if (size["num_frames"] - 1) % temporal:
+            raise ValueError(f"num_frames must be 1 + {temporal} k for this VAE, got {size['num_frames']}")
+        frames = (size["num_frames"] - 1) // temporal + 1
+        return (channels, frames, size["height"] // spatial, size["width"] // spatial)
+
+    # --------------------------------------------------------------------------------------------------- schedule
+    def sigmas(self, num_steps: int) -> Tensor:
+        """The ``[num_steps + 1]`` float32 sigmas (1 -> 0) of the model's scheduler config, for this latent size."""
+        config = {k: v for k, v in self.scheduler.config.items() if not k.startswith("_")}
+        shift = config.pop("shift", 1.0)
+        dynamic = config.pop("use_dynamic_shifting", False)
+        mu = self._dynamic_shift_mu(config) if dynamic else None
+        return flow_sigmas(num_steps, shift=shift, use_dynamic_shifting=dynamic, mu=mu, **config)
+
+    def _dynamic_shift_mu(self, config: dict) -> float:
+        """The pipelines' ``calculate_shift``: mu linear in the transformer's token count between two anchors."""
+        patch = self.transformer.config.patch_size
+        patch = tuple(patch) if isinstance(patch, (list, tuple)) else (1,) * (len(self.latent_shape) - 3) + (patch,) * 2
+        seq_len = math.prod(n // p for n, p in zip(self.latent_shape[1:], patch, strict=True))
+        base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
+        base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
+        slope = (max_shift - base_shift) / (max_len - base_len)
+        return seq_len * slope + base_shift - slope * base_len
+
+    # ----------------------------------------------------------------------------------------------------- prompts
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> dict[str, Tensor]:
+        """Text conditioning of each prompt, stacked: ``encoder_hidden_states`` ``[B, L, D]`` and, for SD3-style
+        transformers, ``pooled_projections`` ``[B, P]``. Each prompt is encoded once and kept in an LRU cache."""
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._prompt_cache))
+        if missing:
+            encoded = self._encode_text(missing)
+            for i, prompt in enumerate(missing):
+                self._prompt_cache[prompt] = {key: value[i : i + 1] for key, value in encoded.items()}
+        rows = []
+        for prompt in prompts:
+            self._prompt_cache.move_to_end(prompt)
+            rows.append(self._prompt_cache[prompt])
+        while len(self._prompt_cache) > self.prompt_cache_size:
+            self._prompt_cache.popitem(last=False)
+        device = self.device
+        return {key: torch.cat([row[key] for row in rows]).to(device) for key in rows[0]}
+
+    def cached_conditioning(self, prompt: str) -> dict[str, Tensor] | None:
+        """The cached conditioning of one prompt (``[1, ...]`` tensors), or None if it has not been encoded."""
+        return self._prompt_cache.get(prompt)
+
+    def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
+        if self.text_encoder is None:
+            raise NotImplementedError(
+                f"{self.model_name!r} has several text encoders ({['text_encoder', *self.extra_text_encoders]}); "
+                "FlowPolicy encodes prompts with one text encoder only. TODO: SD3's CLIP-L + CLIP-G + T5 "
+                "concatenation (StableDiffusion3Pipeline.encode_prompt)."
+            )
+        max_length = min(self.tokenizer.model_max_length, _MAX_TEXT_LENGTH)
+        tokens = self.tokenizer(
+            prompts, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt"
+        ).to(self.text_encoder.device)
+        wants_pooled = self.transformer.config.get("pooled_projection_dim") is not None
+        if wants_pooled:  # CLIP as in StableDiffusion3Pipeline: penultimate layer, no attention mask, projected pool
+            out = self.text_encoder(tokens.input_ids, output_hidden_states=True)
+            if getattr(out, "text_embeds", None) is None:
+                raise ValueError(f"{type(self.transformer).__name__} needs pooled text embeddings; "
+                                 f"{type(self.text_encoder).__name__} has no projection")  # fmt: skip
+            return {"encoder_hidden_states": out.hidden_states[-2], "pooled_projections": out.text_embeds}
+        # T5 as in WanPipeline: last hidden state, zeros after each prompt's tokens
+        hidden = self.text_encoder(tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state
+        return {"encoder_hidden_states": hidden * tokens.attention_mask[..., None].to(hidden.dtype)}
+
+    # ------------------------------------------------------------------------------------------------- sampling
+    def initial_noise(self, batch: int, generator: torch.Generator | None = None) -> Tensor:
+        """Standard normal latents ``[B, *latent_shape]`` in float32 (drawn on the generator's device)."""
+        device = generator.device if generator is not None else self.device
+        noise = torch.randn((batch, *self.latent_shape), generator=generator, device=device, dtype=torch.float32)
+        return noise.to(self.device)
+
+    def velocity(self, latents: Tensor, sigma: Tensor, conditioning: dict[str, Tensor]) -> Tensor:
+        """The transformer's velocity ``[B, *latent_shape]`` in float32 at noise level ``sigma`` (``[B]`` or a scalar).
+
+        The timestep is ``sigma * num_train_timesteps`` as in diffusers. With ``guidance_scale > 1`` the empty prompt
+        runs in the same batch and ``v = v_uncond + g (v_cond - v_uncond)``. A conditioning batch of 1 is broadcast.
+        """
+        batch = latents.shape[0]
+        sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1).expand(batch)  # [B]
+        timestep = sigma * self.scheduler.config.num_train_timesteps  # [B]
+        conditioning = {k: v.expand(batch, *v.shape[1:]) if v.shape[0] == 1 else v for k, v in conditioning.items()}
+        if self.guidance_scale > 1.0:
+            empty = self.encode_prompts([""])
+            conditioning = {k: torch.cat([empty[k].expand_as(v), v]) for k, v in conditioning.items()}
+            latents, timestep = torch.cat([latents, latents]), torch.cat([timestep, timestep])
+        dtype = self.transformer.dtype
+        kwargs = {k: v.to(dtype) for k, v in conditioning.items()}
+        model = self.frozen_reference if self._use_reference and not self.uses_lora else self.model
+        out = model(hidden_states=latents.to(dtype), timestep=timestep, return_dict=False, **kwargs)[0].float()
+        if self.guidance_scale > 1.0:
+            uncond, cond = out.chunk(2)
+            out = uncond + self.guidance_scale * (cond - uncond)
+        return out  # [B, *latent_shape]
+
+    @torch.no_grad()
+    def decode(self, latents: Tensor) -> Tensor:
+        """Pixels in [0, 1], float32: images ``[B, 3, H, W]`` or videos ``[B, T, 3, H, W]`` (no gradient)."""
+        config = self.vae.config
+        latents = latents.to(self.vae.dtype)
+        if self.is_video:  # WanPipeline: z * std + mean per channel
+            shape = (1, -1, 1, 1, 1)
+            mean = torch.tensor(config.latents_mean, dtype=latents.dtype, device=latents.device).view(shape)
+            std = torch.tensor(config.latents_std, dtype=latents.dtype, device=latents.device).view(shape)
+            pixels = self.vae.decode(latents * std + mean, return_dict=False)[0]  # [B, 3, T, H, W]
+            pixels = pixels.permute(0, 2, 1, 3, 4)  # [B, T, 3, H, W]
+        else:  # StableDiffusion3Pipeline: z / scaling + shift
+            latents = latents / config.scaling_factor + (config.shift_factor or 0.0)
+            pixels = self.vae.decode(latents, return_dict=False)[0]  # [B, 3, H, W]
+        return (pixels.float() / 2 + 0.5).clamp(0, 1)
+
+    # --------------------------------------------------------------------------------------------- training utils
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def reference(self):
+        """Inside, :meth:`velocity` is the reference policy's: the adapter disabled (LoRA) or the frozen copy."""
+        if self.uses_lora:
+            with self.model.disable_adapter():
+                yield
+            return
+        previous, self._use_reference = self._use_reference, True
+        try:
+            yield
+        finally:
+            self._use_reference = previous
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for frozen in (self.vae, self.text_encoder, self.frozen_reference):
+            if frozen is not None:
+                frozen.eval()
+        return self
+
+    # --------------------------------------------------------------------------------------------------- export
+    def export(self, output_dir: str | Path) -> Path:
+        """Write a diffusers pipeline folder: ``transformer/`` (LoRA merged), ``vae/``, ``scheduler/``, the text
+        encoder and tokenizer, and with LoRA the adapter alone under ``transformer_lora/`` (PEFT format).
+
+        The folder loads back with ``FlowPolicy(model=output_dir)``, and its transformer with
+        ``SD3Transformer2DModel.from_pretrained(output_dir, subfolder="transformer")`` (or the Wan class). The adapter
+        goes onto the base transformer with ``peft.PeftModel.from_pretrained(base_transformer,
+        output_dir / "transformer_lora")`` (``.merge_and_unload()`` gives the merged model). For real SD3 the text
+        encoders are not written: pass the exported transformer to the base pipeline,
+        ``StableDiffusion3Pipeline.from_pretrained(base_id, transformer=transformer)``.
+        """
+        output_dir = Path(output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if self.uses_lora:
+            self.model.save_pretrained(output_dir / "transformer_lora")
+            merged = copy.deepcopy(self.model).merge_and_unload()
+        else:
+            merged = self.model
+        merged.save_pretrained(output_dir / "transformer")
+        index = {"_class_name": _pipeline_class(merged), "transformer": ["diffusers", type(merged).__name__]}
+        parts = dict(vae=self.vae, scheduler=self.scheduler, text_encoder=self.text_encoder, tokenizer=self.tokenizer)
+        for key, part in parts.items():
+            if part is not None:
+                part.save_pretrained(output_dir / key)
+                index[key] = [type(part).__module__.split(".")[0], type(part).__name__]
+        if self.sample_size is not None:
+            (output_dir / SAMPLE_SIZE_FILE).write_text(json.dumps(self.sample_size, indent=2) + "\n")
+        (output_dir / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+        return output_dir
+
+    # ---------------------------------------------------------------------------------------------------- utils
+    @property
+    def transformer(self) -> nn.Module:
+        """The diffusers transformer (LoRA layers are injected into it in place)."""
+        return self.model.get_base_model() if self.uses_lora else self.model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+
+def _pipeline_class(transformer: nn.Module) -> str:
+    name = type(transformer).__name__
+    return {"SD3Transformer2DModel": "StableDiffusion3Pipeline", "WanTransformer3DModel": "WanPipeline"}.get(
+        name, "DiffusionPipeline"
+    )
+
+
+def _quiet_progress_bars() -> None:
+    """Per-shard loading bars would interleave with the training bar."""
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()

@@ -1,0 +1,72 @@
+"""Embedded tiny flow models: built offline, cached as a diffusers pipeline folder, loaded through ``from_pretrained``."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.embedded import flow_models as embedded
+from app.embedded.flow_models import TINY_FLOWS, load_flow_components, resolve_flow_pretrained
+
+NAMES = ["tiny-sd3", "tiny-wan"]
+SUBFOLDERS = ["transformer", "vae", "text_encoder", "tokenizer", "scheduler"]
+
+
+@pytest.fixture(scope="module")
+def fresh_cache(tmp_path_factory):
+    """A cache folder of this module's own, so the first resolve really builds."""
+    return tmp_path_factory.mktemp("flow-cache")
+
+
+def velocity(components, seed: int = 0) -> torch.Tensor:
+    """One transformer forward on fixed inputs, with the text encoder's real output as conditioning."""
+    transformer, tokenizer, text_encoder = (
+        components["transformer"],
+        components["tokenizer"],
+        components["text_encoder"],
+    )
+    ids = tokenizer(["a red dot"], padding="max_length", max_length=tokenizer.model_max_length, return_tensors="pt")
+    out = text_encoder(ids.input_ids, output_hidden_states=True)
+    generator = torch.Generator().manual_seed(seed)
+    if "temperal_downsample" in components["vae"].config:
+        latents = torch.randn(1, 4, 2, 4, 4, generator=generator)
+        kwargs = dict(encoder_hidden_states=out.last_hidden_state)
+    else:
+        latents = torch.randn(1, 4, 16, 16, generator=generator)
+        kwargs = dict(encoder_hidden_states=out.hidden_states[-2], pooled_projections=out.text_embeds)
+    with torch.no_grad():
+        return transformer(hidden_states=latents, timestep=torch.tensor([500.0]), return_dict=False, **kwargs)[0]
+
+
+def test_the_two_families_are_embedded():
+    assert sorted(TINY_FLOWS) == sorted(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_builds_caches_and_reloads_identically(name, fresh_cache, monkeypatch):
+    monkeypatch.setenv("APP_CACHE_DIR", str(fresh_cache))
+    folder = Path(resolve_flow_pretrained(name))
+    assert folder.is_relative_to(fresh_cache) and folder.name == f"{name}-seed0"
+    for sub in SUBFOLDERS:
+        assert (folder / sub).is_dir(), sub
+    assert (folder / "model_index.json").exists()
+    mtime = (folder / "model_index.json").stat().st_mtime_ns
+
+    first = load_flow_components(name)
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("a cached embedded flow model was rebuilt")
+
+    monkeypatch.setattr(embedded, "build_tiny_flow", no_rebuild)
+    assert resolve_flow_pretrained(name) == str(folder)
+    assert (folder / "model_index.json").stat().st_mtime_ns == mtime
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")], "staging folders left behind"
+    second = load_flow_components(str(folder))  # the folder itself loads like any pipeline folder
+    assert torch.equal(velocity(first), velocity(second))
+    assert sum(p.numel() for p in second["transformer"].parameters()) < 200_000
+
+
+def test_unknown_embedded_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown embedded flow model 'tiny-flux'.*tiny-sd3"):
+        resolve_flow_pretrained("tiny-flux")
+    assert resolve_flow_pretrained("org/some-model") == "org/some-model"

@@ -1,0 +1,134 @@
+"""FlowPolicy on the real tiny models: conditioning, velocities, ODE sampling + decoding, LoRA, reference, export."""
+
+import pytest
+import torch
+from peft import PeftModel
+
+from app.models import FlowLoRASettings, FlowPolicy
+from app.sampling.flow import ode_step
+
+NAMES = ["tiny-sd3", "tiny-wan"]
+PROMPTS = ["a red dot left of a blue dot", "three squares"]
+
+
+def make(name: str, **kwargs) -> FlowPolicy:
+    return FlowPolicy(name, lora=kwargs.pop("lora", FlowLoRASettings(r=4, alpha=8)), **kwargs)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def policy(request):
+    """A shared tiny policy with LoRA r=4 (tests must not change its weights)."""
+    return make(request.param)
+
+
+def inputs(policy: FlowPolicy, batch: int = 2, seed: int = 0):
+    latents = policy.initial_noise(batch, torch.Generator().manual_seed(seed))
+    return latents, torch.full((batch,), 0.6), policy.encode_prompts(PROMPTS[:batch])
+
+
+def test_shapes_and_dtypes(policy):
+    latents, sigma, cond = inputs(policy)
+    expected = (4, 2, 4, 4) if policy.is_video else (4, 16, 16)
+    assert policy.latent_shape == expected
+    assert latents.shape == (2, *expected) and latents.dtype == torch.float32
+    assert cond["encoder_hidden_states"].shape == (2, 16, 32)
+    if not policy.is_video:
+        assert cond["pooled_projections"].shape == (2, 64)
+    v = policy.velocity(latents, sigma, cond)
+    assert v.shape == latents.shape and v.dtype == torch.float32 and torch.isfinite(v).all()
+
+
+def test_ode_sampling_then_decode(policy):
+    sigmas = policy.sigmas(4)
+    assert sigmas.shape == (5,) and sigmas[0] == 1 and sigmas[-1] == 0
+    x, _, cond = inputs(policy)
+    with torch.no_grad():
+        for i in range(4):
+            x = ode_step(x, policy.velocity(x, sigmas[i].expand(2), cond), sigmas[i], sigmas[i + 1]).sample
+    pixels = policy.decode(x)
+    assert pixels.shape == ((2, 5, 3, 32, 32) if policy.is_video else (2, 3, 64, 64))
+    assert pixels.dtype == torch.float32 and pixels.min() >= 0 and pixels.max() <= 1
+
+
+def test_prompt_conditioning_is_cached(policy, monkeypatch):
+    first = policy.encode_prompts(PROMPTS)
+    cached = policy.cached_conditioning(PROMPTS[0])
+    calls = []
+    monkeypatch.setattr(policy, "_encode_text", lambda prompts: calls.append(prompts))  # would break if called
+    again = policy.encode_prompts([PROMPTS[1], PROMPTS[0], PROMPTS[0]])
+    assert not calls
+    assert policy.cached_conditioning(PROMPTS[0]) is cached  # the same tensors object
+    assert torch.equal(again["encoder_hidden_states"][1], first["encoder_hidden_states"][0])
+    assert torch.equal(again["encoder_hidden_states"][2], first["encoder_hidden_states"][0])
+
+
+def test_guidance_mixes_in_the_empty_prompt(policy):
+    latents, sigma, cond = inputs(policy)
+    v_cond = policy.velocity(latents, sigma, cond)
+    with torch.no_grad():
+        v_uncond = policy.velocity(latents, sigma, policy.encode_prompts(["", ""]))
+    policy.guidance_scale = 3.0
+    try:
+        guided = policy.velocity(latents, sigma, cond)
+    finally:
+        policy.guidance_scale = 1.0
+    torch.testing.assert_close(guided, v_uncond + 3.0 * (v_cond - v_uncond), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_lora_reference_and_export(name, tmp_path):
+    policy = make(name)
+    trainable = policy.trainable_parameters()
+    names = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in names)
+    lora_b = [p for n, p in policy.named_parameters() if "lora_B" in n]
+    assert all(torch.count_nonzero(p) == 0 for p in lora_b)  # zero-init: the policy starts at the base model
+
+    latents, sigma, cond = inputs(policy)
+    with torch.no_grad():
+        with policy.reference():
+            reference = policy.velocity(latents, sigma, cond)
+        assert torch.equal(policy.velocity(latents, sigma, cond), reference)
+        for p in lora_b:
+            p.add_(0.05 * torch.randn_like(p))
+        trained = policy.velocity(latents, sigma, cond)
+        with policy.reference():
+            assert torch.equal(policy.velocity(latents, sigma, cond), reference)
+    assert (trained - reference).abs().max() > 1e-4
+
+    out = policy.export(tmp_path / "export")
+    transformer_class = type(policy.transformer)
+    merged = transformer_class.from_pretrained(out, subfolder="transformer")
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    kwargs = {k: v for k, v in cond.items()}
+    timestep = sigma * 1000
+    with torch.no_grad():
+        v_merged = merged(hidden_states=latents, timestep=timestep, return_dict=False, **kwargs)[0]
+        base = transformer_class.from_pretrained(policy.source_path, subfolder="transformer")
+        adapted = PeftModel.from_pretrained(base, out / "transformer_lora")
+        v_adapter = adapted(hidden_states=latents, timestep=timestep, return_dict=False, **kwargs)[0]
+    assert (v_merged - trained).abs().max() < 1e-5
+    assert (v_adapter - trained).abs().max() < 1e-5
+
+    reloaded = FlowPolicy(str(out), lora=None)  # the export is itself a pipeline folder
+    with torch.no_grad():
+        v_reloaded = reloaded.velocity(latents, sigma, reloaded.encode_prompts(PROMPTS))
+    assert (v_reloaded - trained).abs().max() < 1e-5
+
+
+def test_full_fine_tuning_keeps_a_frozen_reference():
+    policy = make("tiny-wan", lora=None)
+    assert len(policy.trainable_parameters()) == len(list(policy.transformer.parameters()))
+    latents, sigma, cond = inputs(policy)
+    with torch.no_grad():
+        before = policy.velocity(latents, sigma, cond)
+        for p in policy.trainable_parameters():
+            p.add_(0.01)
+        with policy.reference():
+            assert torch.equal(policy.velocity(latents, sigma, cond), before)
+        assert not torch.equal(policy.velocity(latents, sigma, cond), before)
+
+
+def test_unknown_embedded_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown embedded flow model 'tiny-nope'"):
+        FlowPolicy("tiny-nope")

@@ -1,0 +1,275 @@
+"""FlowGRPOModule: step selection, log-prob bookkeeping, short fits on a stand-in policy and on the tiny SD3 policy."""
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from app.algorithms import group_advantages
+from app.modules.flow_grpo import FlowGRPOModule, stochastic_steps, train_steps
+from app.rewards import RewardComponent
+from app.sampling.flow import flow_sigmas
+from app.types import VisualSample
+
+K = 4
+T = 4
+
+
+class RednessReward(RewardComponent):
+    """Mean red channel of the decoded image (``[3, H, W]`` in [0, 1])."""
+
+    def score(self, completions, samples):
+        return torch.stack([image[0].float().mean() for image in completions]).cpu()
+
+
+class StandInPolicy(nn.Module):
+    """A FlowPolicy-shaped stand-in: a frozen 1x1 conv plus a rank-2 adapter, prompts embedded by a frozen table."""
+
+    is_video = False
+    latent_shape = (4, 8, 8)
+
+    def __init__(self):
+        super().__init__()
+        with torch.random.fork_rng():  # the same weights for every instance
+            torch.manual_seed(0)
+            self.base = nn.Conv2d(4, 4, 1).requires_grad_(False)
+            self.text = nn.Embedding(16, 4).requires_grad_(False)
+            self.lora_A = nn.Parameter(torch.randn(2, 4) * 0.3)  # non-zero, so both get gradients
+            self.lora_B = nn.Parameter(torch.randn(4, 2) * 0.3)
+        self.adapter = True
+
+    def sigmas(self, num_steps):
+        return flow_sigmas(num_steps, shift=3.0)
+
+    def encode_prompts(self, prompts):
+        ids = torch.tensor([sum(map(ord, p)) % 16 for p in prompts], device=self.base.weight.device)
+        return {"embeds": self.text(ids)}  # [B, 4]
+
+    def initial_noise(self, batch, generator=None):
+        return torch.randn(batch, *self.latent_shape, generator=generator, device=self.base.weight.device)
+
+    def velocity(self, latents, sigma, conditioning):
+        h = self.base(latents) + conditioning["embeds"][:, :, None, None] * sigma[:, None, None, None]
+        if self.adapter:
+            h = h + torch.einsum("oc,cr,brhw->bohw", self.lora_B, self.lora_A, latents)
+        return h.float()
+
+    def decode(self, latents):
+        return torch.sigmoid(latents[:, :3]).repeat_interleave(2, dim=-1).repeat_interleave(2, dim=-2)  # [B, 3, 16, 16]
+
+    def trainable_parameters(self):
+        return [self.lora_A, self.lora_B]
+
+    @contextmanager
+    def reference(self):
+        self.adapter = False
+        try:
+            yield
+        finally:
+            self.adapter = True
+
+
+def prompts(n: int = 2) -> list[VisualSample]:
+    return [VisualSample(images=[], question=f"a red square, number {i}", task="red") for i in range(n)]
+
+
+def loader(n: int = 4, batch_size: int = 2) -> DataLoader:
+    return DataLoader(prompts(n), batch_size=batch_size, collate_fn=list)
+
+
+def flow_module(policy=None, **kwargs) -> FlowGRPOModule:
+    kwargs.setdefault("learning_rate", 1e-2)
+    return FlowGRPOModule(
+        policy if policy is not None else StandInPolicy(), [RednessReward()], num_generations=K, num_steps=T, **kwargs
+    )
+
+
+def trained_sigmas(module: FlowGRPOModule) -> list[list[float]]:
+    """Record, per training step, the sigmas at which the velocity is evaluated with gradients (the trained steps)."""
+    seen: list[list[float]] = []
+    velocity = module.policy.velocity
+
+    def spy(latents, sigma, conditioning):
+        if torch.is_grad_enabled():
+            seen[-1].append(float(sigma[0]))
+        return velocity(latents, sigma, conditioning)
+
+    module.policy.velocity = spy
+    original = module.training_step
+
+    def step(batch, batch_idx):
+        seen.append([])
+        return original(batch, batch_idx)
+
+    module.training_step = step
+    return seen
+
+
+# ---------------------------------------------------------------------------------------------- step selection
+def test_the_last_step_is_never_stochastic_and_the_window_bounds_the_rest():
+    sigmas = flow_sigmas(6)
+    assert stochastic_steps(sigmas) == [0, 1, 2, 3, 4]
+    assert stochastic_steps(sigmas, (2, 4)) == [2, 3]
+    assert stochastic_steps(sigmas, (3, 6)) == [3, 4]  # the window reaches the last step; it stays an Euler step
+
+
+def test_train_steps_takes_a_random_subset_of_the_fraction():
+    candidates = [0, 1, 2, 3, 4, 5, 6, 7]
+    assert train_steps(candidates, 1.0) == candidates
+    generator = torch.Generator().manual_seed(0)
+    subsets = {tuple(train_steps(candidates, 0.5, generator)) for _ in range(20)}
+    assert all(len(s) == 4 and list(s) == sorted(s) and set(s) <= set(candidates) for s in subsets)
+    assert len(subsets) > 1  # drawn anew each time
+    assert len(train_steps(candidates, 0.01)) == 1  # at least one step
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"eta": 0.0}, {"sampler": "cps", "eta": 1.5}, {"timestep_fraction": 0.0}, {"sde_window": (3, 4)}]
+)
+def test_bad_settings_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        flow_module(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------- rollout
+@pytest.mark.parametrize("sampler", ["cps", "sde"])
+def test_rescoring_a_stored_transition_reproduces_its_log_prob_exactly(sampler):
+    module = flow_module(sampler=sampler)
+    trajectory = module.rollout(prompts())
+    n = 2 * K
+    assert trajectory.step_indices == [0, 1, 2]
+    assert trajectory.latents.shape == trajectory.next_latents.shape == (n, 3, 4, 8, 8)
+    assert trajectory.old_logprobs.shape == (n, 3) and trajectory.old_logprobs.dtype == torch.float32
+    assert trajectory.images.shape == (n, 3, 16, 16) and trajectory.ref_logprobs is None
+    torch.testing.assert_close(trajectory.advantages, group_advantages(trajectory.rewards.total, K))
+    sigmas = trajectory.sigmas
+    for j, i in enumerate(trajectory.step_indices):
+        x = trajectory.latents[:, j]
+        v = module._velocity(x, sigmas[i], trajectory.conditioning)
+        out = module._step(x, v, float(sigmas[i]), float(sigmas[i + 1]), prev_sample=trajectory.next_latents[:, j])
+        assert torch.equal(out.log_prob, trajectory.old_logprobs[:, j])  # ratio exactly 1
+    # consecutive stored steps chain: x_{t+1} of step i is x_t of step i + 1
+    assert torch.equal(trajectory.next_latents[:, 0], trajectory.latents[:, 1])
+
+
+def test_rollouts_are_reproducible_from_the_seed():
+    first, second = flow_module(seed=3).rollout(prompts()), flow_module(seed=3).rollout(prompts())
+    assert torch.equal(first.next_latents, second.next_latents)
+    assert not torch.equal(first.next_latents, flow_module(seed=4).rollout(prompts()).next_latents)
+
+
+def test_beta_scores_the_transitions_under_the_reference():
+    trajectory = flow_module(beta=0.01).rollout(prompts())
+    assert trajectory.ref_logprobs.shape == trajectory.old_logprobs.shape
+    assert not torch.equal(trajectory.ref_logprobs, trajectory.old_logprobs)  # the adapter was off
+
+
+# -------------------------------------------------------------------------------------------------------- fits
+def test_two_step_fit_moves_every_adapter_weight_with_ratio_one(fit):
+    module = flow_module()
+    before = [p.detach().clone() for p in module.policy.trainable_parameters()]
+    frozen = module.policy.base.weight.detach().clone()
+    seen = trained_sigmas(module)
+    trainer, recorder = fit(module, loader(), max_steps=2)
+    assert trainer.global_step == 2
+    assert all(not torch.equal(b, p) for b, p in zip(before, module.policy.trainable_parameters(), strict=True))
+    assert torch.equal(frozen, module.policy.base.weight)
+    assert recorder.metric("train/ratio_mean") == [1.0, 1.0]
+    assert recorder.metric("train/clip_fraction") == [0.0, 0.0]
+    assert recorder.metric("train/kl") == [0.0, 0.0]
+    sigmas = flow_sigmas(T, shift=3.0)
+    assert seen == [[float(s) for s in sigmas[:3]]] * 2  # steps 0..T-2, never the step onto 0
+    metrics = recorder.steps[-1]["metrics"]
+    for key in ("train/reward/total", "train/reward/redness", "train/loss/policy", "train/frac_zero_std",
+                "train/grad_norm", "train/num_trained_steps"):  # fmt: skip
+        assert key in metrics, key
+    records = recorder.steps[0]["outputs"]["records"]
+    assert len(records) == 2 * K and {r.completion for r in records} == {"<image>"}
+    assert abs(sum(r.advantage for r in records[:K])) < 1e-4
+
+
+def test_sde_window_trains_only_its_steps(fit):
+    module = flow_module(sde_window=(1, 3))
+    seen = trained_sigmas(module)
+    _, recorder = fit(module, loader(2), max_steps=1)
+    sigmas = flow_sigmas(T, shift=3.0)
+    assert seen == [[float(sigmas[1]), float(sigmas[2])]]
+    assert recorder.metric("train/num_trained_steps") == [2.0]
+
+
+def test_timestep_fraction_trains_a_subset(fit):
+    module = flow_module(timestep_fraction=0.5)
+    seen = trained_sigmas(module)
+    fit(module, loader(), max_steps=2)
+    sigmas = [float(s) for s in flow_sigmas(T, shift=3.0)[:3]]
+    assert all(len(step) == 1 and step[0] in sigmas for step in seen)
+
+
+def test_kl_and_several_iterations(fit):
+    module = flow_module(beta=0.01, num_iterations=2)
+    _, recorder = fit(module, loader(2), max_steps=1)
+    metrics = recorder.steps[0]["metrics"]
+    assert metrics["train/kl"] > 0
+    assert metrics["train/ratio_mean"] != 1.0  # the second iteration's ratio, after one update
+
+
+def test_validation_logs_deterministic_rewards():
+    module = flow_module(seed=1)
+    first, second = module.generate(prompts(), batch_idx=0), module.generate(prompts(), batch_idx=0)
+    assert first.shape == (2, 3, 16, 16) and torch.equal(first, second)
+    logged = {}
+    module.log = lambda key, value, **kwargs: logged.__setitem__(key, float(value))
+    module.validation_step(prompts(), 0)
+    assert set(logged) == {"val/reward/total", "val/reward/redness"}
+    assert logged["val/reward/redness"] == pytest.approx(float(first[:, 0].mean()))
+
+
+# ------------------------------------------------------------------------------------------- tiny SD3 policy
+@pytest.fixture(scope="module")
+def sd3_fit(fit):
+    from app.models.flow import FlowLoRASettings, FlowPolicy
+
+    torch.manual_seed(0)
+    policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
+    module = flow_module(policy, learning_rate=1e-3)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    trainer, recorder = fit(module, loader(2, batch_size=1), max_steps=2)
+    after = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    return module, trainer, recorder, before, after
+
+
+def test_tiny_sd3_fit_moves_every_lora_weight_with_ratio_one(sd3_fit):
+    module, trainer, recorder, before, after = sd3_fit
+    assert trainer.global_step == 2
+    assert before and all("lora" in n for n in before)
+    # SD3's last block is context_pre_only: its context-token outputs are dropped, so the context query projection
+    # of that block never reaches the velocity and its adapter gets no gradient.
+    dead = f"transformer_blocks.{len(module.policy.transformer.transformer_blocks) - 1}.attn.add_q_proj."
+    unchanged = sorted(n for n in before if dead not in n and torch.equal(before[n], after[n]))
+    assert not unchanged, unchanged
+    assert recorder.metric("train/ratio_mean") == [1.0, 1.0]
+    assert "train/reward/redness" in recorder.steps[-1]["metrics"]
+
+
+def test_tiny_sd3_rescored_log_probs_match_the_rollout(sd3_fit):
+    module = sd3_fit[0]
+    trajectory = module.rollout(prompts(1))
+    sigmas = trajectory.sigmas
+    for j, i in enumerate(trajectory.step_indices):
+        x = trajectory.latents[:, j]
+        v = module._velocity(x, sigmas[i], trajectory.conditioning)
+        out = module._step(x, v, float(sigmas[i]), float(sigmas[i + 1]), prev_sample=trajectory.next_latents[:, j])
+        assert torch.equal(out.log_prob, trajectory.old_logprobs[:, j])
+
+
+def test_checkpoints_carry_the_rollout_generator():
+    module = flow_module(seed=5)
+    module.rollout(prompts())
+    checkpoint = {}
+    module.on_save_checkpoint(checkpoint)
+    expected = module.rollout(prompts()).next_latents
+    resumed = flow_module(seed=0)
+    resumed.on_load_checkpoint(checkpoint)
+    assert torch.equal(resumed.rollout(prompts()).next_latents, expected)
