@@ -20,6 +20,7 @@ from app.data.pairs import PairedDotsDataset
 from app.data.sampler import ResumableShuffleSampler
 from app.data.transforms import TransformDataset
 from app.data.triplets import TripletDotsDataset
+from app.data.vbvr_prompts import VBVRPromptDataset
 from app.types import VisualSample
 
 TaskFactory = Callable[..., Dataset]
@@ -30,6 +31,7 @@ TASKS: dict[str, TaskFactory] = {
     "dots_left_of_pairs": PairedDotsDataset,
     "dots_count_triplets": TripletDotsDataset,
     "dots_count": CountingDataset,
+    "vbvr_prompts": VBVRPromptDataset,
     "dots_transform": TransformDataset,
 }
 
