@@ -19,3 +19,7 @@ __all__ = [
     "make_dots_sample",
     "make_dots_triplet_sample",
 ]
+
+from app.data.shapes import ShapePromptDataset  # noqa: E402
+
+__all__ += ["ShapePromptDataset"]

@@ -18,6 +18,7 @@ from app.data.counting import CountingDataset
 from app.data.dots import DotsDataset
 from app.data.pairs import PairedDotsDataset
 from app.data.sampler import ResumableShuffleSampler
+from app.data.shapes import ShapePromptDataset
 from app.data.transforms import TransformDataset
 from app.data.triplets import TripletDotsDataset
 from app.data.vbvr_prompts import VBVRPromptDataset
@@ -32,6 +33,7 @@ TASKS: dict[str, TaskFactory] = {
     "dots_count_triplets": TripletDotsDataset,
     "dots_count": CountingDataset,
     "vbvr_prompts": VBVRPromptDataset,
+    "shape_prompts": ShapePromptDataset,
     "dots_transform": TransformDataset,
 }
 

@@ -263,6 +263,18 @@ class FlowPolicy(nn.Module):
             pixels = self.vae.decode(latents, return_dict=False)[0]  # [B, 3, H, W]
         return (pixels.float() / 2 + 0.5).clamp(0, 1)
 
+    @torch.no_grad()
+    def encode(self, images: Tensor) -> Tensor:
+        """Latents ``[B, *latent_shape]`` (float32) of images ``[B, 3, H, W]`` in [0, 1]: the VAE posterior's mean,
+        ``(z - shift) * scaling`` as in StableDiffusion3Pipeline, so ``decode(encode(x))`` reconstructs ``x``.
+        Images only (the video VAE is not supported)."""
+        if self.is_video:
+            raise NotImplementedError("encode supports image VAEs only")
+        config = self.vae.config
+        pixels = (images.to(device=self.device, dtype=self.vae.dtype) * 2 - 1).clamp(-1, 1)
+        latents = self.vae.encode(pixels).latent_dist.mode()
+        return ((latents - (config.shift_factor or 0.0)) * config.scaling_factor).float()
+
     # --------------------------------------------------------------------------------------------- training utils
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

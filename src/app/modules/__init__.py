@@ -6,3 +6,7 @@ from app.modules.grpo import VLMGRPOModule
 from app.modules.sft import VLMSFTModule
 
 __all__ = ["FlowGRPOModule", "VLMGRPOModule", "VLMModule", "VLMSFTModule"]
+
+from app.modules.flow_matching import FlowMatchingModule  # noqa: E402
+
+__all__ += ["FlowMatchingModule"]

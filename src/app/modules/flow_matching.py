@@ -1,0 +1,172 @@
+"""Rectified-flow pretraining of a :class:`~app.models.flow.FlowPolicy` on (prompt, target image) pairs.
+
+Each step encodes the targets with the policy's VAE (``x0``), draws a noise level ``s`` per image (logit-normal as
+SD3 trains, or uniform) and noise ``eps``, forms ``x_s = (1 - s) x0 + s eps`` and regresses the policy's velocity on
+``v = eps - x0`` (mean squared error). The embedded tiny models start from random weights, VAE included, so a random
+decoder would turn any latent into noise: with ``train_vae`` (default) the VAE learns to reconstruct the targets in the
+same step (L1 + ``kl_weight`` * KL of its posterior, at ``vae_learning_rate``) and the flow learns on its current,
+detached latents. After ``vae_warmup_steps`` steps of VAE-only training the flow loss is switched on.
+
+Validation samples one image per prompt with the Euler (ODE) sampler from noise seeded per batch and logs
+``val/reward/total`` and ``val/reward/<name>`` of ``eval_rewards``, as :class:`~app.modules.FlowGRPOModule` does, so the
+two stages report comparable figures. Export the result with :class:`app.export.ExportPolicy` (it calls
+``policy.export``, which writes the trained VAE too); a flow-GRPO config then loads that folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from app.models.flow import FlowPolicy
+from app.rewards import RewardComponent, WeightedReward
+from app.sampling.flow import ode_step
+from app.types import VisualSample
+
+__all__ = ["FlowMatchingModule", "images_to_tensor"]
+
+
+def images_to_tensor(samples: Sequence[VisualSample]) -> Tensor:
+    """The first image of each sample as float32 ``[B, 3, H, W]`` in [0, 1]."""
+    arrays = [np.asarray(s.images[0].convert("RGB"), dtype=np.float32) / 255.0 for s in samples]
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+
+
+class FlowMatchingModule(L.LightningModule):
+    """Flow-matching (rectified flow) pretraining, usually of the whole transformer (``policy.lora = None``).
+
+    Args:
+        policy: the generator; every trainable parameter of it (``trainable_parameters()``) is optimised.
+        learning_rate, weight_decay, warmup_steps: AdamW on the transformer and its linear warm-up.
+        sigma_sampling: ``logit_normal`` (``sigmoid(N(0, 1))``, SD3's default) or ``uniform``.
+        train_vae: also train the VAE to reconstruct the targets (needed for randomly initialised models).
+        vae_learning_rate: AdamW learning rate of the VAE.
+        kl_weight: weight of the VAE posterior's KL to N(0, 1) (keeps the latent scale near the flow's noise).
+        vae_warmup_steps: steps that train the VAE only, before the flow loss starts.
+        num_steps: Euler steps of validation sampling.
+        eval_rewards: rewards logged as ``val/reward/<name>`` on validation samples; None logs only the losses.
+        seed: seeds the validation noise (``seed + batch_idx``).
+    """
+
+    def __init__(
+        self,
+        policy: FlowPolicy,
+        learning_rate: float = 1e-3,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        sigma_sampling: Literal["logit_normal", "uniform"] = "logit_normal",
+        train_vae: bool = True,
+        vae_learning_rate: float = 2e-3,
+        kl_weight: float = 1e-3,
+        vae_warmup_steps: int = 0,
+        num_steps: int = 10,
+        eval_rewards: Sequence[RewardComponent] | None = None,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if sigma_sampling not in ("logit_normal", "uniform"):
+            raise ValueError(f"sigma_sampling must be 'logit_normal' or 'uniform', got {sigma_sampling!r}")
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        self.save_hyperparameters(ignore=["policy", "eval_rewards"])
+        self.policy = policy
+        if train_vae:
+            policy.vae.requires_grad_(True)
+        self.eval_rewards = WeightedReward(eval_rewards) if eval_rewards else None
+
+    # ------------------------------------------------------------------------------------------------ optimizer
+    def configure_optimizers(self):
+        hp = self.hparams
+        groups = [{"params": self.policy.trainable_parameters(), "lr": hp.learning_rate}]
+        if not groups[0]["params"]:
+            raise ValueError("the policy has no trainable parameters")
+        if hp.train_vae:
+            groups.append({"params": list(self.policy.vae.parameters()), "lr": hp.vae_learning_rate})
+        optimizer = torch.optim.AdamW(groups, weight_decay=hp.weight_decay)
+        warmup = max(hp.warmup_steps, 0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -------------------------------------------------------------------------------------------------- training
+    def _sigmas(self, batch: int) -> Tensor:
+        if self.hparams.sigma_sampling == "uniform":
+            return torch.rand(batch, device=self.device)
+        return torch.sigmoid(torch.randn(batch, device=self.device))
+
+    def _vae_loss(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        """L1 reconstruction + ``kl_weight`` KL of the VAE, and the (detached) scaled latents of the targets."""
+        vae, config = self.policy.vae, self.policy.vae.config
+        pixels = images.to(vae.dtype) * 2 - 1  # [B, 3, H, W] in [-1, 1]
+        posterior = vae.encode(pixels).latent_dist
+        z = posterior.sample()
+        recon = vae.decode(z, return_dict=False)[0]
+        loss = F.l1_loss(recon.float(), pixels.float()) + self.hparams.kl_weight * posterior.kl().mean() / z[0].numel()
+        latents = (posterior.mode().detach() - (config.shift_factor or 0.0)) * config.scaling_factor
+        return loss, latents.float()
+
+    def training_step(self, batch: list[VisualSample], batch_idx: int) -> Tensor:
+        images = images_to_tensor(batch).to(self.device)  # [B, 3, H, W]
+        logs = {}
+        loss = images.new_zeros(())
+        if self.hparams.train_vae:
+            vae_loss, x0 = self._vae_loss(images)
+            loss = loss + vae_loss
+            logs["train/loss/vae"] = vae_loss.detach()
+        else:
+            x0 = self.policy.encode(images)  # [B, *latent_shape]
+        if self.global_step >= self.hparams.vae_warmup_steps or not self.hparams.train_vae:
+            conditioning = self.policy.encode_prompts([s.question for s in batch])
+            sigma = self._sigmas(x0.shape[0])  # [B]
+            noise = torch.randn_like(x0)
+            s = sigma.view(-1, *([1] * (x0.ndim - 1)))
+            x_s = (1 - s) * x0 + s * noise
+            v = self.policy.velocity(x_s, sigma, conditioning)
+            flow_loss = F.mse_loss(v, noise - x0)
+            loss = loss + flow_loss
+            logs["train/loss/flow"] = flow_loss.detach()
+        logs["train/loss"] = loss.detach()
+        self.log_dict(logs, batch_size=len(batch))
+        self.log("loss", loss.detach(), prog_bar=True, batch_size=len(batch), logger=False)
+        return loss
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def generate(self, samples: list[VisualSample], batch_idx: int = 0) -> Tensor:
+        """One Euler sample per prompt from noise seeded by ``seed + batch_idx``: ``[B, 3, H, W]`` in [0, 1]."""
+        generator = torch.Generator(device=self.device).manual_seed(self.hparams.seed + batch_idx)
+        x = self.policy.initial_noise(len(samples), generator=generator).to(self.device)
+        conditioning = self.policy.encode_prompts([s.question for s in samples])
+        sigmas = self.policy.sigmas(self.hparams.num_steps).float().cpu()
+        for i in range(sigmas.shape[0] - 1):
+            v = self.policy.velocity(x, sigmas[i].to(self.device).expand(x.shape[0]), conditioning)
+            x = ode_step(x, v, float(sigmas[i]), float(sigmas[i + 1])).sample
+        return self.policy.decode(x)
+
+    def validation_step(self, batch: list[VisualSample], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "val")
+
+    def test_step(self, batch: list[VisualSample], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "test")
+
+    @torch.no_grad()
+    def _evaluate(self, samples: list[VisualSample], batch_idx: int, stage: str) -> None:
+        if samples and samples[0].images:
+            images = images_to_tensor(samples).to(self.device)
+            recon = self.policy.decode(self.policy.encode(images))
+            self.log(f"{stage}/loss/reconstruction", F.l1_loss(recon, images), batch_size=len(samples), sync_dist=True)
+        if self.eval_rewards is None:
+            return
+        rewards = self.eval_rewards(list(self.generate(samples, batch_idx)), samples)
+        self.log(f"{stage}/reward/total", rewards.total.mean().to(self.device), batch_size=len(samples), sync_dist=True)
+        for name, values in rewards.components.items():
+            self.log(f"{stage}/reward/{name}", values.mean().to(self.device), batch_size=len(samples), sync_dist=True)
+
+    def predict_step(self, batch: list[VisualSample], batch_idx: int) -> list[dict]:
+        images = self.generate(batch, batch_idx).cpu()
+        return [{"task": s.task, "question": s.question, "image": im} for s, im in zip(batch, images, strict=True)]

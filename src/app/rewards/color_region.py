@@ -1,0 +1,99 @@
+"""Does a generated picture show "a <colour> <shape> on the <position>"? Classical CV checks, no learned model.
+
+The score is the mean of three checks (each in [0, 1]):
+
+- colour: a connected blob of at least ``min_pixels`` pixels of the named palette colour (HSV,
+  :func:`app.vbvr.cv.color_mask`); scattered pixels of it (noise) do not count;
+- position: the largest such blob's centroid lies in the named half (left / right / top / bottom);
+- shape (soft): the largest blob's fill of its bounding box against the shape's (square 1.0, circle pi / 4), full
+  credit within ``shape_tolerance / 2``, falling linearly to 0 at ``shape_tolerance``.
+
+Position and shape score 0 when the colour is absent. Images are float tensors ``[3, H, W]`` in [0, 1] or uint8 arrays
+``[H, W, 3]`` (as :class:`app.vbvr.reward.VBVRScorerReward` reads them); a video scores its last frame. The prompt's
+parts come from ``sample.meta`` (``color``, ``shape``, ``position``) or, without them, from the prompt text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from app.rewards.base import RewardComponent
+from app.types import VisualSample
+from app.vbvr.cv import PALETTE, blobs, color_mask
+from app.vbvr.reward import to_uint8_frames
+
+_PROMPT = re.compile(r"\ba (\w+) (circle|square) on the (left|right|top|bottom)\b")
+_FILL = {"square": 1.0, "circle": math.pi / 4}
+
+
+def parse_shape_prompt(text: str) -> dict[str, str] | None:
+    match = _PROMPT.search(text.lower())
+    if not match or match.group(1) not in PALETTE:
+        return None
+    return dict(color=match.group(1), shape=match.group(2), position=match.group(3))
+
+
+def color_region_checks(
+    image: Any, color: str, shape: str, position: str, min_pixels: int = 12, shape_tolerance: float = 0.2
+) -> dict[str, float]:
+    """The three checks of one image: ``{"color", "position", "shape"}`` each in [0, 1]."""
+    frame = to_uint8_frames(image)[-1]  # [H, W, 3]
+    height, width = frame.shape[:2]
+    found = blobs(color_mask(frame, color), min_area=min_pixels)
+    if not found:  # scattered pixels of the colour (noise) do not count
+        return {"color": 0.0, "position": 0.0, "shape": 0.0}
+    largest = found[0]
+    cx, cy = largest.centroid
+    inside = {"left": cx < width / 2, "right": cx > width / 2, "top": cy < height / 2, "bottom": cy > height / 2}
+    fill = largest.area / max(largest.bbox[2] * largest.bbox[3], 1)
+    shape_score = float(np.clip(2.0 - 2.0 * abs(fill - _FILL[shape]) / shape_tolerance, 0.0, 1.0))
+    return {"color": 1.0, "position": float(inside[position]), "shape": shape_score}
+
+
+def color_region_reward(
+    images: Sequence[Any], prompts: Sequence[dict[str, str] | str | None], min_pixels: int = 12,
+    shape_tolerance: float = 0.2,
+) -> Tensor:  # fmt: skip
+    """``[N]`` float32: the mean of the three checks per image; 0 where the prompt cannot be read or the image is
+    malformed. ``prompts[i]`` is a ``{"color", "shape", "position"}`` dict or the prompt text."""
+    values = []
+    for image, prompt in zip(images, prompts, strict=True):
+        parts = parse_shape_prompt(prompt) if isinstance(prompt, str) else prompt
+        if not parts or parts.get("color") not in PALETTE or parts.get("shape") not in _FILL:
+            values.append(0.0)
+            continue
+        try:
+            checks = color_region_checks(image, parts["color"], parts["shape"], parts["position"], min_pixels,
+                                         shape_tolerance)  # fmt: skip
+        except (ValueError, KeyError):
+            values.append(0.0)
+            continue
+        values.append(sum(checks.values()) / len(checks))
+    return torch.tensor(values, dtype=torch.float32)
+
+
+class ColorRegionReward(RewardComponent):
+    """Fraction of the colour / position / shape checks a generated picture passes (see the module docstring).
+
+    Args:
+        min_pixels: area of the smallest blob of the named colour that counts as present.
+        shape_tolerance: fill-ratio distance at which the shape credit reaches 0.
+    """
+
+    def __init__(self, min_pixels: int = 12, shape_tolerance: float = 0.2, weight: float = 1.0,
+                 name: str | None = None, **kwargs) -> None:  # fmt: skip
+        super().__init__(weight=weight, name=name, **kwargs)
+        self.min_pixels, self.shape_tolerance = int(min_pixels), float(shape_tolerance)
+
+    def score(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> Tensor:
+        prompts = [
+            s.meta if {"color", "shape", "position"} <= set(s.meta) else s.question for s in samples
+        ]  # fmt: skip
+        return color_region_reward(completions, prompts, self.min_pixels, self.shape_tolerance)

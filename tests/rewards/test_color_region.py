@@ -1,0 +1,66 @@
+"""ColorRegionReward: the rendered target of a prompt scores 1, a wrong colour / position / shape scores less."""
+
+import numpy as np
+import pytest
+import torch
+
+from app.data.shapes import COLORS, POSITIONS, ShapePromptDataset, render_shape
+from app.rewards.color_region import ColorRegionReward, color_region_reward, parse_shape_prompt
+from app.types import VisualSample
+
+OPPOSITE = {"left": "right", "right": "left", "top": "bottom", "bottom": "top"}
+
+
+def _sample(color, shape, position):
+    return VisualSample(images=[], question=f"a {color} {shape} on the {position}", task="shape_prompts",
+                        meta=dict(color=color, shape=shape, position=position))  # fmt: skip
+
+
+def test_rendered_targets_score_one_as_tensor_and_uint8():
+    samples = list(ShapePromptDataset(32, seed=3))
+    arrays = [np.asarray(s.images[0]) for s in samples]
+    tensors = [torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in arrays]
+    reward = ColorRegionReward()
+    assert torch.equal(reward.score(arrays, samples), torch.ones(32))
+    assert torch.equal(reward.score(tensors, samples), torch.ones(32))
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_wrong_position_colour_and_shape_score_lower(position):
+    image = np.asarray(render_shape("red", "square", position))
+    reward = ColorRegionReward()
+    right, wrong_place, wrong_colour, wrong_shape = reward.score(
+        [image] * 4,
+        [_sample("red", "square", position), _sample("red", "square", OPPOSITE[position]),
+         _sample("blue", "square", position), _sample("red", "circle", position)],
+    )  # fmt: skip
+    assert float(right) == 1.0
+    assert float(wrong_place) == pytest.approx(2 / 3)
+    assert float(wrong_colour) == 0.0
+    assert float(wrong_shape) == pytest.approx(2 / 3)
+
+
+def test_blank_noise_and_malformed_images_score_low_without_raising():
+    blank = np.full((64, 64, 3), 235, dtype=np.uint8)
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    samples = [_sample(c, "circle", "left") for c in COLORS[:3]]
+    values = ColorRegionReward().score([blank, noise, np.zeros((5,), dtype=np.uint8)], samples)
+    assert values[0] == 0.0 and values[2] == 0.0 and values[1] < 0.5
+
+
+def test_functional_twin_reads_prompt_text():
+    image = np.asarray(render_shape("green", "circle", "top"))
+    values = color_region_reward([image, image, image], ["a green circle on the top", "a green circle on the bottom",
+                                                         "draw something"])  # fmt: skip
+    assert values.tolist() == pytest.approx([1.0, 2 / 3, 0.0])
+    assert parse_shape_prompt("A Blue square on the left") == dict(color="blue", shape="square", position="left")
+
+
+def test_dataset_is_balanced_deterministic_and_registered():
+    from app.data import TASKS
+
+    assert TASKS["shape_prompts"] is ShapePromptDataset
+    a, b = ShapePromptDataset(64, seed=1), ShapePromptDataset(64, seed=1)
+    assert [s.question for s in a] == [s.question for s in b]
+    assert len({s.question for s in a}) == 32
+    assert ShapePromptDataset(4, seed=1, labeled=False)[0].images == []
