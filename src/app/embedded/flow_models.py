@@ -20,8 +20,6 @@ Sizes: ``tiny-sd3`` makes 64x64 images from 4x16x16 latents (VAE factor 4, patch
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ import torch
 from tokenizers import processors
 from transformers import PreTrainedTokenizerFast
 
+from app.embedded.cache import build_once, check_embedded_name
 from app.embedded.models import cache_root
 from app.embedded.tokenizer import build_tokenizer
 
@@ -191,29 +190,20 @@ def _model_index(spec: TinyFlowSpec, components: dict[str, Any]) -> dict[str, An
 
 def resolve_flow_pretrained(name_or_path: str, seed: int = 0) -> str:
     """Return a pipeline folder or hub id; embedded names are built and cached on first use."""
-    if name_or_path not in TINY_FLOWS:
-        if name_or_path.startswith("tiny-") and not Path(name_or_path).exists():
-            raise ValueError(f"unknown embedded flow model {name_or_path!r}; known: {sorted(TINY_FLOWS)}")
+    if not check_embedded_name(name_or_path, TINY_FLOWS, "flow model"):
         return name_or_path
-    target = flow_cache_root() / f"{name_or_path}-seed{seed}"
-    if (target / "model_index.json").exists():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
     spec = TINY_FLOWS[name_or_path]
-    components = build_tiny_flow(name_or_path, seed=seed)
-    # Build in a private folder and rename atomically, so concurrent processes (DDP ranks) never see a half-written one.
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-    for key, component in components.items():
-        component.save_pretrained(staging / key)
-    if spec.sample_size is not None:
-        (staging / SAMPLE_SIZE_FILE).write_text(json.dumps(spec.sample_size, indent=2) + "\n")
-    # written last: its presence marks a complete folder
-    (staging / "model_index.json").write_text(json.dumps(_model_index(spec, components), indent=2) + "\n")
-    try:
-        staging.rename(target)
-    except OSError:  # another process won the race; its copy is identical
-        shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
+
+    def write(folder: Path) -> None:
+        components = build_tiny_flow(name_or_path, seed=seed)
+        for key, component in components.items():
+            component.save_pretrained(folder / key)
+        if spec.sample_size is not None:
+            (folder / SAMPLE_SIZE_FILE).write_text(json.dumps(spec.sample_size, indent=2) + "\n")
+        # written last: its presence marks a complete folder
+        (folder / "model_index.json").write_text(json.dumps(_model_index(spec, components), indent=2) + "\n")
+
+    return str(build_once(flow_cache_root() / f"{name_or_path}-seed{seed}", "model_index.json", write))
 
 
 def _load_component(path: str, subfolder: str, library: str, dtype: torch.dtype | None):

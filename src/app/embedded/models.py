@@ -9,8 +9,6 @@ stock processors), saves it with ``save_pretrained`` under the cache folder and 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from app.embedded.cache import build_once, check_embedded_name
 from app.embedded.tokenizer import build_tokenizer
 
 CACHE_VERSION = "v1"
@@ -176,24 +175,15 @@ def build_tiny_vlm(name: str, seed: int = 0):
 
 def resolve_pretrained(name_or_path: str, seed: int = 0) -> str:
     """Return a folder or hub id that ``from_pretrained`` loads; embedded names are built and cached on first use."""
-    if name_or_path not in TINY_VLMS:
-        if name_or_path.startswith("tiny-") and not Path(name_or_path).exists():
-            raise ValueError(f"unknown embedded model {name_or_path!r}; known: {sorted(TINY_VLMS)}")
+    if not check_embedded_name(name_or_path, TINY_VLMS, "model"):
         return name_or_path
-    target = cache_root() / f"{name_or_path}-seed{seed}"
-    if (target / "config.json").exists():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    model, processor = build_tiny_vlm(name_or_path, seed=seed)
-    # Build in a private folder and rename atomically, so concurrent processes (DDP ranks) never see a half-written one.
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-    model.save_pretrained(staging)
-    processor.save_pretrained(staging)
-    try:
-        staging.rename(target)
-    except OSError:  # another process won the race; its copy is identical
-        shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
+
+    def write(folder: Path) -> None:
+        model, processor = build_tiny_vlm(name_or_path, seed=seed)
+        model.save_pretrained(folder)
+        processor.save_pretrained(folder)
+
+    return str(build_once(cache_root() / f"{name_or_path}-seed{seed}", "config.json", write))
 
 
 def load_vlm(name_or_path: str, dtype: torch.dtype | None = None, seed: int = 0, **kwargs):
