@@ -20,11 +20,8 @@ def fresh_cache(tmp_path_factory):
 
 def velocity(components, seed: int = 0) -> torch.Tensor:
     """One transformer forward on fixed inputs, with the text encoder's real output as conditioning."""
-    transformer, tokenizer, text_encoder = (
-        components["transformer"],
-        components["tokenizer"],
-        components["text_encoder"],
-    )
+    transformer = components["transformer"]
+    tokenizer, text_encoder = components["tokenizers"]["tokenizer"], components["text_encoders"]["text_encoder"]
     ids = tokenizer(["a red dot"], padding="max_length", max_length=tokenizer.model_max_length, return_tensors="pt")
     out = text_encoder(ids.input_ids, output_hidden_states=True)
     generator = torch.Generator().manual_seed(seed)

@@ -34,6 +34,8 @@ from app.embedded.tokenizer import build_tokenizer
 
 FLOW_CACHE = "flow"
 SAMPLE_SIZE_FILE = "app_flow.json"  # {"height": ..., "width": ..., "num_frames": ...} for models without sample_size
+ENCODER_SLOTS = ("text_encoder", "text_encoder_2", "text_encoder_3")  # a diffusers pipeline's text encoder slots
+TOKENIZER_SLOTS = ("tokenizer", "tokenizer_2", "tokenizer_3")  # and their tokenizers, in the same order
 TEXT_MAX_LENGTH = 16  # tokens per prompt of the embedded tokenizer (the real CLIP uses 77, Wan's UMT5 512)
 
 
@@ -236,10 +238,9 @@ def _read_json(path: str, filename: str) -> dict[str, Any] | None:
 def load_flow_components(name_or_path: str, dtype: torch.dtype | None = None, seed: int = 0) -> dict[str, Any]:
     """Load transformer, VAE, scheduler, text encoder(s) and tokenizer(s) through ``from_pretrained``.
 
-    Returns a dict with ``transformer``, ``vae``, ``scheduler``, ``text_encoder``, ``tokenizer`` (each None where the
-    folder has none), ``text_encoders_extra`` (names of further encoders, e.g. SD3's ``text_encoder_2`` and
-    ``text_encoder_3``; with any, no text encoder is loaded: see :class:`app.models.flow.FlowPolicy`), ``sample_size`` (the
-    ``app_flow.json`` dict or None) and ``path``.
+    Returns a dict with ``transformer``, ``vae``, ``scheduler``, ``text_encoders`` and ``tokenizers`` (by pipeline
+    slot: ``text_encoder``, ``text_encoder_2``, ... and ``tokenizer``, ``tokenizer_2``, ...; only the slots the folder
+    fills), ``sample_size`` (the ``app_flow.json`` dict or None) and ``path``.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
     from transformers import AutoTokenizer
@@ -250,13 +251,14 @@ def load_flow_components(name_or_path: str, dtype: torch.dtype | None = None, se
     components["transformer"] = _load_component(path, "transformer", "diffusers", dtype)
     components["vae"] = _load_component(path, "vae", "diffusers", dtype)
     components["scheduler"] = FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler")
-    extra = sorted(
-        k for k, v in index.items() if k.startswith("text_encoder_") and isinstance(v, list) and v[0] is not None
-    )
-    # one text encoder is supported; with several (real SD3) none is loaded and encoding raises NotImplementedError
-    has_text = not extra and (index.get("text_encoder", [None])[0] is not None if index else True)
-    components["text_encoder"] = _load_component(path, "text_encoder", "transformers", dtype) if has_text else None
-    components["tokenizer"] = AutoTokenizer.from_pretrained(path, subfolder="tokenizer") if has_text else None
-    components["text_encoders_extra"] = extra
+    slots = [slot for slot in ENCODER_SLOTS if slot == "text_encoder" or slot in index]
+    if index:
+        slots = [slot for slot in slots if isinstance(index.get(slot), list) and index[slot][0] is not None]
+    components["text_encoders"] = {slot: _load_component(path, slot, "transformers", dtype) for slot in slots}
+    components["tokenizers"] = {
+        token_slot: AutoTokenizer.from_pretrained(path, subfolder=token_slot)
+        for slot, token_slot in zip(ENCODER_SLOTS, TOKENIZER_SLOTS, strict=True)
+        if slot in slots
+    }
     components["sample_size"] = _read_json(path, SAMPLE_SIZE_FILE)
     return components

@@ -11,12 +11,7 @@ decoded pixels. The samplers (:mod:`app.sampling.flow`) are pure step functions;
         x = ode_step(x, v, sigmas[i], sigmas[i + 1]).sample       # or sde_step / cps_step with log-probs
     pixels = policy.decode(x)                                     # [B, 3, H, W] or [B, T, 3, H, W] in [0, 1]
 
-Text encoding follows the diffusers pipelines for one text encoder: a CLIP-like encoder (its output has
-``text_embeds``) gives ``encoder_hidden_states`` from its penultimate layer and ``pooled_projections`` from its
-projection, as ``StableDiffusion3Pipeline._get_clip_prompt_embeds`` does; a T5-like encoder gives its last hidden
-state with padding positions zeroed, as ``WanPipeline`` does. Real SD3 checkpoints concatenate three encoders (CLIP-L,
-CLIP-G, T5); that is not implemented yet and :meth:`FlowPolicy.encode_prompts` raises ``NotImplementedError`` for them
-(their transformer, VAE and scheduler load and run).
+Text encoding (:mod:`app.models.flow_text`) follows the diffusers pipelines, SD3's three encoders included.
 """
 
 from __future__ import annotations
@@ -34,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from app.embedded.flow_models import SAMPLE_SIZE_FILE, load_flow_components
+from app.models.flow_text import DEFAULT_MAX_SEQUENCE_LENGTH, FlowTextEncoder
 from app.sampling.flow import flow_sigmas
 
 log = logging.getLogger(__name__)
@@ -41,7 +37,7 @@ log = logging.getLogger(__name__)
 FLOW_ATTENTION_PROJECTIONS = r".*attn\d?\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _WAN_DEFAULT_SIZE = dict(height=480, width=832, num_frames=81)  # WanPipeline's defaults
-_MAX_TEXT_LENGTH = 512  # Wan's max_sequence_length; CLIP tokenizers cap themselves at 77
+_WAN_MAX_TEXT_LENGTH = 512  # WanPipeline's max_sequence_length
 
 
 @dataclass
@@ -74,12 +70,13 @@ class FlowPolicy(nn.Module):
 
     Args:
         model: an embedded name (``tiny-sd3``, ``tiny-wan``), a diffusers pipeline folder or hub id (its
-            ``transformer/``, ``vae/``, ``scheduler/``, ``text_encoder/`` and ``tokenizer/`` are loaded), or a folder
-            written by :meth:`export`.
+            ``transformer/``, ``vae/``, ``scheduler/`` and every ``text_encoder*/`` with its ``tokenizer*/`` are
+            loaded), or a folder written by :meth:`export`.
         lora: LoRA settings; None trains the whole transformer (and keeps a frozen copy as the KL reference).
         guidance_scale: classifier-free guidance weight; > 1 runs the empty prompt alongside (twice the compute).
         dtype: weight dtype of every component: float32, bfloat16 or float16. Velocities are returned in float32.
         seed: seed of the embedded model's random weights (ignored for real checkpoints).
+        max_sequence_length: token limit of T5-like text encoders; None: 512 for video (Wan) models, else 256 (SD3).
     """
 
     prompt_cache_size: int = 4096  # prompts whose text conditioning is kept (least recently used dropped first)
@@ -91,6 +88,7 @@ class FlowPolicy(nn.Module):
         guidance_scale: float = 1.0,
         dtype: str = "float32",
         seed: int = 0,
+        max_sequence_length: int | None = None,
     ):
         super().__init__()
         if dtype not in _DTYPES:
@@ -104,15 +102,18 @@ class FlowPolicy(nn.Module):
         self.guidance_scale = float(guidance_scale)
         self.uses_lora = lora is not None
         self.scheduler = components["scheduler"]
-        self.tokenizer = components["tokenizer"]
-        self.extra_text_encoders: list[str] = components["text_encoders_extra"]
         self.sample_size: dict | None = components["sample_size"]
         self.vae = components["vae"].requires_grad_(False).eval()
-        self.text_encoder = components["text_encoder"]
-        if self.text_encoder is not None:
-            self.text_encoder.requires_grad_(False).eval()
         transformer = components["transformer"]
         self.is_video: bool = "temperal_downsample" in self.vae.config  # Wan-style causal video VAE
+        if max_sequence_length is None:
+            max_sequence_length = _WAN_MAX_TEXT_LENGTH if self.is_video else DEFAULT_MAX_SEQUENCE_LENGTH
+        self.text_encoder = FlowTextEncoder(
+            components["text_encoders"],
+            components["tokenizers"],
+            wants_pooled=transformer.config.get("pooled_projection_dim") is not None,
+            max_sequence_length=max_sequence_length,
+        )
         self.latent_shape: tuple[int, ...] = self._latent_shape(transformer)
         self.model = self._wrap(transformer, lora)  # PeftModel with LoRA, the diffusers model otherwise
         self.frozen_reference: nn.Module | None = None
@@ -196,26 +197,7 @@ class FlowPolicy(nn.Module):
         return self._prompt_cache.get(prompt)
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
-        if self.text_encoder is None:
-            raise NotImplementedError(
-                f"{self.model_name!r} has several text encoders ({['text_encoder', *self.extra_text_encoders]}); "
-                "FlowPolicy encodes prompts with one text encoder only. TODO: SD3's CLIP-L + CLIP-G + T5 "
-                "concatenation (StableDiffusion3Pipeline.encode_prompt)."
-            )
-        max_length = min(self.tokenizer.model_max_length, _MAX_TEXT_LENGTH)
-        tokens = self.tokenizer(
-            prompts, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt"
-        ).to(self.text_encoder.device)
-        wants_pooled = self.transformer.config.get("pooled_projection_dim") is not None
-        if wants_pooled:  # CLIP as in StableDiffusion3Pipeline: penultimate layer, no attention mask, projected pool
-            out = self.text_encoder(tokens.input_ids, output_hidden_states=True)
-            if getattr(out, "text_embeds", None) is None:
-                raise ValueError(f"{type(self.transformer).__name__} needs pooled text embeddings; "
-                                 f"{type(self.text_encoder).__name__} has no projection")  # fmt: skip
-            return {"encoder_hidden_states": out.hidden_states[-2], "pooled_projections": out.text_embeds}
-        # T5 as in WanPipeline: last hidden state, zeros after each prompt's tokens
-        hidden = self.text_encoder(tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state
-        return {"encoder_hidden_states": hidden * tokens.attention_mask[..., None].to(hidden.dtype)}
+        return self.text_encoder(prompts)
 
     # ------------------------------------------------------------------------------------------------- sampling
     def initial_noise(self, batch: int, generator: torch.Generator | None = None) -> Tensor:
@@ -302,14 +284,13 @@ class FlowPolicy(nn.Module):
     # --------------------------------------------------------------------------------------------------- export
     def export(self, output_dir: str | Path) -> Path:
         """Write a diffusers pipeline folder: ``transformer/`` (LoRA merged), ``vae/``, ``scheduler/``, the text
-        encoder and tokenizer, and with LoRA the adapter alone under ``transformer_lora/`` (PEFT format).
+        encoders and tokenizers, and with LoRA the adapter alone under ``transformer_lora/`` (PEFT format).
 
         The folder loads back with ``FlowPolicy(model=output_dir)``, and its transformer with
         ``SD3Transformer2DModel.from_pretrained(output_dir, subfolder="transformer")`` (or the Wan class). The adapter
         goes onto the base transformer with ``peft.PeftModel.from_pretrained(base_transformer,
-        output_dir / "transformer_lora")`` (``.merge_and_unload()`` gives the merged model). For real SD3 the text
-        encoders are not written: pass the exported transformer to the base pipeline,
-        ``StableDiffusion3Pipeline.from_pretrained(base_id, transformer=transformer)``.
+        output_dir / "transformer_lora")`` (``.merge_and_unload()`` gives the merged model); the whole folder opens
+        with the pipeline class named in its ``model_index.json`` (``StableDiffusion3Pipeline.from_pretrained``).
         """
         output_dir = Path(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -320,11 +301,10 @@ class FlowPolicy(nn.Module):
             merged = self.model
         merged.save_pretrained(output_dir / "transformer")
         index = {"_class_name": _pipeline_class(merged), "transformer": ["diffusers", type(merged).__name__]}
-        parts = dict(vae=self.vae, scheduler=self.scheduler, text_encoder=self.text_encoder, tokenizer=self.tokenizer)
-        for key, part in parts.items():
-            if part is not None:
-                part.save_pretrained(output_dir / key)
-                index[key] = [type(part).__module__.split(".")[0], type(part).__name__]
+        for key, part in dict(vae=self.vae, scheduler=self.scheduler).items():
+            part.save_pretrained(output_dir / key)
+            index[key] = [type(part).__module__.split(".")[0], type(part).__name__]
+        index |= self.text_encoder.save_pretrained(output_dir)
         if self.sample_size is not None:
             (output_dir / SAMPLE_SIZE_FILE).write_text(json.dumps(self.sample_size, indent=2) + "\n")
         (output_dir / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
