@@ -132,3 +132,26 @@ def test_full_fine_tuning_keeps_a_frozen_reference():
 def test_unknown_embedded_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown embedded flow model 'tiny-nope'"):
         FlowPolicy("tiny-nope")
+
+
+def test_resolution_sets_the_latent_size():
+    policy = make("tiny-sd3", resolution={"height": 32, "width": 48})
+    assert policy.latent_shape == (4, 8, 12)  # VAE factor 4
+    video = make("tiny-wan", resolution={"num_frames": 9})
+    assert video.latent_shape == (4, 3, 4, 4)  # 1 + 4 k frames -> k + 1 latent frames
+    with pytest.raises(ValueError, match="unknown keys \\['frames'\\]"):
+        make("tiny-sd3", resolution={"frames": 5})
+
+
+def test_gradient_checkpointing_keeps_the_gradients():
+    plain, checkpointed = make("tiny-sd3"), make("tiny-sd3", gradient_checkpointing=True)
+    assert checkpointed.transformer.gradient_checkpointing and not plain.transformer.gradient_checkpointing
+    grads = []
+    for policy in (plain, checkpointed):
+        policy.train()
+        for p in policy.trainable_parameters():
+            torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(0))  # non-zero LoRA B
+        latents, sigma, cond = inputs(policy)
+        policy.velocity(latents, sigma, cond).square().mean().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in policy.trainable_parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-7)

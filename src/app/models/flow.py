@@ -77,6 +77,10 @@ class FlowPolicy(nn.Module):
         dtype: weight dtype of every component: float32, bfloat16 or float16. Velocities are returned in float32.
         seed: seed of the embedded model's random weights (ignored for real checkpoints).
         max_sequence_length: token limit of T5-like text encoders; None: 512 for video (Wan) models, else 256 (SD3).
+        resolution: ``{"height": H, "width": W}`` in pixels (and ``"num_frames"`` for video models) of the samples;
+            None: the model's own (an embedded model's, SD3's transformer ``sample_size``, Wan's 480 x 832 x 81).
+        gradient_checkpointing: recompute the transformer's blocks in the backward pass (diffusers'
+            ``enable_gradient_checkpointing``): less activation memory for about one more forward per update.
     """
 
     prompt_cache_size: int = 4096  # prompts whose text conditioning is kept (least recently used dropped first)
@@ -89,6 +93,8 @@ class FlowPolicy(nn.Module):
         dtype: str = "float32",
         seed: int = 0,
         max_sequence_length: int | None = None,
+        resolution: dict[str, int] | None = None,
+        gradient_checkpointing: bool = False,
     ):
         super().__init__()
         if dtype not in _DTYPES:
@@ -102,9 +108,14 @@ class FlowPolicy(nn.Module):
         self.guidance_scale = float(guidance_scale)
         self.uses_lora = lora is not None
         self.scheduler = components["scheduler"]
-        self.sample_size: dict | None = components["sample_size"]
+        unknown = sorted(set(resolution or {}) - {"height", "width", "num_frames"})
+        if unknown:
+            raise ValueError(f"resolution takes height, width and num_frames; got unknown keys {unknown}")
+        self.sample_size: dict | None = {**(components["sample_size"] or {}), **(resolution or {})} or None
         self.vae = components["vae"].requires_grad_(False).eval()
         transformer = components["transformer"]
+        if gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
         self.is_video: bool = "temperal_downsample" in self.vae.config  # Wan-style causal video VAE
         if max_sequence_length is None:
             max_sequence_length = _WAN_MAX_TEXT_LENGTH if self.is_video else DEFAULT_MAX_SEQUENCE_LENGTH

@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 __all__ = ["FlowGRPOModule", "stochastic_steps", "train_steps"]
 
 
+def _rows(conditioning: dict[str, Tensor], rows: slice) -> dict[str, Tensor]:
+    """The conditioning of rows ``rows``; a one-row conditioning (broadcast to every row) is kept whole."""
+    return {k: v if v.shape[0] == 1 else v[rows] for k, v in conditioning.items()}
+
+
 def stochastic_steps(sigmas: Tensor, sde_window: tuple[int, int] | None = None) -> list[int]:
     """The steps ``i`` (``sigmas[i] -> sigmas[i + 1]``) sampled with the SDE / CPS sampler, in order.
 
@@ -98,6 +103,8 @@ class FlowGRPOModule(L.LightningModule):
         gradient_clip_val: clip the global gradient norm before each step (0 disables).
         eval_rewards: rewards logged as ``val/reward/<name>`` on deterministic (Euler) samples; default: ``rewards``.
         records_per_step: samples handed to logging callbacks per step (``outputs["records"]``, ``outputs["images"]``).
+        micro_batch_size: trajectories per transformer forward (rollout, reference and training passes); gradients
+            accumulate over the micro-batches of a rollout and reproduce the full-batch gradient. None: all N at once.
         seed: seeds the rollout noise (offset by the global rank, state saved in checkpoints) and, per batch index,
             the validation noise, so every evaluation sees the same starting noise.
     """
@@ -124,6 +131,7 @@ class FlowGRPOModule(L.LightningModule):
         gradient_clip_val: float = 1.0,
         eval_rewards: Sequence[RewardComponent] | None = None,
         records_per_step: int = 16,
+        micro_batch_size: int | None = None,
         seed: int = 0,
     ):
         super().__init__()
@@ -136,6 +144,8 @@ class FlowGRPOModule(L.LightningModule):
             raise ValueError(f"sampler must be 'sde' or 'cps', got {sampler!r}")
         if not (eta > 0 and (sampler == "sde" or eta <= 1)):
             raise ValueError(f"eta must be > 0 (and <= 1 for cps): eta = 0 makes every step deterministic, got {eta}")
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
         if not 0 < timestep_fraction <= 1:
             raise ValueError(f"timestep_fraction must be in (0, 1], got {timestep_fraction}")
         if sde_window is not None:
@@ -181,7 +191,22 @@ class FlowGRPOModule(L.LightningModule):
         return step(x, v, s, s_next, self.hparams.eta, **kwargs)
 
     def _velocity(self, x: Tensor, sigma: Tensor, conditioning: dict[str, Tensor]) -> Tensor:
-        return self.policy.velocity(x, sigma.to(self.device).expand(x.shape[0]), conditioning)  # [N, ...] float32
+        """``[N, ...]`` float32 velocities; without gradients, computed ``micro_batch_size`` rows at a time."""
+        sigma = sigma.to(self.device).expand(x.shape[0])
+        if torch.is_grad_enabled():
+            return self.policy.velocity(x, sigma, conditioning)
+        parts = [
+            self.policy.velocity(x[rows], sigma[rows], _rows(conditioning, rows))
+            for rows in self._micro_batches(len(x))
+        ]
+        return torch.cat(parts)
+
+    def _decode(self, latents: Tensor) -> Tensor:
+        return torch.cat([self.policy.decode(latents[rows]) for rows in self._micro_batches(len(latents))])
+
+    def _micro_batches(self, n: int) -> list[slice]:
+        size = self.hparams.micro_batch_size or n
+        return [slice(start, min(start + size, n)) for start in range(0, n, size)]
 
     @torch.no_grad()
     def denoise(
@@ -233,7 +258,7 @@ class FlowGRPOModule(L.LightningModule):
         next_latents = torch.stack([x for _, x, _ in kept], dim=1)  # [N, S, ...]
         old_logprobs = torch.stack([lp for _, _, lp in kept], dim=1)  # [N, S]
         ref_logprobs = self._reference_logprobs(conditioning, sigmas, steps, latents, next_latents) if hp.beta else None
-        images = self.policy.decode(final)  # [N, 3, H, W] or [N, F, 3, H, W]
+        images = self._decode(final)  # [N, 3, H, W] or [N, F, 3, H, W]
         grouped_samples = [s for s in samples for _ in range(k)]
         rewards = self.rewards(list(images), grouped_samples)
         total = rewards.total.float().to(self.device)  # [N]
@@ -272,24 +297,30 @@ class FlowGRPOModule(L.LightningModule):
         return {"loss": stats["loss"], "records": self._records(batch, trajectory), "images": trajectory.images[:limit]}
 
     def _update(self, trajectory: FlowTrajectory, optimizer) -> dict[str, Tensor]:
-        """One optimizer step: backward once per trained step (bounded memory), the loss averaged over the steps."""
+        """One optimizer step: backward once per trained step and micro-batch (bounded memory); the loss is the mean
+        over trained steps of the masked per-trajectory mean, each micro-batch weighted by its share of the mask."""
         hp = self.hparams
         mask = trajectory.loss_mask[:, None]  # [N, 1], one "token" per sample and step
         num_steps = len(trajectory.step_indices)
+        total = mask.sum().clamp(min=1)
         sums: dict[str, Tensor] = {}
         for j, i in enumerate(trajectory.step_indices):
-            x, x_next, sigmas = trajectory.latents[:, j], trajectory.next_latents[:, j], trajectory.sigmas
-            v = self._velocity(x, sigmas[i], trajectory.conditioning)  # [N, ...], with grad
-            logprobs = self._step(x, v, float(sigmas[i]), float(sigmas[i + 1]), prev_sample=x_next).log_prob[:, None]
-            old = logprobs.detach() if hp.num_iterations == 1 else trajectory.old_logprobs[:, j : j + 1]  # [N, 1]
-            ref = trajectory.ref_logprobs[:, j : j + 1] if trajectory.ref_logprobs is not None else None  # [N, 1]
-            out = grpo_loss(
-                logprobs, old, trajectory.advantages, mask, eps_low=hp.eps_low, eps_high=hp.eps_high, beta=hp.beta,
-                ref_logprobs=ref, aggregation="token_mean",
-            )  # fmt: skip
-            self.manual_backward(out.loss / num_steps)
-            for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
-                sums[key] = sums.get(key, 0.0) + getattr(out, key).detach() / num_steps
+            sigma, sigma_next = float(trajectory.sigmas[i]), float(trajectory.sigmas[i + 1])
+            for rows in self._micro_batches(mask.shape[0]):
+                x, x_next = trajectory.latents[rows, j], trajectory.next_latents[rows, j]
+                conditioning = _rows(trajectory.conditioning, rows)
+                v = self._velocity(x, trajectory.sigmas[i], conditioning)  # [n, ...], with grad
+                logprobs = self._step(x, v, sigma, sigma_next, prev_sample=x_next).log_prob[:, None]  # [n, 1]
+                old = logprobs.detach() if hp.num_iterations == 1 else trajectory.old_logprobs[rows, j : j + 1]
+                ref = trajectory.ref_logprobs[rows, j : j + 1] if trajectory.ref_logprobs is not None else None
+                out = grpo_loss(
+                    logprobs, old, trajectory.advantages[rows], mask[rows], eps_low=hp.eps_low, eps_high=hp.eps_high,
+                    beta=hp.beta, ref_logprobs=ref, aggregation="token_mean",
+                )  # fmt: skip
+                share = mask[rows].sum() / total  # token_mean within the micro-batch -> over the whole rollout
+                self.manual_backward(out.loss * share / num_steps)
+                for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
+                    sums[key] = sums.get(key, 0.0) + getattr(out, key).detach() * share / num_steps
         if hp.gradient_clip_val > 0:
             sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), hp.gradient_clip_val)
         optimizer.step()
@@ -341,7 +372,7 @@ class FlowGRPOModule(L.LightningModule):
         noise = self.policy.initial_noise(len(samples), generator=generator).to(self.device)
         sigmas = self.policy.sigmas(self.hparams.num_steps).float().cpu()
         final, _ = self.denoise(self._conditioning(samples, 1), noise, sigmas)
-        return self.policy.decode(final)
+        return self._decode(final)
 
     def validation_step(self, batch: list[VisualSample], batch_idx: int) -> None:
         self._evaluate(batch, batch_idx, stage="val")
