@@ -1,0 +1,198 @@
+"""A LightningDataModule that streams WebDataset shards (:mod:`app.data.shards`) as lists of ``VisualSample``.
+
+Two training modes:
+
+- finite (default): each epoch reads every training shard once, shards shuffled per epoch and split by rank, then by
+  worker. Ranks may get different numbers of batches when shards differ in size, which stalls DDP at the end of an
+  epoch, so finite mode suits one process.
+- ``resampled=True``: every rank and worker draws shards with replacement without end, and an epoch is exactly
+  ``epoch_size`` items per rank (``ceil(epoch_size / batch_size)`` batches, the same on every rank). The recommended
+  multi-GPU setting.
+
+Validation and test are always finite, in stored order, and split between ranks by sample, so each sample is
+evaluated once however few shards there are.
+
+Streams do not resume mid-epoch: ``state_dict`` is empty and a resumed run restarts the interrupted epoch's stream
+(with that epoch's seed, since the epoch comes from the trainer). Skipped bad data is counted in ``skipped`` (and
+``skipped_by_split``), logged as a warning with the running total, and written to the trainer's loggers as
+``data/skipped_shards`` and ``data/skipped_samples`` when they change (rank zero's counts: loggers write on rank zero).
+
+Example config (``python -m app fit --config X.yaml``)::
+
+    data:
+      class_path: app.data.ShardDataModule
+      init_args:
+        train_urls: data/dots/train-{000000..000015}.tar
+        val_urls: data/dots/val-*.tar
+        batch_size: 8
+        resampled: true
+        epoch_size: 4096
+        augment:
+          class_path: my_package.HFlipTwin
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+from lightning import LightningDataModule
+
+from app.data.shard_stream import ShardLoader, ShardStream, SkipCounts
+from app.data.shards import expand_urls
+from app.types import VisualSample
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+
+
+class ShardDataModule(LightningDataModule):
+    """Train, validation and test splits streamed from WebDataset shards.
+
+    Args:
+        train_urls: training shards: a brace pattern (``x-{000000..000009}.tar``), a glob, ``::``-separated patterns
+            or a list; required to fit.
+        val_urls: validation shards, or None for no validation.
+        test_urls: test shards, or None.
+        batch_size: items per training batch (an augmented tuple is one item; collate flattens it).
+        val_batch_size: samples per validation and test batch.
+        shuffle_buffer: training records held for shuffling; 0 disables it (shard order is still shuffled).
+        num_workers: data loader worker processes (0: in the main process).
+        resampled: draw training shards with replacement, without end; requires ``epoch_size``.
+        epoch_size: training items per epoch on each rank: exact when resampled, a cap otherwise.
+        seed: seeds shard order, shuffle buffer, resampling and augmentation (with the epoch).
+        augment: ``augment(sample, rng) -> VisualSample | tuple[VisualSample, ...]``, run in the workers on training
+            samples; the rng is seeded from ``(seed, epoch, sample key)``, so runs are reproducible.
+        augment_eval: also augment validation and test samples (with epoch 0, so every evaluation sees the same).
+        strip_labels: drop answers, reasoning and label meta after decoding (a belt on top of label-free shards).
+    """
+
+    def __init__(
+        self,
+        train_urls: str | list[str] | None = None,
+        val_urls: str | list[str] | None = None,
+        test_urls: str | list[str] | None = None,
+        batch_size: int = 8,
+        val_batch_size: int = 32,
+        shuffle_buffer: int = 1000,
+        num_workers: int = 0,
+        resampled: bool = False,
+        epoch_size: int | None = None,
+        seed: int = 0,
+        augment: Callable[[VisualSample, random.Random], Any] | None = None,
+        augment_eval: bool = False,
+        strip_labels: bool = False,
+    ) -> None:
+        super().__init__()
+        for name, value in (("batch_size", batch_size), ("val_batch_size", val_batch_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if shuffle_buffer < 0 or num_workers < 0:
+            raise ValueError(f"shuffle_buffer and num_workers must be >= 0, got {shuffle_buffer}, {num_workers}")
+        if epoch_size is not None and epoch_size < 1:
+            raise ValueError(f"epoch_size must be >= 1, got {epoch_size}")
+        if resampled and epoch_size is None:
+            raise ValueError("resampled=True streams without end: set epoch_size (training items per epoch per rank)")
+        self.save_hyperparameters(ignore=["augment"])
+        self.patterns = {"train": train_urls, "val": val_urls, "test": test_urls}
+        self.batch_size, self.val_batch_size = batch_size, val_batch_size
+        self.shuffle_buffer, self.num_workers = shuffle_buffer, num_workers
+        self.resampled, self.epoch_size, self.seed = resampled, epoch_size, seed
+        self.augment, self.augment_eval, self.strip_labels = augment, augment_eval, strip_labels
+        self.urls: dict[str, list[str]] = {}
+        self.skipped = SkipCounts()
+        self.skipped_by_split = {split: SkipCounts() for split in SPLITS}
+
+    def setup(self, stage: str | None = None) -> None:
+        """Expand the URL patterns, failing at once, naming the pattern, when one matches nothing."""
+        if stage == "fit" and self.patterns["train"] is None:
+            raise ValueError("ShardDataModule needs train_urls to fit")
+        for split, pattern in self.patterns.items():
+            if pattern is not None and split not in self.urls:
+                try:
+                    self.urls[split] = expand_urls(pattern)
+                except (ValueError, FileNotFoundError) as err:
+                    raise type(err)(f"{split}_urls: {err}") from err
+
+    def _rank_and_world_size(self) -> tuple[int, int]:
+        if self.trainer is not None:
+            return self.trainer.global_rank, self.trainer.world_size
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def _loader(self, split: str) -> ShardLoader | list:
+        self.setup("fit" if split == "train" else None)
+        if split not in self.urls:
+            return []  # no shards for this split: Lightning skips a loop whose loaders are empty
+        rank, world_size = self._rank_and_world_size()
+        train = split == "train"
+        resampled = train and self.resampled
+        if train and not resampled and len(self.urls[split]) < world_size:
+            raise ValueError(
+                f"train_urls: {len(self.urls[split])} shards for {world_size} ranks; some ranks would get none "
+                "(write more shards, or use resampled=True)"
+            )
+        stream = ShardStream(
+            self.urls[split],
+            batch_size=self.batch_size if train else self.val_batch_size,
+            rank=rank,
+            world_size=world_size,
+            split_by_sample=not train,
+            seed=self.seed,
+            shuffle=train,
+            shuffle_buffer=self.shuffle_buffer,
+            resampled=resampled,
+            epoch_size=self.epoch_size if train else None,
+            augment=self.augment if train or self.augment_eval else None,
+            strip_labels=self.strip_labels,
+        )
+        epoch_fn = self._trainer_epoch if train else (lambda: 0)
+        return ShardLoader(stream, self.num_workers, epoch_fn, on_skip=lambda delta: self._record_skips(split, delta))
+
+    def _trainer_epoch(self) -> int | None:
+        return self.trainer.current_epoch if self.trainer is not None else None
+
+    def _record_skips(self, split: str, delta: SkipCounts) -> None:
+        self.skipped = self.skipped + delta
+        self.skipped_by_split[split] = self.skipped_by_split[split] + delta
+        log.warning(
+            "data: skipped %d bad shards and %d bad samples so far (%s: %d shards, %d samples)",
+            self.skipped.shards,
+            self.skipped.samples,
+            split,
+            self.skipped_by_split[split].shards,
+            self.skipped_by_split[split].samples,
+        )
+        trainer = self.trainer
+        if trainer is not None and trainer.loggers:
+            metrics = {
+                "data/skipped_shards": float(self.skipped.shards),
+                "data/skipped_samples": float(self.skipped.samples),
+            }
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+
+    def train_dataloader(self) -> ShardLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> ShardLoader | list:
+        return self._loader("val")
+
+    def test_dataloader(self) -> ShardLoader | list:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> ShardLoader | list:
+        """``python -m app predict`` answers the test split."""
+        return self._loader("test")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Empty: streams restart the interrupted epoch on resume (see the module docstring)."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,305 @@
+"""The per-worker pipeline that streams WebDataset shards as batches of ``VisualSample``, counting what it skips.
+
+Stages, in each data loader worker: shard URLs (``SimpleShardList``, shuffled per epoch, or ``ResampledShards``) ->
+split by rank, then by worker (finite mode only) -> tar expansion -> shuffle buffer (of raw records: compressed bytes
+are cheaper to hold than decoded images) -> decode (:func:`app.data.shards.decode_sample`) -> optional label
+stripping -> optional augmentation -> the per-worker share of ``epoch_size`` -> batches.
+
+Bad data never stops a stream. A shard that cannot be opened or read (missing, garbage, truncated) ends at the error,
+keeping the samples read before it; a sample that does not decode (bad JSON, missing or corrupt image) is dropped. Each
+is logged with its URL or key and counted. The counts ride to the main process inside the items the workers yield
+(:class:`StreamBatch`), because worker processes share no memory with it; :class:`ShardLoader` adds them up.
+
+Training streams split between ranks by shard; evaluation streams by sample (``split_by_sample``), so that every
+sample is evaluated exactly once even with fewer shards than ranks. Node splitting takes the rank and world size given by the data module instead of reading ``torch.distributed`` inside
+the worker (where spawned workers have no process group), so it also works for fake ranks in tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import math
+import random
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from webdataset.tariterators import base_plus_ext, tar_file_iterator
+
+from app.data.datamodule import collate_visual_samples
+from app.data.shards import decode_sample, without_labels
+from app.types import VisualSample
+
+log = logging.getLogger(__name__)
+
+Augment = Callable[[VisualSample, random.Random], Any]
+"""``augment(sample, rng) -> VisualSample | tuple[VisualSample, ...]``; tuples are flattened in order into the batch."""
+
+
+@dataclass
+class SkipCounts:
+    """How much bad data was skipped: shards that failed to open or read, and samples that failed to decode."""
+
+    shards: int = 0
+    samples: int = 0
+
+    def __add__(self, other: SkipCounts) -> SkipCounts:
+        return SkipCounts(self.shards + other.shards, self.samples + other.samples)
+
+    def __bool__(self) -> bool:
+        return bool(self.shards or self.samples)
+
+
+@dataclass
+class StreamBatch:
+    """What a worker yields: a batch (empty for a final counts-only item) and the skips since its previous item."""
+
+    samples: list[VisualSample]
+    skipped: SkipCounts
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from ``parts``, the same in every process (unlike ``hash`` of a string)."""
+    return random.Random(":".join(map(str, parts))).getrandbits(63)
+
+
+def epoch_share(epoch_size: int, batch_size: int, worker: int, num_workers: int) -> int:
+    """Samples worker ``worker`` yields per epoch: whole batches dealt round-robin, the remainder to one worker.
+
+    The shares sum to ``epoch_size`` and leave at most one partial batch per epoch, so every rank yields the same
+    ``ceil(epoch_size / batch_size)`` batches.
+    """
+    full, rest = divmod(epoch_size, batch_size)
+    share = (full // num_workers + (worker < full % num_workers)) * batch_size
+    return share + (rest if worker == full % num_workers else 0)
+
+
+class _WorkerCounts:
+    """Skips seen by one worker in one epoch, and how many of them it has reported."""
+
+    def __init__(self, worker: int) -> None:
+        self.worker = worker
+        self.total = SkipCounts()
+        self.reported = SkipCounts()
+
+    def shard(self, url: str, err: Exception) -> None:
+        self.total = self.total + SkipCounts(1, 0)
+        log.warning(
+            "skipping the rest of shard %s: %s: %s (worker %d: %d shards, %d samples skipped this epoch)",
+            url, type(err).__name__, err, self.worker, self.total.shards, self.total.samples,
+        )  # fmt: skip
+
+    def sample(self, key: str, url: str, err: Exception) -> None:
+        self.total = self.total + SkipCounts(0, 1)
+        log.warning(
+            "skipping sample %s of %s: %s (worker %d: %d shards, %d samples skipped this epoch)",
+            key, url, err, self.worker, self.total.shards, self.total.samples,
+        )  # fmt: skip
+
+    def unreported(self) -> SkipCounts:
+        delta = SkipCounts(self.total.shards - self.reported.shards, self.total.samples - self.reported.samples)
+        self.reported = self.total
+        return delta
+
+
+def expand_tars(sources: Iterable[dict[str, Any]], counts: _WorkerCounts) -> Iterator[dict[str, Any]]:
+    """Raw records (``__key__``, ``__url__``, one entry per member suffix) of the shards in ``sources``."""
+    for source in sources:
+        url, record = source["url"], None
+        try:
+            stream = wds.gopen(url)
+            try:
+                for member in tar_file_iterator(stream):
+                    key, suffix = base_plus_ext(member["fname"])
+                    if key is None:
+                        continue
+                    if record is not None and record["__key__"] != key:
+                        yield record
+                        record = None
+                    if record is None:
+                        record = {"__key__": key, "__url__": url}
+                    if suffix in record:
+                        raise ValueError(f"duplicate member {member['fname']!r}")
+                    record[suffix] = member["data"]
+            finally:
+                stream.close()
+            if record is not None:
+                yield record
+        except Exception as err:  # a bad shard ends here; the stream goes on with the next one
+            counts.shard(url, err)
+            if record is not None:  # may be whole (its last member was read) or not: decoding will tell
+                yield record
+
+
+class ShardStream(IterableDataset):
+    """Batches of ``VisualSample`` from WebDataset shards, as :class:`StreamBatch` items (one stream per worker).
+
+    Args:
+        urls: expanded shard URLs (see :func:`app.data.shards.expand_urls`).
+        batch_size: items per batch; an augmented tuple counts as one item.
+        rank, world_size: this process's place among the data-parallel processes.
+        split_by_sample: split the stream between ranks by sample instead of by shard: every rank reads every shard
+            but decodes only its own samples, so the ranks share even one shard exactly (for evaluation).
+        seed: seed of shard order, shuffle buffer, resampling and augmentation.
+        shuffle: shuffle the shard order per epoch and the samples through a buffer of ``shuffle_buffer``.
+        shuffle_buffer: records held for shuffling; 0 disables it.
+        resampled: draw shards with replacement, independently per rank and worker, without end.
+        epoch_size: items per epoch on this rank; the length of a resampled epoch, a cap otherwise.
+        augment: applied to each decoded sample with an rng seeded from ``(seed, epoch, key)``.
+        strip_labels: drop labels (see :func:`app.data.shards.without_labels`) before and after ``augment``.
+    """
+
+    def __init__(
+        self,
+        urls: list[str],
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        split_by_sample: bool = False,
+        seed: int = 0,
+        shuffle: bool = False,
+        shuffle_buffer: int = 0,
+        resampled: bool = False,
+        epoch_size: int | None = None,
+        augment: Augment | None = None,
+        strip_labels: bool = False,
+    ) -> None:
+        super().__init__()
+        if resampled and epoch_size is None:
+            raise ValueError("resampled streams never end: give epoch_size")
+        self.urls, self.batch_size = list(urls), batch_size
+        self.rank, self.world_size, self.split_by_sample = rank, world_size, split_by_sample
+        self.seed, self.shuffle, self.shuffle_buffer = seed, shuffle, shuffle_buffer
+        self.resampled, self.epoch_size = resampled, epoch_size
+        self.augment, self.strip_labels = augment, strip_labels
+        self.epoch = 0  # set by ShardLoader before each pass; workers get a fresh copy every epoch
+
+    def _sources(self, worker: int, num_workers: int) -> list:
+        """The first stages: shard URLs for this rank and worker, as ``{"url": ...}`` dicts."""
+        if self.resampled:
+            seed = derive_seed(self.seed, self.epoch, "resample")
+            worker_seed = derive_seed(self.rank, worker)
+            return [wds.ResampledShards(self.urls, seed=seed, worker_seed=lambda: worker_seed, deterministic=True)]
+        order_seed = derive_seed(self.seed, self.epoch, "shards") if self.shuffle else None
+        by_rank = (
+            [] if self.split_by_sample else [functools.partial(_take_every, start=self.rank, step=self.world_size)]
+        )
+        return [
+            wds.SimpleShardList(self.urls, seed=order_seed),  # the same order on every rank
+            *by_rank,
+            functools.partial(_take_every, start=worker, step=num_workers),
+        ]
+
+    def _decode(self, records: Iterable[dict[str, Any]], counts: _WorkerCounts) -> Iterator[tuple[str, VisualSample]]:
+        for record in records:
+            try:
+                sample = decode_sample(record)
+            except ValueError as err:
+                counts.sample(record["__key__"], record["__url__"], err)
+                continue
+            yield record["__key__"], without_labels(sample) if self.strip_labels else sample
+
+    def _augmented(self, items: Iterable[tuple[str, VisualSample]]) -> Iterator[VisualSample | tuple]:
+        for key, sample in items:
+            if self.augment is None:
+                yield sample
+                continue
+            out = self.augment(sample, random.Random(f"{self.seed}:{self.epoch}:{key}"))
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            if not outs or not all(isinstance(s, VisualSample) for s in outs):
+                raise TypeError(
+                    f"augment {self.augment!r} must return a VisualSample or a tuple of them, got {out!r:.200}"
+                )
+            if self.strip_labels:
+                outs = tuple(without_labels(s) for s in outs)
+            yield tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
+
+    def __iter__(self) -> Iterator[StreamBatch]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        counts = _WorkerCounts(worker)
+        stages = [*self._sources(worker, num_workers), functools.partial(expand_tars, counts=counts)]
+        if self.split_by_sample and not self.resampled:
+            stages.append(functools.partial(_take_every, start=self.rank, step=self.world_size))
+        if self.shuffle and self.shuffle_buffer > 0:
+            rng = random.Random(derive_seed(self.seed, self.epoch, self.rank, worker, "buffer"))
+            stages.append(wds.shuffle(self.shuffle_buffer, initial=min(self.shuffle_buffer, 100), rng=rng))
+        stages += [functools.partial(self._decode, counts=counts), self._augmented]
+        items: Iterator = iter(wds.DataPipeline(*stages))
+        if self.epoch_size is not None:
+            items = itertools.islice(items, epoch_share(self.epoch_size, self.batch_size, worker, num_workers))
+        batch: list = []
+        for item in items:
+            batch.append(item)
+            if len(batch) == self.batch_size:
+                yield StreamBatch(collate_visual_samples(batch), counts.unreported())
+                batch = []
+        if batch or counts.total != counts.reported:
+            yield StreamBatch(collate_visual_samples(batch), counts.unreported())
+
+
+def _take_every(items: Iterable, start: int, step: int) -> Iterator:
+    for i, item in enumerate(items):
+        if i % step == start:
+            yield item
+
+
+class ShardLoader:
+    """Iterates a :class:`ShardStream` through a ``DataLoader`` and yields ``list[VisualSample]`` batches.
+
+    A plain ``DataLoader`` with ``batch_size=None`` rather than ``wds.WebLoader``: batching happens in the workers, so
+    the fluid re-batching WebLoader adds would only move Python objects through the main process; and wrapping it
+    (instead of subclassing) lets the skip counts be taken off each item, while Lightning, seeing no ``DataLoader``,
+    never tries to re-instantiate it with a sampler. Workers are not persistent: each pass forks them afresh with the
+    current epoch, which seeds shard order, shuffling and augmentation.
+
+    Batches travel from the workers as pickled PIL images. Rebuilding them costs the main process about 0.3 ms per
+    256 x 256 image (mostly touching fresh memory); moving the pixels through shared memory instead saved it a fifth
+    of that, cost the workers more than it saved, and fails where ``/dev/shm`` is small (containers), so it was not
+    kept (see ``benchmarks/loader.py``).
+
+    Args:
+        stream: the dataset.
+        num_workers: worker processes (0: in the main process).
+        epoch_fn: the epoch of the pass about to start (e.g. the trainer's); None counts passes from 0.
+        on_skip: called in the main process with the skips each time more arrive.
+    """
+
+    def __init__(
+        self,
+        stream: ShardStream,
+        num_workers: int = 0,
+        epoch_fn: Callable[[], int | None] | None = None,
+        on_skip: Callable[[SkipCounts], None] | None = None,
+    ) -> None:
+        self.stream, self.num_workers = stream, num_workers
+        self.epoch_fn, self.on_skip = epoch_fn, on_skip
+        self.skipped = SkipCounts()
+        self.passes = 0
+        self.loader = DataLoader(stream, batch_size=None, num_workers=num_workers, collate_fn=_identity)
+
+    def __len__(self) -> int:
+        """Batches per epoch; known only for resampled streams, whose epochs have an exact size."""
+        if not self.stream.resampled:
+            raise TypeError("a finite shard stream has no length known in advance")
+        return math.ceil(self.stream.epoch_size / self.stream.batch_size)
+
+    def __iter__(self) -> Iterator[list[VisualSample]]:
+        epoch = self.epoch_fn() if self.epoch_fn is not None else None
+        self.stream.epoch = self.passes if epoch is None else epoch
+        self.passes += 1
+        for item in self.loader:
+            if item.skipped:
+                self.skipped = self.skipped + item.skipped
+                if self.on_skip is not None:
+                    self.on_skip(item.skipped)
+            if item.samples:
+                yield item.samples
+
+
+def _identity(item: Any) -> Any:
+    return item

@@ -1,0 +1,286 @@
+"""WebDataset shards of ``VisualSample``: the on-disk sample schema, writing, reading and URL expansion.
+
+One tar member group per sample, all named ``<key>.<suffix>``:
+
+- ``__key__``: ``{prefix}-{index:09d}``, unique within a shard set and deterministic (the index counts samples in the
+  order they were written).
+- ``<key>.json``: a UTF-8 JSON object::
+
+      {"schema": 1, "task": str, "question": str, "answer": str, "reasoning": str, "meta": {...}, "num_images": int}
+
+  ``answer`` and ``reasoning`` are absent when the sample has none (or when labels are stripped). ``meta`` holds the
+  question parameters, the scene metadata augmentations need, and the ground-truth fields verifiers read; label-bearing
+  meta goes under the names in ``LABEL_META_KEYS``. Tuples come back as lists and numpy values as Python numbers.
+- ``<key>.img0.png``, ``<key>.img1.png``, ...: ``num_images`` PNG images, RGB (other modes are converted on write,
+  dropping alpha).
+
+Label-free shards (``strip_labels=True``) carry no answers at all: no ``answer``, no ``reasoning`` and none of the
+``LABEL_META_KEYS`` among the top-level keys of ``meta`` (nested dicts are not searched: generators keep labels at
+the top level). A reader that sees a ``schema`` newer than ``SCHEMA_VERSION`` refuses the sample.
+
+>>> from app.data import DotsDataset
+>>> sample = DotsDataset(num_samples=1, seed=0, image_size=32)[0]
+>>> record = encode_sample(sample, "dots-000000000")
+>>> sorted(record)
+['__key__', 'img0.png', 'json']
+>>> decode_sample(record).answer == sample.answer
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import io
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import braceexpand
+import webdataset as wds
+from PIL import Image
+
+from app.types import VisualSample
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+LABEL_META_KEYS: tuple[str, ...] = (
+    "answer",
+    "answers",
+    "attributes",
+    "ground_truth",
+    "label",
+    "labels",
+    "pair_answers",
+    "solution",
+    "target",
+)
+"""Meta keys that carry labels; generators put anything that reveals an answer under one of these names.
+
+``attributes`` is here because attribute values (counts, colours) answer attribute questions directly; scene geometry
+that augmentations need (positions, boxes) stays.
+"""
+
+_PREFIX = re.compile(r"^[A-Za-z0-9_-]+$")
+_REMOTE = ("pipe:", "http://", "https://", "gs://", "s3://")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def image_name(index: int) -> str:
+    """The tar member suffix of image ``index``: ``img0.png``, ``img1.png``, ..."""
+    return f"img{index}.png"
+
+
+def without_labels(sample: VisualSample) -> VisualSample:
+    """A copy of ``sample`` with no answer, no reasoning and none of the ``LABEL_META_KEYS`` in ``meta``."""
+    meta = {k: v for k, v in sample.meta.items() if k not in LABEL_META_KEYS}
+    return dataclasses.replace(sample, answer=None, reasoning=None, meta=meta)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy scalars and arrays, torch tensors
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def _png(image: Image.Image) -> bytes:
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def encode_sample(sample: VisualSample, key: str) -> dict[str, Any]:
+    """The WebDataset record of ``sample`` under ``key`` (``__key__``, ``json`` bytes, ``img{i}.png`` bytes)."""
+    if not key or "." in key or "/" in key:
+        raise ValueError(f"sample key must be non-empty without '.' or '/', got {key!r}")
+    record: dict[str, Any] = {"schema": SCHEMA_VERSION, "task": sample.task, "question": sample.question}
+    if sample.answer is not None:
+        record["answer"] = sample.answer
+    if sample.reasoning is not None:
+        record["reasoning"] = sample.reasoning
+    record["meta"] = sample.meta
+    record["num_images"] = len(sample.images)
+    try:
+        payload = json.dumps(record, default=_json_default, ensure_ascii=False).encode()
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"sample {key!r}: cannot encode its JSON record ({err}); meta must be JSON-serialisable"
+        ) from err
+    out: dict[str, Any] = {"__key__": key, "json": payload}
+    for i, image in enumerate(sample.images):
+        out[image_name(i)] = _png(image)
+    return out
+
+
+def _decode_image(key: str, name: str, value: Any) -> Image.Image:
+    if isinstance(value, Image.Image):
+        return value if value.mode == "RGB" else value.convert("RGB")
+    try:
+        image = Image.open(io.BytesIO(value))
+        image.load()  # decode now, so a corrupt PNG fails here and not in a model's processor
+    except Exception as err:
+        raise ValueError(f"sample {key!r}: cannot decode image {name!r}: {err}") from err
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _decode_record(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    try:
+        record = json.loads(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"sample {key!r}: member 'json' is not valid JSON: {err}") from err
+    if not isinstance(record, dict):
+        raise ValueError(f"sample {key!r}: member 'json' must hold an object, got {type(record).__name__}")
+    return record
+
+
+def decode_sample(wds_sample: dict[str, Any]) -> VisualSample:
+    """The ``VisualSample`` of a WebDataset record (raw bytes or already-decoded values).
+
+    Raises:
+        ValueError: naming the key and the problem, when the JSON member or an image is missing or undecodable, or a
+            field of the record is missing or has the wrong type.
+    """
+    key = wds_sample.get("__key__", "<no key>")
+    if "json" not in wds_sample:
+        raise ValueError(
+            f"sample {key!r}: missing 'json' member (has {sorted(k for k in wds_sample if k[:2] != '__')})"
+        )
+    record = _decode_record(key, wds_sample["json"])
+    schema = record.get("schema")
+    if not isinstance(schema, int) or schema > SCHEMA_VERSION:
+        raise ValueError(f"sample {key!r}: unsupported schema {schema!r} (this reader knows up to {SCHEMA_VERSION})")
+    for field in ("task", "question"):
+        if not isinstance(record.get(field), str):
+            raise ValueError(f"sample {key!r}: JSON field {field!r} missing or not a string")
+    num_images = record.get("num_images")
+    if not isinstance(num_images, int) or isinstance(num_images, bool) or num_images < 0:
+        raise ValueError(f"sample {key!r}: JSON field 'num_images' must be a non-negative int, got {num_images!r}")
+    meta = record.get("meta", {})
+    if not isinstance(meta, dict):
+        raise ValueError(f"sample {key!r}: JSON field 'meta' must be an object, got {type(meta).__name__}")
+    images = []
+    for i in range(num_images):
+        name = image_name(i)
+        if name not in wds_sample:
+            raise ValueError(f"sample {key!r}: missing image {name!r} (num_images={num_images})")
+        images.append(_decode_image(key, name, wds_sample[name]))
+    return VisualSample(
+        images=images,
+        question=record["question"],
+        task=record["task"],
+        answer=record.get("answer"),
+        reasoning=record.get("reasoning"),
+        meta=meta,
+    )
+
+
+def write_samples(
+    samples: Iterable[VisualSample],
+    out_dir: str | Path,
+    prefix: str,
+    max_per_shard: int = 1000,
+    strip_labels: bool = False,
+    progress: bool = False,
+    total: int | None = None,
+) -> list[Path]:
+    """Write ``samples`` to ``{out_dir}/{prefix}-000000.tar``, ... and return the shard paths, in order.
+
+    Shards of an earlier run with the same prefix that this run does not overwrite are removed, so the directory holds
+    exactly this shard set. Writing no samples writes no shard (and logs a warning).
+
+    Args:
+        samples: the samples, written in order; keys are ``{prefix}-{index:09d}``.
+        out_dir: created if missing.
+        prefix: shard and key prefix: letters, digits, ``_`` and ``-`` only.
+        max_per_shard: samples per shard.
+        strip_labels: write label-free shards (see :func:`without_labels`).
+        progress: show a tqdm progress bar.
+        total: number of samples, for the progress bar.
+    """
+    if not _PREFIX.match(prefix):
+        raise ValueError(f"prefix must hold only letters, digits, '_' and '-', got {prefix!r}")
+    if max_per_shard < 1:
+        raise ValueError(f"max_per_shard must be >= 1, got {max_per_shard}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if progress:
+        from tqdm import tqdm
+
+        samples = tqdm(samples, total=total, desc=prefix, unit="sample")
+    writer = None
+    count = 0
+    try:
+        for sample in samples:
+            if writer is None:  # opened lazily, so that no samples means no (empty) shard
+                pattern = str(out_dir / f"{prefix}-%06d.tar")
+                # A fixed mtime makes shards byte-identical across rebuilds of the same samples.
+                writer = wds.ShardWriter(pattern, maxcount=max_per_shard, verbose=0, mtime=0.0)
+            if strip_labels:
+                sample = without_labels(sample)
+            writer.write(encode_sample(sample, f"{prefix}-{count:09d}"))
+            count += 1
+    finally:
+        if writer is not None:
+            writer.close()
+    num_shards = -(-count // max_per_shard)
+    written = [out_dir / f"{prefix}-{i:06d}.tar" for i in range(num_shards)]
+    for stale in sorted(set(out_dir.glob(f"{prefix}-[0-9][0-9][0-9][0-9][0-9][0-9].tar")) - set(written)):
+        log.info("removing stale shard %s from an earlier run", stale)
+        stale.unlink()
+    if count == 0:
+        log.warning("write_samples(prefix=%r): no samples, no shard written", prefix)
+    return written
+
+
+def read_samples(urls: str | list[str]) -> Iterator[VisualSample]:
+    """The samples of the shards ``urls`` (see :func:`expand_urls`), in stored order; errors are raised, not skipped."""
+    pipeline = wds.DataPipeline(wds.SimpleShardList(expand_urls(urls)), wds.tarfile_to_samples())
+    for record in pipeline:
+        yield decode_sample(record)
+
+
+def _is_remote(url: str) -> bool:
+    return url.startswith(_REMOTE)
+
+
+def expand_urls(urls: str | list[str]) -> list[str]:
+    """Shard URLs from brace patterns (``shard-{000000..000003}.tar``), globs, ``::``-separated strings or lists.
+
+    Local files are checked at once, so a wrong pattern fails at start-up; remote ``pipe:`` / ``http(s):`` / ``gs:`` /
+    ``s3:`` URLs pass through unchecked. Order is kept (globs sort their matches).
+
+    Raises:
+        ValueError: when no URL is given.
+        FileNotFoundError: naming the pattern, when a glob matches nothing or a local file is missing.
+    """
+    patterns = urls.split("::") if isinstance(urls, str) else list(urls)
+    patterns = [str(p) for p in patterns if str(p).strip()]
+    if not patterns:
+        raise ValueError(f"no shard URLs given: {urls!r}")
+    out: list[str] = []
+    for pattern in patterns:
+        for url in braceexpand.braceexpand(pattern):
+            if _is_remote(url):
+                out.append(url)
+                continue
+            path = os.path.expanduser(url.removeprefix("file:"))
+            if _GLOB_CHARS.search(path):
+                matches = sorted(glob.glob(path))
+                if not matches:
+                    raise FileNotFoundError(f"shard pattern {pattern!r} matches no files ({path!r})")
+                out.extend(matches)
+            elif not os.path.isfile(path):
+                raise FileNotFoundError(f"shard pattern {pattern!r}: no such file {path!r}")
+            else:
+                out.append(path)
+    return out

@@ -1,0 +1,162 @@
+import io
+import json
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from app.data import DotsDataset
+from app.data.shards import (
+    LABEL_META_KEYS,
+    SCHEMA_VERSION,
+    decode_sample,
+    encode_sample,
+    expand_urls,
+    read_samples,
+    write_samples,
+)
+from app.data.triplets import TripletDotsDataset
+from app.types import VisualSample
+
+
+def _dots(n: int, seed: int = 0) -> list[VisualSample]:
+    dataset = DotsDataset(num_samples=n, seed=seed, image_size=32)
+    return [dataset[i] for i in range(n)]
+
+
+def _json_round(meta: dict) -> dict:
+    return json.loads(json.dumps(meta))
+
+
+def _tar_members(path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def test_round_trip_keeps_pixels_text_and_meta(tmp_path):
+    samples = _dots(6)
+    paths = write_samples(samples, tmp_path, "dots", max_per_shard=4)
+    assert [p.name for p in paths] == ["dots-000000.tar", "dots-000001.tar"]
+    back = list(read_samples([str(p) for p in paths]))
+    assert len(back) == 6
+    for original, decoded in zip(samples, back, strict=True):
+        assert (decoded.task, decoded.question, decoded.answer, decoded.reasoning) == (
+            original.task,
+            original.question,
+            original.answer,
+            original.reasoning,
+        )
+        assert decoded.meta == _json_round(original.meta)  # tuples come back as lists
+        assert decoded.images[0].mode == "RGB"
+        assert np.array_equal(np.asarray(decoded.images[0]), np.asarray(original.images[0]))
+
+
+def test_multi_image_samples_round_trip(tmp_path):
+    dataset = TripletDotsDataset(num_samples=3, seed=0, image_size=32)
+    samples = [dataset[i] for i in range(3)]
+    back = list(read_samples([str(p) for p in write_samples(samples, tmp_path, "tri")]))
+    for original, decoded in zip(samples, back, strict=True):
+        assert len(decoded.images) == 3
+        for a, b in zip(original.images, decoded.images, strict=True):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+        assert decoded.meta == _json_round(original.meta)
+
+
+def test_schema_of_a_record():
+    sample = VisualSample([Image.new("L", (8, 8), 7)], "q?", "t", answer="a", meta={"n": np.int64(3)})
+    record = encode_sample(sample, "k-1")
+    payload = json.loads(record["json"])
+    assert payload == {
+        "schema": SCHEMA_VERSION,
+        "task": "t",
+        "question": "q?",
+        "answer": "a",
+        "meta": {"n": 3},
+        "num_images": 1,
+    }
+    image = Image.open(io.BytesIO(record["img0.png"]))
+    assert image.format == "PNG" and image.mode == "RGB"
+
+
+def test_keys_are_unique_and_deterministic(tmp_path):
+    samples = _dots(5)
+    first = write_samples(samples, tmp_path / "a", "dots", max_per_shard=2)
+    second = write_samples(samples, tmp_path / "b", "dots", max_per_shard=2)
+    keys = [name.split(".")[0] for p in first for name in _tar_members(p)]
+    assert sorted(set(keys)) == [f"dots-{i:09d}" for i in range(5)]
+    assert [p.read_bytes() == q.read_bytes() for p, q in zip(first, second, strict=True)] == [True] * 3
+
+
+def test_strip_labels_leaves_no_answer_in_the_tar(tmp_path):
+    dataset = TripletDotsDataset(num_samples=4, seed=0, image_size=32)
+    samples = [dataset[i] for i in range(4)]
+    assert {"pair_answers", "attributes"} <= set(samples[0].meta) and set(LABEL_META_KEYS) & {"pair_answers"}
+    (path,) = write_samples(samples, tmp_path, "free", strip_labels=True)
+    records = [json.loads(v) for k, v in _tar_members(path).items() if k.endswith(".json")]
+    assert len(records) == 4
+    for record in records:
+        assert "answer" not in record and "reasoning" not in record
+        assert not set(record["meta"]) & set(LABEL_META_KEYS)
+        assert record["meta"]["answer_type"] == "ordinal"  # non-label meta stays
+    raw = b"".join(v for k, v in _tar_members(path).items() if k.endswith(".json"))
+    for sample in samples:
+        assert sample.answer.encode() not in raw
+
+
+def test_rewriting_fewer_samples_removes_stale_shards(tmp_path):
+    write_samples(_dots(6), tmp_path, "dots", max_per_shard=2)
+    paths = write_samples(_dots(2), tmp_path, "dots", max_per_shard=2)
+    assert sorted(tmp_path.glob("dots-*.tar")) == paths
+    assert write_samples([], tmp_path / "empty", "dots") == []
+
+
+@pytest.mark.parametrize("prefix", ["a.b", "a/b", ""])
+def test_bad_prefix_is_refused(tmp_path, prefix):
+    with pytest.raises(ValueError, match="prefix"):
+        write_samples(_dots(1), tmp_path, prefix)
+
+
+def test_unserialisable_meta_names_the_key():
+    sample = VisualSample([], "q", "t", meta={"f": object()})
+    with pytest.raises(ValueError, match="'k-7'.*JSON-serialisable"):
+        encode_sample(sample, "k-7")
+
+
+def test_decode_errors_name_the_key_and_the_problem():
+    record = encode_sample(_dots(1)[0], "k-0")
+    with pytest.raises(ValueError, match="'k-0': missing 'json'"):
+        decode_sample({k: v for k, v in record.items() if k != "json"})
+    with pytest.raises(ValueError, match=r"'k-0': missing image 'img0.png' \(num_images=1\)"):
+        decode_sample({k: v for k, v in record.items() if k != "img0.png"})
+    with pytest.raises(ValueError, match="'k-0': cannot decode image 'img0.png'"):
+        decode_sample({**record, "img0.png": b"\x89PNG garbage"})
+    with pytest.raises(ValueError, match="'k-0': member 'json' is not valid JSON"):
+        decode_sample({**record, "json": b"{not json"})
+    bad = {**json.loads(record["json"]), "num_images": "one"}
+    with pytest.raises(ValueError, match="'k-0': JSON field 'num_images'"):
+        decode_sample({**record, "json": json.dumps(bad).encode()})
+    newer = {**json.loads(record["json"]), "schema": SCHEMA_VERSION + 1}
+    with pytest.raises(ValueError, match="'k-0': unsupported schema"):
+        decode_sample({**record, "json": json.dumps(newer).encode()})
+
+
+def test_expand_urls_braces_globs_and_lists(tmp_path):
+    paths = [str(p) for p in write_samples(_dots(8), tmp_path, "dots", max_per_shard=2)]
+    assert expand_urls(f"{tmp_path}/dots-{{000000..000003}}.tar") == paths
+    assert expand_urls(f"{tmp_path}/dots-*.tar") == paths
+    assert expand_urls([paths[1], paths[0]]) == [paths[1], paths[0]]
+    assert expand_urls(f"{paths[0]}::{paths[2]}") == [paths[0], paths[2]]
+    assert expand_urls("pipe:cat x-{0..1}.tar") == ["pipe:cat x-0.tar", "pipe:cat x-1.tar"]
+
+
+def test_expand_urls_errors_name_the_pattern(tmp_path):
+    pattern = f"{tmp_path}/nothing-*.tar"
+    with pytest.raises(FileNotFoundError, match="nothing-\\*.tar.*matches no files"):
+        expand_urls(pattern)
+    with pytest.raises(FileNotFoundError, match="x-\\{0..1\\}.tar.*no such file"):
+        expand_urls(f"{tmp_path}/x-{{0..1}}.tar")
+    with pytest.raises(ValueError, match="no shard URLs"):
+        expand_urls("")
+    with pytest.raises(ValueError, match="no shard URLs"):
+        expand_urls([])
