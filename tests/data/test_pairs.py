@@ -89,3 +89,27 @@ def test_registered_task_serves_flattened_pairs_that_pair_groups_accepts():
         grouped = [s for s in batch for _ in range(k)]  # as the GRPO trainer repeats each prompt K times
         pairs = pair_groups(grouped)
         assert len(pairs) == 3 and all(r0.stop == r1.start for r0, r1, _ in pairs)
+
+
+def test_pair_augmenter_makes_consistent_twins_from_the_scene_only():
+    import random
+
+    from app.data.dots import DotsDataset
+    from app.data.pairs import DotsPairAugmenter, negate
+    from app.types import VisualSample
+
+    labeled, unlabeled = DotsDataset(40, seed=3, image_size=64), DotsDataset(40, seed=3, image_size=64, labeled=False)
+    augment, relations = DotsPairAugmenter(), set()
+    for i in range(40):
+        x, twin = augment(labeled[i], random.Random(i))
+        expected = x.answer if twin.meta["relation"] == "identity" else negate(x.answer)
+        assert twin.answer == expected and x.meta["pair_id"] == twin.meta["pair_id"]
+        bare_x, bare_twin = augment(unlabeled[i], random.Random(i))  # the same draws without labels
+        assert bare_twin.answer is None and bare_twin.meta["relation"] == twin.meta["relation"]
+        assert bare_twin.images[0].tobytes() == twin.images[0].tobytes() and bare_twin.question == twin.question
+        relations.add(twin.meta["relation"])
+    assert relations == {"identity", "negation"}
+    with pytest.raises(ValueError, match="needs a dots sample with meta \\['red_xy', 'blue_xy'\\]"):
+        augment(VisualSample(images=[], question="q", task="other"), random.Random(0))
+    with pytest.raises(ValueError, match="transform_prob"):
+        DotsPairAugmenter(transform_prob=1.5)

@@ -23,3 +23,11 @@ __all__ = [
 from app.data.shapes import ShapePromptDataset  # noqa: E402
 
 __all__ += ["ShapePromptDataset"]
+
+from app.data.shards import LABEL_META_KEYS, expand_urls, read_samples, write_samples  # noqa: E402
+
+__all__ += ["LABEL_META_KEYS", "expand_urls", "read_samples", "write_samples"]
+
+from app.data.shard_datamodule import ShardDataModule  # noqa: E402
+
+__all__ += ["ShardDataModule"]

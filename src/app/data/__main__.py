@@ -10,7 +10,13 @@ from __future__ import annotations
 import argparse
 import importlib
 
-GENERATOR_MODULES = ("app.vbvr.cli",)
+GENERATOR_MODULES = (
+    "app.data.dots_cli",
+    "app.vbvr.cli",
+    "app.data.core.cli",
+    "app.data.reason_rft.cli",
+    "app.data.spatial.cli",
+)
 """Modules with a ``register(commands)`` function, one sub-command each, in the order ``--help`` lists them."""
 
 

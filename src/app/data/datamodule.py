@@ -14,11 +14,16 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from app.data.core import CoreTripletDataset
 from app.data.counting import CountingDataset
 from app.data.dots import DotsDataset
 from app.data.pairs import PairedDotsDataset
+from app.data.reason_rft.counting import VisualCountingDataset
+from app.data.reason_rft.structure import StructurePerceptionDataset
+from app.data.reason_rft.transformation import SpatialTransformationDataset
 from app.data.sampler import ResumableShuffleSampler
 from app.data.shapes import ShapePromptDataset
+from app.data.spatial import SpatialVQADataset
 from app.data.transforms import TransformDataset
 from app.data.triplets import TripletDotsDataset
 from app.data.vbvr_prompts import VBVRPromptDataset
@@ -31,10 +36,15 @@ TASKS: dict[str, TaskFactory] = {
     "dots_left_of": DotsDataset,
     "dots_left_of_pairs": PairedDotsDataset,
     "dots_count_triplets": TripletDotsDataset,
+    "core_triplets": CoreTripletDataset,
     "dots_count": CountingDataset,
     "vbvr_prompts": VBVRPromptDataset,
     "shape_prompts": ShapePromptDataset,
     "dots_transform": TransformDataset,
+    "spatial_vqa": SpatialVQADataset,
+    "rrft_structure": StructurePerceptionDataset,
+    "rrft_counting": VisualCountingDataset,
+    "rrft_transformation": SpatialTransformationDataset,
 }
 
 

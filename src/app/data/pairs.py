@@ -110,3 +110,34 @@ class PairedDotsDataset(Dataset):
         x.task = TASK
         x.meta.update(pair_id=pair_id, transforms=[])
         return x, make_twin(x, self.transforms_for(index), pair_id)
+
+
+class DotsPairAugmenter:
+    """The on-the-fly version of :class:`PairedDotsDataset` for streamed shards: ``augment(x, rng) -> (x, x')``.
+
+    Give it to :class:`~app.data.ShardDataModule` as ``augment``; each training sample becomes a pair whose twin
+    applies each of :data:`TRANSFORMS` with probability ``transform_prob`` (drawn from ``rng``, which the data module
+    seeds from the seed, the epoch and the sample's key). It reads only the scene (the dot positions in ``meta``), never
+    the answer, so it runs on label-free shards. The pair id is drawn from ``rng`` too (64 random bits): unique within
+    any batch in practice, and reproducible.
+
+    >>> import random
+    >>> from app.data.dots import DotsDataset
+    >>> x, twin = DotsPairAugmenter()(DotsDataset(2, seed=0, labeled=False)[0], random.Random(0))
+    >>> x.meta["pair_id"] == twin.meta["pair_id"], twin.answer is None
+    (True, True)
+    """
+
+    def __init__(self, transform_prob: float = 0.5) -> None:
+        if not 0.0 <= transform_prob <= 1.0:
+            raise ValueError(f"transform_prob must be in [0, 1], got {transform_prob}")
+        self.transform_prob = transform_prob
+
+    def __call__(self, sample: VisualSample, rng: random.Random) -> tuple[VisualSample, VisualSample]:
+        missing = [key for key in ("red_xy", "blue_xy") if key not in sample.meta]
+        if missing:
+            raise ValueError(f"DotsPairAugmenter needs a dots sample with meta {missing} (task {sample.task!r})")
+        transforms = tuple(t for t in TRANSFORMS if rng.random() < self.transform_prob)
+        pair_id = f"{TASK}:{rng.getrandbits(64):016x}"
+        x = dataclasses.replace(sample, task=TASK, meta={**sample.meta, "pair_id": pair_id, "transforms": []})
+        return x, make_twin(x, transforms, pair_id)

@@ -68,7 +68,8 @@ class ShardDataModule(LightningDataModule):
         augment: ``augment(sample, rng) -> VisualSample | tuple[VisualSample, ...]``, run in the workers on training
             samples; the rng is seeded from ``(seed, epoch, sample key)``, so runs are reproducible.
         augment_eval: also augment validation and test samples (with epoch 0, so every evaluation sees the same).
-        strip_labels: drop answers, reasoning and label meta after decoding (a belt on top of label-free shards).
+        strip_labels: drop answers, reasoning and label meta of TRAINING samples after decoding (a belt on top of
+            label-free shards); validation and test samples keep theirs, so held-out accuracy can still be measured.
     """
 
     def __init__(
@@ -149,7 +150,7 @@ class ShardDataModule(LightningDataModule):
             resampled=resampled,
             epoch_size=self.epoch_size if train else None,
             augment=self.augment if train or self.augment_eval else None,
-            strip_labels=self.strip_labels,
+            strip_labels=self.strip_labels and train,
         )
         epoch_fn = self._trainer_epoch if train else (lambda: 0)
         return ShardLoader(stream, self.num_workers, epoch_fn, on_skip=lambda delta: self._record_skips(split, delta))
