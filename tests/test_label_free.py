@@ -6,6 +6,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from app.cli import AppCLI
 from app.data.__main__ import main as data_main
@@ -103,3 +104,22 @@ def test_consistency_grpo_trains_on_label_free_shards_without_reading_a_label(sh
     assert math.isfinite(float(cli.trainer.callback_metrics["train/reward/consistency"]))
     # (The random tiny model rarely writes a parseable answer, so its weights may not move in two steps; the recipe's
     # own run from the SFT policy is what shows learning.)
+
+
+def test_spatial_label_free_shards_stream_as_scored_pairs(tmp_path):
+    """The spatial recipe's data path: label-free shards -> twins on the fly -> the mixed-type consistency reward."""
+    from app.data import ShardDataModule
+    from app.data.spatial import SpatialPairAugmenter
+
+    data_main(["spatial", "--out", str(tmp_path), "--num", "8", "--seed", "0", "--image-size", "96", "--strip-labels",
+               "--tasks", "orientation", "depth", "counting"])  # fmt: skip
+    dm = ShardDataModule(str(tmp_path / "spatial-*.tar"), batch_size=4, augment=SpatialPairAugmenter(), seed=0)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert len(batch) == 8 and all(s.answer is None for s in batch)
+    assert not any(set(LABEL_META_KEYS) & set(s.meta) for s in batch)
+    k = 2
+    rows = [s for s in batch for _ in range(k)]
+    texts = ["<think>t</think><answer>yes</answer>", "<think>t</think><answer>2</answer>"] * (len(rows) // 2)
+    scores = ConsistencyReward(answer_type="from_meta").score(texts, rows)
+    assert scores.shape == (len(rows),) and torch.isfinite(scores).all()

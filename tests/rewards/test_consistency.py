@@ -293,3 +293,19 @@ def test_count_answers_and_multiple_pairs_in_one_batch():
     # pair b: x = (2, 2), twin = (unparseable, 2): every valid answer agrees.
     assert out.tolist() == pytest.approx([0, 1, 0.5, 0, 1, 1, 0, 1])
     assert math.isclose(float(out.mean()), 4.5 / 8)
+
+
+def test_answer_type_from_meta_scores_each_pair_with_its_own_type():
+    boolean, count = pair_batch(2, "negation", pair_id="b"), pair_batch(2, pair_id="c")
+    for sample in {id(s): s for s in boolean}.values():
+        sample.meta["answer_type"] = "bool"
+    for sample in {id(s): s for s in count}.values():
+        sample.meta["answer_type"] = "count"
+    bool_texts = [answer("yes"), answer("no"), answer("no"), answer("no")]
+    count_texts = [answer("3"), answer("4"), answer("4"), "x"]
+    mixed = ConsistencyReward(answer_type="from_meta").score(bool_texts + count_texts, boolean + count)
+    expected = torch.cat([consistency_rewards(bool_texts, boolean), consistency_rewards(count_texts, count, "count")])
+    assert mixed.tolist() == expected.tolist()
+    del count[0].meta["answer_type"]
+    with pytest.raises(ValueError, match="needs meta\\['answer_type'\\].*rows 4:6 .*None"):
+        consistency_rewards(bool_texts + count_texts, boolean + count, answer_type="from_meta")

@@ -40,7 +40,8 @@ from app.rewards.groups import RELATIONS, pair_groups
 from app.rewards.parsing import extract_answer, parse_bool, parse_number
 from app.types import VisualSample
 
-AnswerType = Literal["bool", "count", "distance"]
+AnswerType = Literal["bool", "count", "distance", "from_meta"]
+FROM_META = "from_meta"  # each pair's answer type read from its prompt's meta["answer_type"]
 Pairing = Literal["random", "one_to_all", "minimal"]
 Answer = Hashable  # a parsed answer: bool (bool answers) or float (count, distance)
 Verifier = Callable[[Answer, Answer, str], float]
@@ -339,19 +340,33 @@ def consistency_rewards(
     if len(completions) != len(samples):
         raise ValueError(f"got {len(completions)} completions but {len(samples)} samples")
     check_pairing(pairing)
-    _, verifier = answer_spec(answer_type, distance_tolerance)
+    if answer_type != FROM_META:
+        answer_spec(answer_type, distance_tolerance)
     pairs = pair_groups(samples)
-    answers = parse_answers(completions, answer_type)  # [N]
     out = np.zeros(len(completions))  # [N]
     for rows_x, rows_x2, relation in pairs:
-        if relation not in _RELATIONS_OF[answer_type]:
+        kind = _pair_answer_type(samples, rows_x) if answer_type == FROM_META else answer_type
+        parse, verifier = answer_spec(kind, distance_tolerance)
+        if relation not in _RELATIONS_OF[kind]:
             raise ValueError(
-                f"answer_type {answer_type!r} supports relations {_RELATIONS_OF[answer_type]}, but the twin at rows "
+                f"answer_type {kind!r} supports relations {_RELATIONS_OF[kind]}, but the twin at rows "
                 f"{rows_x2.start}:{rows_x2.stop} has relation {relation!r}"
             )
-        V, valid_x, valid_x2 = _verification_matrix(answers[rows_x], answers[rows_x2], relation, verifier)
+        answers_x = parse_answers(completions[rows_x], kind)
+        answers_x2 = parse_answers(completions[rows_x2], kind)
+        V, valid_x, valid_x2 = _verification_matrix(answers_x, answers_x2, relation, verifier)
         out[rows_x], out[rows_x2] = _pair(V, valid_x, valid_x2, pairing, generator)
     return torch.from_numpy(out).float()
+
+
+def _pair_answer_type(samples: Sequence[VisualSample], rows: slice) -> str:
+    kind = samples[rows.start].meta.get("answer_type")
+    if kind not in _PARSERS:
+        raise ValueError(
+            f"answer_type {FROM_META!r} needs meta['answer_type'] in {tuple(_PARSERS)} on every prompt; rows "
+            f"{rows.start}:{rows.stop} (task {samples[rows.start].task!r}) have {kind!r}"
+        )
+    return kind
 
 
 class ConsistencyReward(RewardComponent):
@@ -363,7 +378,8 @@ class ConsistencyReward(RewardComponent):
 
     Args:
         answer_type: ``bool`` (identity and negation transforms), ``count`` (exact equality) or ``distance``
-            (relative tolerance); the last two accept only invariant (``identity``) transforms.
+            (relative tolerance); the last two accept only invariant (``identity``) transforms. ``from_meta``: each
+            pair's type is its prompt's ``meta["answer_type"]`` (mixed-task data such as ``app.data.spatial``).
         pairing: ``minimal`` (OT-GRPO, the paper's choice), ``one_to_all`` or ``random``.
         distance_tolerance: relative tolerance of ``distance`` answers.
         seed: for ``random`` pairing: seeds the generator of the permutations; None pairs in generation order.
@@ -394,7 +410,10 @@ class ConsistencyReward(RewardComponent):
         **kwargs,
     ) -> None:
         super().__init__(weight=weight, name=name, **kwargs)
-        answer_spec(answer_type, distance_tolerance)  # validates both
+        if answer_type != FROM_META:
+            answer_spec(answer_type, distance_tolerance)  # validates both
+        elif not distance_tolerance >= 0:
+            raise ValueError(f"distance_tolerance must be >= 0, got {distance_tolerance}")
         check_pairing(pairing)
         self.answer_type = answer_type
         self.pairing = pairing
