@@ -36,3 +36,17 @@ def test_encode_decode_shapes():
     latents = policy.encode(torch.rand(2, 3, 64, 64))
     assert latents.shape == (2, *policy.latent_shape) and latents.dtype == torch.float32
     assert policy.decode(latents).shape == (2, 3, 64, 64)
+
+
+def test_foreground_mask_marks_the_shape_not_the_background():
+    from app.data.shapes import render_shape
+    from app.modules.flow_matching import foreground_mask, images_to_tensor
+    from app.types import VisualSample
+
+    image = render_shape("red", "square", "left", image_size=64)
+    mask = foreground_mask(images_to_tensor([VisualSample(images=[image], question="", task="t")]))  # [1, 1, 64, 64]
+    pixels = torch.from_numpy(__import__("numpy").asarray(image)).float()  # [64, 64, 3]
+    red = (pixels[..., 0] > 150) & (pixels[..., 1] < 100)  # the square's pixels
+    assert mask.shape == (1, 1, 64, 64)
+    assert torch.equal(mask[0, 0].bool(), red)
+    assert foreground_mask(torch.full((2, 3, 8, 8), 0.7)).sum() == 0  # a flat image has no foreground
