@@ -288,3 +288,39 @@ def test_checkpoints_carry_the_rollout_generator():
     resumed = flow_module(seed=0)
     resumed.on_load_checkpoint(checkpoint)
     assert torch.equal(resumed.rollout(prompts()).next_latents, expected)
+
+
+def test_a_small_step_along_the_loss_gradient_favours_above_average_trajectories():
+    """Direction of the update: after a small step against the loss gradient, the stored transitions of trajectories
+    with a positive advantage became more likely and those with a negative one less (sum_i A_i dlogp_i > 0)."""
+    module = flow_module(seed=11)
+    trajectory = module.rollout(prompts(4))
+
+    def logprobs():
+        with torch.no_grad():
+            return torch.stack([
+                module._step(trajectory.latents[:, j], module._velocity(trajectory.latents[:, j], trajectory.sigmas[i],
+                             trajectory.conditioning), float(trajectory.sigmas[i]), float(trajectory.sigmas[i + 1]),
+                             prev_sample=trajectory.next_latents[:, j]).log_prob
+                for j, i in enumerate(trajectory.step_indices)
+            ], dim=1).mean(dim=1)  # [N]  # fmt: skip
+
+    class NoStep:
+        def step(self):
+            pass
+
+        def zero_grad(self, set_to_none=True):
+            pass
+
+    module.manual_backward = lambda loss: loss.backward()
+    module.hparams.gradient_clip_val = 0.0
+    before = logprobs()
+    module._update(trajectory, NoStep())
+    parameters = module.policy.trainable_parameters()
+    norm = torch.cat([p.grad.flatten() for p in parameters]).norm()
+    with torch.no_grad():
+        for p in parameters:
+            p -= 1e-3 * p.grad / norm
+    change = logprobs() - before  # [N]
+    assert float((trajectory.advantages * change).sum()) > 0
+    assert torch.corrcoef(torch.stack([trajectory.advantages, change]))[0, 1] > 0.3
