@@ -25,7 +25,8 @@ SMALL = [
 def test_flow_quickstart_two_stages(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the recipes' relative paths (logger, export) land in tmp_path
     cli = AppCLI(args=["--config", str(CONFIGS / "quickstart_flow_pretrain.yaml"), *SMALL,
-                       "--model.init_args.num_steps", "2"], run=False)  # fmt: skip
+                       "--model.init_args.num_steps", "2", "--model.init_args.vae_warmup_steps", "1"],
+                 run=False)  # fmt: skip
     assert cli.model.policy.uses_lora is False
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 2
