@@ -3,6 +3,7 @@
 import math
 
 import lightning as L
+import pytest
 import torch
 
 from app.data import VisualTaskDataModule
@@ -50,3 +51,25 @@ def test_foreground_mask_marks_the_shape_not_the_background():
     assert mask.shape == (1, 1, 64, 64)
     assert torch.equal(mask[0, 0].bool(), red)
     assert foreground_mask(torch.full((2, 3, 8, 8), 0.7)).sum() == 0  # a flat image has no foreground
+
+
+def test_the_vae_freezes_after_vae_train_steps(tmp_path):
+    policy = FlowPolicy("tiny-sd3", lora=None)
+    module = FlowMatchingModule(policy, vae_train_steps=1, num_steps=2)
+    snapshots = []
+
+    class Snapshot(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            snapshots.append(torch.cat([p.detach().flatten().clone() for p in policy.vae.parameters()]))
+
+    data = VisualTaskDataModule(task="shape_prompts", train_size=8, val_size=2, batch_size=2, image_size=64)
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=0, callbacks=[Snapshot()], default_root_dir=tmp_path)  # fmt: skip
+    start = torch.cat([p.detach().flatten().clone() for p in policy.vae.parameters()])
+    trainer.fit(module, datamodule=data)
+    assert not torch.equal(start, snapshots[0])  # step 0 trained the VAE
+    assert torch.equal(snapshots[0], snapshots[1]) and torch.equal(snapshots[1], snapshots[2])  # then frozen
+    assert not any(p.requires_grad for p in policy.vae.parameters())
+    with pytest.raises(ValueError, match="vae_train_steps"):
+        FlowMatchingModule(policy, vae_train_steps=0)

@@ -6,7 +6,9 @@ SD3 trains, or uniform) and noise ``eps``, forms ``x_s = (1 - s) x0 + s eps`` an
 decoder would turn any latent into noise: with ``train_vae`` (default) the VAE learns to reconstruct the targets in the
 same step (an L1 weighted up on foreground pixels, see :func:`foreground_mask`, + ``kl_weight`` * KL of its
 posterior, at ``vae_learning_rate``) and the flow learns on its current,
-detached latents. After ``vae_warmup_steps`` steps of VAE-only training the flow loss is switched on.
+detached latents. After ``vae_warmup_steps`` steps of VAE-only training the flow loss is switched on; after
+``vae_train_steps`` steps the VAE stops training (frozen, in eval mode), so the flow learns on fixed latents and each
+step is cheaper.
 
 Validation samples one image per prompt with the Euler (ODE) sampler from noise seeded per batch and logs
 ``val/reward/total`` and ``val/reward/<name>`` of ``eval_rewards``, as :class:`~app.modules.FlowGRPOModule` does, so the
@@ -63,6 +65,8 @@ class FlowMatchingModule(L.LightningModule):
             background and averages the objects' colours away (the tiny VAE then decodes red and blue as grey-yellow,
             and no flow on top of it can draw them). 0 gives the plain L1.
         vae_warmup_steps: steps that train the VAE only, before the flow loss starts.
+        vae_train_steps: steps after which the VAE is frozen (its optimizer state is kept but no longer used); None
+            trains it to the end.
         num_steps: Euler steps of validation sampling.
         eval_rewards: rewards logged as ``val/reward/<name>`` on validation samples; None logs only the losses.
         seed: seeds the validation noise (``seed + batch_idx``).
@@ -80,6 +84,7 @@ class FlowMatchingModule(L.LightningModule):
         kl_weight: float = 1e-3,
         foreground_weight: float = 10.0,
         vae_warmup_steps: int = 0,
+        vae_train_steps: int | None = None,
         num_steps: int = 10,
         eval_rewards: Sequence[RewardComponent] | None = None,
         seed: int = 0,
@@ -89,6 +94,8 @@ class FlowMatchingModule(L.LightningModule):
             raise ValueError(f"sigma_sampling must be 'logit_normal' or 'uniform', got {sigma_sampling!r}")
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        if vae_train_steps is not None and vae_train_steps < 1:
+            raise ValueError(f"vae_train_steps must be >= 1 or null, got {vae_train_steps}")
         self.save_hyperparameters(ignore=["policy", "eval_rewards"])
         self.policy = policy
         if train_vae:
@@ -127,17 +134,28 @@ class FlowMatchingModule(L.LightningModule):
         latents = (posterior.mode().detach() - (config.shift_factor or 0.0)) * config.scaling_factor
         return loss, latents.float()
 
+    def _vae_training(self) -> bool:
+        """Whether this step trains the VAE; past ``vae_train_steps`` the VAE is frozen once and for all."""
+        hp = self.hparams
+        if not hp.train_vae:
+            return False
+        if hp.vae_train_steps is not None and self.global_step >= hp.vae_train_steps:
+            if self.policy.vae.training or any(p.requires_grad for p in self.policy.vae.parameters()):
+                self.policy.vae.requires_grad_(False).eval()
+            return False
+        return True
+
     def training_step(self, batch: list[VisualSample], batch_idx: int) -> Tensor:
         images = images_to_tensor(batch).to(self.device)  # [B, 3, H, W]
         logs = {}
         loss = images.new_zeros(())
-        if self.hparams.train_vae:
+        if self._vae_training():
             vae_loss, x0 = self._vae_loss(images)
             loss = loss + vae_loss
             logs["train/loss/vae"] = vae_loss.detach()
         else:
             x0 = self.policy.encode(images)  # [B, *latent_shape]
-        if self.global_step >= self.hparams.vae_warmup_steps or not self.hparams.train_vae:
+        if self.global_step >= self.hparams.vae_warmup_steps or not self._vae_training():
             conditioning = self.policy.encode_prompts([s.question for s in batch])
             sigma = self._sigmas(x0.shape[0])  # [B]
             noise = torch.randn_like(x0)
