@@ -86,12 +86,12 @@ def test_stored_answer_and_value_match_the_recomputation_from_meta(samples):
     for s in samples:
         m = s.meta
         expected = recompute(m["family"], m["givens"], m["asked"])
-        assert float(m["value"]) == pytest.approx(expected, abs=1e-9)
-        assert re.fullmatch(r"\d+(\.\d{1,2})?", m["value"]), m["value"]  # an integer or a simple decimal
+        assert float(m["solution"]) == pytest.approx(expected, abs=1e-9)
+        assert re.fullmatch(r"\d+(\.\d{1,2})?", m["solution"]), m["solution"]  # an integer or a simple decimal
         if m["answer_type"] == "numeric":
-            assert s.answer == m["value"] and m["options"] == []
+            assert s.answer == m["solution"] and m["options"] == []
         else:
-            assert m["options"]["ABCD".index(s.answer)] == m["value"]
+            assert m["options"]["ABCD".index(s.answer)] == m["solution"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_figures_are_drawn_to_the_stated_measures(samples):
             got = measured(m, name, scale)
             assert got == pytest.approx(value, abs=0.3 if name.startswith("angle_") else 0.02 * value), (m, name)
         if m["asked"].startswith("angle_") or scale is not None:
-            assert measured(m, m["asked"], scale) == pytest.approx(float(m["value"]), rel=0.02), m
+            assert measured(m, m["asked"], scale) == pytest.approx(float(m["solution"]), rel=0.02), m
 
 
 def direction(p: dict, a: str, b: str) -> float:

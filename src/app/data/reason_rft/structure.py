@@ -156,8 +156,8 @@ def build_problem(seed: int, split: str, index: int) -> StructureProblem:
 def render_problem(problem: StructureProblem, image_size: int = 256, labeled: bool = True) -> VisualSample:
     """Draw a problem's figure and package it as a sample (``answer`` and ``reasoning`` None when not ``labeled``).
 
-    ``meta``: family, split, style, answer_type, options (``[]`` for numeric), givens, asked (quantity name), value (the
-    asked quantity as a number string, also for choices), unit, relations, givens_in_text, points (labelled points in
+    ``meta``: family, split, style, answer_type, options (``[]`` for numeric), givens, asked (quantity name), solution (the
+    asked quantity as a number string, also for choices; labeled samples only), unit, relations, givens_in_text, points (labelled points in
     pixels, x right and y down) and texts (every text drawn: text, kind, ref, box in pixels).
     """
     if image_size < MIN_IMAGE_SIZE:
@@ -173,7 +173,6 @@ def render_problem(problem: StructureProblem, image_size: int = 256, labeled: bo
         "options": list(problem.options),
         "givens": {k: int(v) if float(v).is_integer() else float(v) for k, v in program.givens.items()},
         "asked": program.asked,
-        "value": number_text(program.answer),
         "unit": program.unit,
         "relations": list(program.relations),
         "givens_in_text": problem.givens_in_text,
@@ -183,6 +182,8 @@ def render_problem(problem: StructureProblem, image_size: int = 256, labeled: bo
         ],
     }
     answer, reasoning = (problem.answer, problem.reasoning) if labeled else (None, None)
+    if labeled:  # the asked quantity, under a key label-free shards drop (app.data.shards.LABEL_META_KEYS)
+        meta["solution"] = number_text(program.answer)
     return VisualSample([drawn.image], problem.question, TASK, answer, reasoning, meta)
 
 
