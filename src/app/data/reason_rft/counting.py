@@ -36,8 +36,6 @@ import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 
-from torch.utils.data import Dataset
-
 from app.data.reason_rft.cot import counting_reasoning
 from app.data.reason_rft.render import render, visible_fractions
 from app.data.reason_rft.scene import (
@@ -50,6 +48,7 @@ from app.data.reason_rft.scene import (
     random_object,
     sample_scene,
 )
+from app.data.reason_rft.split_dataset import SplitDataset
 from app.types import VisualSample
 
 TASK = "rrft_counting"
@@ -305,7 +304,7 @@ def make_samples(num: int, seed: int, split: str, image_size: int = 128) -> Iter
     return (make_sample(seed, split, i, image_size) for i in range(num))
 
 
-class VisualCountingDataset(Dataset):
+class VisualCountingDataset(SplitDataset):
     """``num_samples`` visual counting prompts of one split, rendered lazily (see the module docstring).
 
     Args:
@@ -319,16 +318,7 @@ class VisualCountingDataset(Dataset):
     True
     """
 
-    def __init__(self, num_samples: int, seed: int, image_size: int = 128, split: str = "train", labeled: bool = True):
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
-        self.num_samples, self.seed, self.image_size = num_samples, seed, image_size
-        self.split, self.labeled = split, labeled
+    splits = SPLITS
 
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __getitem__(self, index: int) -> VisualSample:
-        if not 0 <= index < self.num_samples:
-            raise IndexError(f"index {index} out of range for {self.num_samples} samples")
+    def sample(self, index: int) -> VisualSample:
         return make_sample(self.seed, self.split, index, self.image_size, self.labeled)

@@ -36,9 +36,8 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from torch.utils.data import Dataset
-
 from app.data.reason_rft.geometry import STYLES, render_figure
+from app.data.reason_rft.split_dataset import SplitDataset
 from app.data.reason_rft.structure_families import FAMILIES, Program
 from app.data.reason_rft.structure_families import num as number_text
 from app.types import VisualSample
@@ -196,7 +195,7 @@ def make_samples(num: int, seed: int, split: str, image_size: int = 256) -> Iter
         yield render_problem(build_problem(seed, split, index), image_size)
 
 
-class StructurePerceptionDataset(Dataset):
+class StructurePerceptionDataset(SplitDataset):
     """``num_samples`` structure perception samples of one split, rendered lazily; task ``"rrft_structure"``.
 
     Args:
@@ -213,13 +212,9 @@ class StructurePerceptionDataset(Dataset):
         _check_split(split)
         if image_size < MIN_IMAGE_SIZE:
             raise ValueError(f"image_size must be at least {MIN_IMAGE_SIZE} for readable figure text, got {image_size}")
-        self.num_samples, self.seed, self.image_size = num_samples, seed, image_size
-        self.split, self.labeled = split, labeled
+        super().__init__(num_samples, seed, image_size, split, labeled)
 
-    def __len__(self) -> int:
-        return self.num_samples
+    splits = SPLITS
 
-    def __getitem__(self, index: int) -> VisualSample:
-        if not 0 <= index < self.num_samples:
-            raise IndexError(f"index {index} out of range for {self.num_samples} samples")
+    def sample(self, index: int) -> VisualSample:
         return render_problem(build_problem(self.seed, self.split, index), self.image_size, self.labeled)
