@@ -2,6 +2,7 @@
 
     python benchmarks/samplers.py                 # about 1 minute on 2 cores
     python benchmarks/samplers.py --repeats 5     # fewer repeats of the SD3-sized model
+    python benchmarks/samplers.py --device cuda --layers 24 --latent-size 64 --batch 8   # SD3.5-medium, 512 px, GPU
 
 A step is what a rollout pays: one transformer forward (``SD3Transformer2DModel``, random weights, batch 1, under
 ``inference_mode``) plus the sampler's math, which for SDE and CPS includes drawing the noise and the step's log-prob.
@@ -51,22 +52,30 @@ SAMPLERS = {
 }
 
 
-def bench(name: str, config: dict, text_tokens: int, repeats: int, math_calls: int) -> None:
+def bench(
+    name: str, config: dict, text_tokens: int, repeats: int, math_calls: int, device: str = "cpu",
+    dtype: torch.dtype = torch.float32, batch: int = 1,
+) -> None:  # fmt: skip
     torch.manual_seed(0)
-    model = SD3Transformer2DModel(**config).eval()
+    model = SD3Transformer2DModel(**config).eval().to(device, dtype)
     params = sum(p.numel() for p in model.parameters())
     size = config["sample_size"]
-    x = torch.randn(1, config["in_channels"], size, size)  # [B, C, H, W]
-    context = torch.randn(1, text_tokens, config["joint_attention_dim"])  # [B, L, D_text]
-    pooled = torch.randn(1, config["pooled_projection_dim"])  # [B, D_pooled]
+    x = torch.randn(batch, config["in_channels"], size, size, device=device)  # [B, C, H, W], float32 as in rollouts
+    context = torch.randn(batch, text_tokens, config["joint_attention_dim"], device=device, dtype=dtype)  # [B, L, D]
+    pooled = torch.randn(batch, config["pooled_projection_dim"], device=device, dtype=dtype)  # [B, D_pooled]
     sigmas = flow_sigmas(30, shift=3.0)
     s, s_next = sigmas[10], sigmas[11]  # a mid-trajectory, trainable step
-    timestep = (s * 1000).reshape(1)
-    g = torch.Generator().manual_seed(0)
+    timestep = (s * 1000).reshape(1).expand(batch).to(device)
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def sync() -> None:
+        if device != "cpu":
+            torch.cuda.synchronize()
 
     def step(sampler) -> None:
-        v = model(x, encoder_hidden_states=context, pooled_projections=pooled, timestep=timestep).sample
-        sampler(x, v, s, s_next, g)
+        v = model(x.to(dtype), encoder_hidden_states=context, pooled_projections=pooled, timestep=timestep).sample
+        sampler(x, v.float(), s, s_next, g)
+        sync()
 
     times = {k: [] for k in SAMPLERS}
     names = list(SAMPLERS)
@@ -75,6 +84,7 @@ def bench(name: str, config: dict, text_tokens: int, repeats: int, math_calls: i
             step(SAMPLERS[k])
         for r in range(repeats):
             for k in names[r % 3 :] + names[: r % 3]:  # rotate the order
+                sync()
                 start = time.perf_counter()
                 step(SAMPLERS[k])
                 times[k].append(time.perf_counter() - start)
@@ -83,8 +93,10 @@ def bench(name: str, config: dict, text_tokens: int, repeats: int, math_calls: i
         for k, sampler in SAMPLERS.items():
             calls = []
             for _ in range(math_calls):
+                sync()
                 start = time.perf_counter()
                 sampler(x, v, s, s_next, g)
+                sync()
                 calls.append(time.perf_counter() - start)
             math_only[k] = statistics.median(calls)
 
@@ -106,17 +118,17 @@ def main() -> None:
     parser.add_argument("--tiny-repeats", type=int, default=100, help="steps per sampler on the tiny model")
     parser.add_argument("--layers", type=int, default=2, help="joint blocks of the SD3-sized model (SD3-medium: 24)")
     parser.add_argument("--math-calls", type=int, default=200, help="calls timed for the math-only column")
+    parser.add_argument("--device", default="cpu", help="cuda: bf16 weights, synchronised timings")
+    parser.add_argument("--latent-size", type=int, default=32, help="latent side of the SD3-sized model (512 px: 64)")
+    parser.add_argument("--batch", type=int, default=1, help="samples per step")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    bench("tiny SD3 (ENVIRONMENT.md)", TINY, text_tokens=16, repeats=args.tiny_repeats, math_calls=args.math_calls)
-    wide = dict(SD3_WIDE, num_layers=args.layers)
-    bench(
-        f"SD3-medium width, {args.layers} layers",
-        wide,
-        text_tokens=333,
-        repeats=args.repeats,
-        math_calls=args.math_calls,
-    )
+    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    common = dict(math_calls=args.math_calls, device=args.device, dtype=dtype, batch=args.batch)
+    bench("tiny SD3 (ENVIRONMENT.md)", TINY, text_tokens=16, repeats=args.tiny_repeats, **common)
+    wide = dict(SD3_WIDE, num_layers=args.layers, sample_size=args.latent_size)
+    label = f"SD3-medium width, {args.layers} layers, {args.latent_size}x{args.latent_size} latents, batch {args.batch}"
+    bench(label, wide, text_tokens=333, repeats=args.repeats, **common)
 
 
 if __name__ == "__main__":

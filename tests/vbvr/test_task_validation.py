@@ -60,3 +60,19 @@ def test_scorer_rejects_malformed_renderings():
     config = task.generate(0).config
     with pytest.raises(ValueError, match="RGB image"):
         task.score(np.zeros((4, 4)), config)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_task_generates_both_splits_at_its_minimum_image_size(name):
+    from app.vbvr.shards import task_params
+
+    size = get_task(name).min_image_size
+    for split in ("in_domain", "out_of_domain"):
+        task = get_task(name, **task_params(name, split, size))
+        for seed in range(20):
+            assert task.generate(seed).first_frame.shape[:2] == (size, size)
+
+
+def test_an_image_below_the_tasks_minimum_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"sorting_by_size: image_size must be >= 128 .*got 64"):
+        get_task("sorting_by_size", image_size=64)

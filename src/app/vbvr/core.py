@@ -89,8 +89,16 @@ class VisualTask(ABC):
 
     name: ClassVar[str]
     faculty: ClassVar[str]
+    # Smallest image side the task's layouts fit in (both splits), with a margin over where generation was seen to
+    # fail; tasks with crowded layouts raise it.
+    min_image_size: ClassVar[int] = 32
 
     def __init__(self, image_size: int = 128, **params: Any) -> None:
+        if image_size < self.min_image_size:
+            raise ValueError(
+                f"{self.name}: image_size must be >= {self.min_image_size} (smaller images cannot hold the task's "
+                f"layout), got {image_size}"
+            )
         self.image_size = image_size
         self.params = params
 

@@ -55,6 +55,7 @@ def segment_samples(a, b, skip_a: float, skip_b: float, spacing: float = 2.0) ->
 class ConnectTheDotsTask(VisualTask):
     name = "connect_the_dots"
     faculty = "spatial"
+    min_image_size = 128
 
     def __init__(self, image_size: int = 128, min_dots: int = 4, max_dots: int = 6) -> None:
         super().__init__(image_size, min_dots=min_dots, max_dots=max_dots)

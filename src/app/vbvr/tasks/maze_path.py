@@ -21,6 +21,7 @@ from app.vbvr.tasks._grid_path import STEPS, GridPathTask, bfs
 class MazePathTask(GridPathTask):
     name = "maze_path"
     faculty = "planning"
+    min_image_size = 80
 
     def __init__(self, image_size: int = 128, cells: int = 5, loops: int = 2) -> None:
         super().__init__(image_size, cells=cells, loops=loops)

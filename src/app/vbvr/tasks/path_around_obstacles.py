@@ -21,6 +21,7 @@ from app.vbvr.tasks._grid_path import GridPathTask, shortest_path
 class PathAroundObstaclesTask(GridPathTask):
     name = "path_around_obstacles"
     faculty = "planning"
+    min_image_size = 80
     grid_lines = True
     blocked_perturbation, avoid_check = "path_hits_obstacle", "path_avoids_obstacles"
 

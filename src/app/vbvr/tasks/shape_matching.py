@@ -49,6 +49,7 @@ def shape_area(shape: str, radius: float) -> float:
 class ShapeMatchingTask(VisualTask):
     name = "shape_matching"
     faculty = "perception"
+    min_image_size = 80
 
     def __init__(self, image_size: int = 128, min_radius: int = 12, max_radius: int = 16) -> None:
         super().__init__(image_size, min_radius=min_radius, max_radius=max_radius)

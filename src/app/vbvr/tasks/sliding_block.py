@@ -43,6 +43,7 @@ def slide(config: dict[str, Any], mover: int | None = None, direction: str | Non
 class SlidingBlockTask(VisualTask):
     name = "sliding_block"
     faculty = "planning"
+    min_image_size = 80
 
     def __init__(self, image_size: int = 128, size: int = 6, blocks: int = 3, walls: int = 4) -> None:
         super().__init__(image_size, size=size, blocks=blocks, walls=walls)

@@ -44,6 +44,7 @@ def bubble_sort_swaps(heights: list[int]) -> list[int]:
 class SortingBySizeTask(VisualTask):
     name = "sorting_by_size"
     faculty = "transformation"
+    min_image_size = 128
 
     def __init__(self, image_size: int = 128, min_bars: int = 4, max_bars: int = 6) -> None:
         super().__init__(image_size, min_bars=min_bars, max_bars=max_bars)
