@@ -37,6 +37,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="denoising steps")
     parser.add_argument("--sde-window", type=int, nargs=2, default=None, help="only these steps stochastic")
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--shared-noise", action="store_true", help="one starting noise per prompt (DanceGRPO)")
+    parser.add_argument("--advantage-scale", default="group", choices=["group", "batch", "none"])
+    parser.add_argument("--eta", type=float, default=0.7)
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -48,7 +51,8 @@ def main() -> None:
                 if "lora_B" in name:
                     parameter.normal_(std=1e-3)
     module = FlowGRPOModule(
-        policy, [ColorRegionReward()], num_generations=args.group, num_steps=args.steps, eta=0.7, seed=1,
+        policy, [ColorRegionReward()], num_generations=args.group, num_steps=args.steps, eta=args.eta, seed=1,
+        shared_initial_noise=args.shared_noise, advantage_scale=args.advantage_scale,
         sde_window=tuple(args.sde_window) if args.sde_window else None, gradient_clip_val=0.0,
     )  # fmt: skip
     module.manual_backward = lambda loss: loss.backward()  # outside a Trainer

@@ -32,7 +32,10 @@ def export_from_checkpoint(model: L.LightningModule, ckpt_path: str | Path, outp
     """Load a Lightning checkpoint's weights into ``model`` (built from the same config) and export its policy."""
     import torch
 
+    from app.modules.checkpoints import restore_frozen_parameters
+
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    restore_frozen_parameters(model, checkpoint)  # lean checkpoints leave the frozen base out
     state = checkpoint["state_dict"]
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))

@@ -324,3 +324,12 @@ def test_a_small_step_along_the_loss_gradient_favours_above_average_trajectories
     change = logprobs() - before  # [N]
     assert float((trajectory.advantages * change).sum()) > 0
     assert torch.corrcoef(torch.stack([trajectory.advantages, change]))[0, 1] > 0.3
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_shared_initial_noise_starts_a_group_from_one_noise(shared):
+    trajectory = flow_module(seed=3, shared_initial_noise=shared).rollout(prompts(2))
+    start = trajectory.latents[:, 0].reshape(2, K, -1)  # x at step 0, grouped by prompt
+    assert not torch.equal(start[0, 0], start[1, 0]), "groups start from different noise"
+    assert torch.equal(start[0, 0], start[0, 1]) == shared
+    assert not torch.equal(trajectory.next_latents[0, 0], trajectory.next_latents[1, 0]), "the sampler's noise differs"

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from app.models.vlm import SamplingSettings, VLMPolicy
+from app.modules.checkpoints import fit_optimizers, omit_frozen_parameters, restore_frozen_parameters
 from app.rewards import AccuracyReward, FormatReward, RewardComponent
 from app.types import VisualSample
 
@@ -76,10 +77,12 @@ class VLMModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Sampling draws from the global generators: save them so a resumed run samples what an uninterrupted one would.
         checkpoint["rng_states"] = rng_states()
+        omit_frozen_parameters(self, checkpoint, fit_optimizers(self))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"])
+        restore_frozen_parameters(self, checkpoint)
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def validation_step(self, batch: list[VisualSample], batch_idx: int) -> None:

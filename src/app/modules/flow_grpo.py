@@ -44,6 +44,7 @@ from torch import Tensor
 from app.algorithms import group_advantages, grpo_loss, zero_std_groups
 from app.models.flow import FlowPolicy
 from app.modules.base import restore_rng_states, rng_states
+from app.modules.checkpoints import fit_optimizers, omit_frozen_parameters, restore_frozen_parameters
 from app.rewards import RewardComponent, WeightedReward
 from app.sampling.flow import StepOutput, cps_step, is_trainable_step, ode_step, sde_step
 from app.types import CompletionRecord, FlowTrajectory, VisualSample
@@ -103,6 +104,9 @@ class FlowGRPOModule(L.LightningModule):
         gradient_clip_val: clip the global gradient norm before each step (0 disables).
         eval_rewards: rewards logged as ``val/reward/<name>`` on deterministic (Euler) samples; default: ``rewards``.
         records_per_step: samples handed to logging callbacks per step (``outputs["records"]``, ``outputs["images"]``).
+        shared_initial_noise: the K trajectories of a prompt start from the same noise (DanceGRPO), so the rewards within
+            a group differ only through the sampler's noise, which the policy gradient can credit; False (Flow-GRPO)
+            draws one starting noise per trajectory, whose effect on the reward the gradient cannot credit.
         micro_batch_size: trajectories per transformer forward (rollout, reference and training passes); gradients
             accumulate over the micro-batches of a rollout and reproduce the full-batch gradient. None: all N at once.
         seed: seeds the rollout noise (offset by the global rank, state saved in checkpoints) and, per batch index,
@@ -131,6 +135,7 @@ class FlowGRPOModule(L.LightningModule):
         gradient_clip_val: float = 1.0,
         eval_rewards: Sequence[RewardComponent] | None = None,
         records_per_step: int = 16,
+        shared_initial_noise: bool = False,
         micro_batch_size: int | None = None,
         seed: int = 0,
     ):
@@ -252,7 +257,11 @@ class FlowGRPOModule(L.LightningModule):
         if not stochastic:
             raise ValueError(f"no trainable step with num_steps={hp.num_steps} and sde_window={hp.sde_window}")
         steps = train_steps(stochastic, hp.timestep_fraction, self.generator)
-        noise = self.policy.initial_noise(len(samples) * k, generator=self.generator).to(self.device)  # [N, ...]
+        if hp.shared_initial_noise:
+            noise = self.policy.initial_noise(len(samples), generator=self.generator).repeat_interleave(k, dim=0)
+        else:
+            noise = self.policy.initial_noise(len(samples) * k, generator=self.generator)
+        noise = noise.to(self.device)  # [N, ...]
         final, kept = self.denoise(conditioning, noise, sigmas, stochastic, steps, self.generator)
         latents = torch.stack([x for x, _, _ in kept], dim=1)  # [N, S, ...]
         next_latents = torch.stack([x for _, x, _ in kept], dim=1)  # [N, S, ...]
@@ -399,9 +408,11 @@ class FlowGRPOModule(L.LightningModule):
         # uninterrupted one would.
         checkpoint["rng_states"] = rng_states()
         checkpoint["rollout_generator"] = self.generator.get_state()
+        omit_frozen_parameters(self, checkpoint, fit_optimizers(self))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"])
         if "rollout_generator" in checkpoint:
             self._generator_state, self._generator = checkpoint["rollout_generator"], None
+        restore_frozen_parameters(self, checkpoint)

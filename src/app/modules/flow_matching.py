@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from app.models.flow import FlowPolicy
+from app.modules.checkpoints import fit_optimizers, omit_frozen_parameters, restore_frozen_parameters
 from app.rewards import RewardComponent, WeightedReward
 from app.sampling.flow import ode_step
 from app.types import VisualSample
@@ -182,6 +183,12 @@ class FlowMatchingModule(L.LightningModule):
             v = self.policy.velocity(x, sigmas[i].to(self.device).expand(x.shape[0]), conditioning)
             x = ode_step(x, v, float(sigmas[i]), float(sigmas[i + 1])).sample
         return self.policy.decode(x)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        omit_frozen_parameters(self, checkpoint, fit_optimizers(self))
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        restore_frozen_parameters(self, checkpoint)
 
     def validation_step(self, batch: list[VisualSample], batch_idx: int) -> None:
         self._evaluate(batch, batch_idx, "val")
