@@ -35,8 +35,8 @@ def velocity(components, seed: int = 0) -> torch.Tensor:
         return transformer(hidden_states=latents, timestep=torch.tensor([500.0]), return_dict=False, **kwargs)[0]
 
 
-def test_the_two_families_are_embedded():
-    assert sorted(TINY_FLOWS) == sorted(NAMES)
+def test_the_three_families_are_embedded():
+    assert sorted(TINY_FLOWS) == sorted([*NAMES, "tiny-flux"])  # tiny-flux is covered by tests/models/test_flow_flux
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -64,6 +64,6 @@ def test_builds_caches_and_reloads_identically(name, fresh_cache, monkeypatch):
 
 
 def test_unknown_embedded_name_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown embedded flow model 'tiny-flux'.*tiny-sd3"):
-        resolve_flow_pretrained("tiny-flux")
+    with pytest.raises(ValueError, match="unknown embedded flow model 'tiny-nope'.*tiny-sd3"):
+        resolve_flow_pretrained("tiny-nope")
     assert resolve_flow_pretrained("org/some-model") == "org/some-model"

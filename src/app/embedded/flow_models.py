@@ -1,20 +1,24 @@
-"""Tiny SD3- and Wan-style flow models built from config, cached on disk as a diffusers pipeline folder.
+"""Tiny SD3-, Wan- and FLUX-style flow models built from config, cached on disk as a diffusers pipeline folder.
 
 ``resolve_flow_pretrained("tiny-sd3")`` builds the model once (random weights, deterministic for a seed), saves every
 component with ``save_pretrained`` into the subfolders of a diffusers pipeline folder (``transformer/``, ``vae/``,
 ``text_encoder/``, ``tokenizer/``, ``scheduler/``, plus ``model_index.json``) under ``cache_root()/flow`` and returns
 that folder; anything else (a hub id or a local folder) is returned unchanged. :func:`load_flow_components` then loads
 each component with ``from_pretrained``, so the embedded defaults and real checkpoints (``stabilityai/stable-diffusion-
-3.5-medium``, ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``) take the same code path.
+3.5-medium``, ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``, ``black-forest-labs/FLUX.1-dev``) take the same code path.
 
-The embedded models differ from the real ones in their text encoders: one tiny CLIP (SD3; the real SD3 concatenates
-CLIP-L, CLIP-G and T5) or one tiny T5 encoder (Wan; the real one is UMT5), both with the trained-offline BPE tokenizer.
-Their output sizes match the transformer configs: SD3 ``joint_attention_dim = 32`` (the encoder's hidden size) and
-``pooled_projection_dim = 64`` (its projection); Wan ``text_dim = 32``.
+The embedded SD3 and Wan models differ from the real ones in their text encoders: one tiny CLIP (SD3; the real SD3
+concatenates CLIP-L, CLIP-G and T5) or one tiny T5 encoder (Wan; the real one is UMT5), both with the trained-offline
+BPE tokenizer. Their output sizes match the transformer configs: SD3 ``joint_attention_dim = 32`` (the encoder's hidden
+size) and ``pooled_projection_dim = 64`` (its projection); Wan ``text_dim = 32``. ``tiny-flux`` keeps FLUX's real text
+layout: a CLIP text model (``text_encoder``, pooled output 32 = ``pooled_projection_dim``) and a T5 encoder
+(``text_encoder_2``, width 32 = ``joint_attention_dim``), each with its own tokenizer slot.
 
 Sizes: ``tiny-sd3`` makes 64x64 images from 4x16x16 latents (VAE factor 4, patch 2: 64 tokens); ``tiny-wan`` makes
-5-frame 32x32 videos from 4x2x4x4 latents (VAE factors 4 in time, 8 in space). The sample size of a model with no
-``sample_size`` in its transformer config (Wan) is written to ``app_flow.json`` in the folder.
+5-frame 32x32 videos from 4x2x4x4 latents (VAE factors 4 in time, 8 in space); ``tiny-flux`` makes 64x64 images from
+16x16x16 latents (VAE factor 4, packed into 2x2 patches: 64 tokens of 64 channels), with FLUX's dynamic-shifting
+scheduler and guidance embedding. The sample size of a model with no ``sample_size`` in its transformer config (Wan,
+FLUX) is written to ``app_flow.json`` in the folder.
 """
 
 from __future__ import annotations
@@ -47,10 +51,11 @@ class TinyFlowSpec:
     transformer_config: dict[str, Any]
     vae_class: str
     vae_config: dict[str, Any]
-    text_encoder: str  # "clip" or "t5"
+    text_encoder: str  # "clip" (with projection), "clip-pooled" (CLIPTextModel, FLUX's) or "t5"
     scheduler_config: dict[str, Any]
     pipeline_class: str
     sample_size: dict[str, int] | None = None
+    text_encoder_2: str | None = None  # a second encoder (FLUX's T5), with its own copy of the tokenizer
 
 
 TINY_FLOWS: dict[str, TinyFlowSpec] = {
@@ -118,6 +123,50 @@ TINY_FLOWS: dict[str, TinyFlowSpec] = {
         pipeline_class="WanPipeline",
         sample_size=dict(height=32, width=32, num_frames=5),
     ),
+    "tiny-flux": TinyFlowSpec(
+        transformer_class="FluxTransformer2DModel",
+        transformer_config=dict(
+            patch_size=1,
+            in_channels=64,  # 16 latent channels packed in 2x2 patches
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=8,
+            num_attention_heads=4,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            guidance_embeds=True,  # as FLUX.1-dev
+            axes_dims_rope=(2, 2, 4),
+        ),
+        vae_class="AutoencoderKL",
+        vae_config=dict(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 3,
+            up_block_types=("UpDecoderBlock2D",) * 3,
+            block_out_channels=(8, 16, 16),
+            layers_per_block=1,
+            latent_channels=16,
+            norm_num_groups=8,
+            sample_size=64,
+            scaling_factor=0.3611,  # FLUX's values
+            shift_factor=0.1159,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+        ),
+        text_encoder="clip-pooled",
+        text_encoder_2="t5",
+        scheduler_config=dict(  # FLUX.1-dev's scheduler config
+            num_train_timesteps=1000,
+            shift=3.0,
+            use_dynamic_shifting=True,
+            base_image_seq_len=256,
+            max_image_seq_len=4096,
+            base_shift=0.5,
+            max_shift=1.15,
+        ),
+        pipeline_class="FluxPipeline",
+        sample_size=dict(height=64, width=64),
+    ),
 }
 
 
@@ -143,10 +192,10 @@ def _tokenizer(seed: int) -> PreTrainedTokenizerFast:
 
 
 def _text_encoder(kind: str, tokenizer: PreTrainedTokenizerFast):
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     common = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.pad_token_id)
-    if kind == "clip":
+    if kind in ("clip", "clip-pooled"):
         config = CLIPTextConfig(
             hidden_size=32,
             intermediate_size=64,
@@ -157,7 +206,7 @@ def _text_encoder(kind: str, tokenizer: PreTrainedTokenizerFast):
             bos_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
             **common,
         )
-        return CLIPTextModelWithProjection(config)
+        return CLIPTextModelWithProjection(config) if kind == "clip" else CLIPTextModel(config)
     config = T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, is_encoder_decoder=False, **common)
     return T5EncoderModel(config)
 
@@ -172,13 +221,16 @@ def build_tiny_flow(name: str, seed: int = 0) -> dict[str, Any]:
     spec = TINY_FLOWS[name]
     tokenizer = _tokenizer(seed)
     torch.manual_seed(seed)
-    return dict(
+    components = dict(
         transformer=getattr(diffusers, spec.transformer_class)(**spec.transformer_config),
         vae=getattr(diffusers, spec.vae_class)(**spec.vae_config),
         text_encoder=_text_encoder(spec.text_encoder, tokenizer),
         tokenizer=tokenizer,
         scheduler=FlowMatchEulerDiscreteScheduler(**spec.scheduler_config),
     )
+    if spec.text_encoder_2 is not None:  # built last, so the other components' weights do not depend on it
+        components |= dict(text_encoder_2=_text_encoder(spec.text_encoder_2, tokenizer), tokenizer_2=_tokenizer(seed))
+    return components
 
 
 def _model_index(spec: TinyFlowSpec, components: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The flow policy: a diffusers flow transformer (SD3- or Wan-style) + VAE + text encoder, with optional PEFT LoRA.
+"""The flow policy: a diffusers flow transformer (SD3-, FLUX- or Wan-style) + VAE + text encoders, with optional LoRA.
 
 One class owns everything that touches the models, so the flow-GRPO module only sees prompts, latents, velocities and
 decoded pixels. The samplers (:mod:`app.sampling.flow`) are pure step functions; a rollout is::
@@ -11,7 +11,13 @@ decoded pixels. The samplers (:mod:`app.sampling.flow`) are pure step functions;
         x = ode_step(x, v, sigmas[i], sigmas[i + 1]).sample       # or sde_step / cps_step with log-probs
     pixels = policy.decode(x)                                     # [B, 3, H, W] or [B, T, 3, H, W] in [0, 1]
 
-Text encoding (:mod:`app.models.flow_text`) follows the diffusers pipelines, SD3's three encoders included.
+Text encoding (:mod:`app.models.flow_text`) follows the diffusers pipelines, SD3's three encoders and FLUX's two
+included.
+
+FLUX (``FluxTransformer2DModel``) takes its latents as a sequence of 2x2-patch tokens. The samplers still see the
+unpacked ``[B, 16, H/8, W/8]`` latents: :meth:`FlowPolicy.velocity` packs them, builds the position ids and the
+distilled-guidance input as ``FluxPipeline`` does (with its own static helpers) and unpacks the velocity. Its schedule
+is ``FluxPipeline``'s: base sigmas ``linspace(1, 1/T, T)``, shifted by the ``mu`` of the packed token count.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -37,7 +44,8 @@ log = logging.getLogger(__name__)
 FLOW_ATTENTION_PROJECTIONS = r".*attn\d?\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _WAN_DEFAULT_SIZE = dict(height=480, width=832, num_frames=81)  # WanPipeline's defaults
-_WAN_MAX_TEXT_LENGTH = 512  # WanPipeline's max_sequence_length
+_LONG_TEXT_LENGTH = 512  # WanPipeline's and FluxPipeline's max_sequence_length
+_FLUX_DEFAULT_SIZE = dict(height=1024, width=1024)  # FluxPipeline's default_sample_size 128 x its VAE factor 8
 
 
 @dataclass
@@ -69,18 +77,22 @@ class FlowPolicy(nn.Module):
     """A rectified-flow image or video generator loaded through ``from_pretrained``.
 
     Args:
-        model: an embedded name (``tiny-sd3``, ``tiny-wan``), a diffusers pipeline folder or hub id (its
+        model: an embedded name (``tiny-sd3``, ``tiny-wan``, ``tiny-flux``), a diffusers pipeline folder or hub id (its
             ``transformer/``, ``vae/``, ``scheduler/`` and every ``text_encoder*/`` with its ``tokenizer*/`` are
             loaded), or a folder written by :meth:`export`.
         lora: LoRA settings; None trains the whole transformer (and keeps a frozen copy as the KL reference).
         guidance_scale: classifier-free guidance weight; > 1 runs the empty prompt alongside (twice the compute).
+            Allowed on a guidance-distilled FLUX (``FluxPipeline``'s ``true_cfg_scale``), on top of ``flux_guidance``.
         dtype: weight dtype of every component: float32, bfloat16 or float16. Velocities are returned in float32.
         seed: seed of the embedded model's random weights (ignored for real checkpoints).
-        max_sequence_length: token limit of T5-like text encoders; None: 512 for video (Wan) models, else 256 (SD3).
+        max_sequence_length: token limit of T5-like text encoders; None: 512 for Wan and FLUX, else 256 (SD3).
         resolution: ``{"height": H, "width": W}`` in pixels (and ``"num_frames"`` for video models) of the samples;
-            None: the model's own (an embedded model's, SD3's transformer ``sample_size``, Wan's 480 x 832 x 81).
+            None: the model's own (an embedded model's, SD3's transformer ``sample_size``, Wan's 480 x 832 x 81,
+            FLUX's 1024 x 1024). FLUX needs sides divisible by twice the VAE factor (16 for the real VAE).
         gradient_checkpointing: recompute the transformer's blocks in the backward pass (diffusers'
             ``enable_gradient_checkpointing``): less activation memory for about one more forward per update.
+        flux_guidance: the distilled guidance fed to a FLUX transformer with ``guidance_embeds`` (FLUX.1-dev's
+            default 3.5, ``FluxPipeline``'s ``guidance_scale``); unused by other models.
     """
 
     prompt_cache_size: int = 4096  # prompts whose text conditioning is kept (least recently used dropped first)
@@ -95,6 +107,7 @@ class FlowPolicy(nn.Module):
         max_sequence_length: int | None = None,
         resolution: dict[str, int] | None = None,
         gradient_checkpointing: bool = False,
+        flux_guidance: float = 3.5,
     ):
         super().__init__()
         if dtype not in _DTYPES:
@@ -117,13 +130,24 @@ class FlowPolicy(nn.Module):
         if gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
         self.is_video: bool = "temperal_downsample" in self.vae.config  # Wan-style causal video VAE
+        self.is_flux: bool = _pipeline_class(transformer) == "FluxPipeline"  # packed 2x2-patch latent tokens
+        self.flux_guidance = float(flux_guidance)
+        if self.is_flux and transformer.config.guidance_embeds and self.guidance_scale > 1.0:
+            log.warning(
+                "guidance_scale=%s runs true CFG on a guidance-distilled FLUX (twice the compute per step) on top of "
+                "flux_guidance=%s",
+                self.guidance_scale,
+                self.flux_guidance,
+            )
         if max_sequence_length is None:
-            max_sequence_length = _WAN_MAX_TEXT_LENGTH if self.is_video else DEFAULT_MAX_SEQUENCE_LENGTH
+            long_text = self.is_video or self.is_flux  # WanPipeline and FluxPipeline encode 512 tokens
+            max_sequence_length = _LONG_TEXT_LENGTH if long_text else DEFAULT_MAX_SEQUENCE_LENGTH
         self.text_encoder = FlowTextEncoder(
             components["text_encoders"],
             components["tokenizers"],
             wants_pooled=transformer.config.get("pooled_projection_dim") is not None,
             max_sequence_length=max_sequence_length,
+            pipeline_class=_pipeline_class(transformer),
         )
         self.latent_shape: tuple[int, ...] = self._latent_shape(transformer)
         self.model = self._wrap(transformer, lora)  # PeftModel with LoRA, the diffusers model otherwise
@@ -150,6 +174,8 @@ class FlowPolicy(nn.Module):
         return get_peft_model(transformer, config)
 
     def _latent_shape(self, transformer: nn.Module) -> tuple[int, ...]:
+        if self.is_flux:
+            return self._flux_latent_shape(transformer)
         channels = transformer.config.in_channels
         if not self.is_video:
             spatial = 2 ** (len(self.vae.config.block_out_channels) - 1)
@@ -165,6 +191,17 @@ class FlowPolicy(nn.Module):
         frames = (size["num_frames"] - 1) // temporal + 1
         return (channels, frames, size["height"] // spatial, size["width"] // spatial)
 
+    def _flux_latent_shape(self, transformer: nn.Module) -> tuple[int, int, int]:
+        """``(in_channels / 4, H / f, W / f)`` for VAE factor f; the sides must pack into whole 2x2 patches."""
+        spatial = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        size = {**_FLUX_DEFAULT_SIZE, **(self.sample_size or {})}
+        if size["height"] % (2 * spatial) or size["width"] % (2 * spatial):
+            raise ValueError(
+                f"FLUX packs latents in 2x2 patches: height and width must be divisible by {2 * spatial}, got "
+                f"{size['height']} x {size['width']}"
+            )
+        return (transformer.config.in_channels // 4, size["height"] // spatial, size["width"] // spatial)
+
     # --------------------------------------------------------------------------------------------------- schedule
     def sigmas(self, num_steps: int) -> Tensor:
         """The ``[num_steps + 1]`` float32 sigmas (1 -> 0) of the model's scheduler config, for this latent size."""
@@ -172,11 +209,12 @@ class FlowPolicy(nn.Module):
         shift = config.pop("shift", 1.0)
         dynamic = config.pop("use_dynamic_shifting", False)
         mu = self._dynamic_shift_mu(config) if dynamic else None
-        return flow_sigmas(num_steps, shift=shift, use_dynamic_shifting=dynamic, mu=mu, **config)
+        base = np.linspace(1.0, 1 / num_steps, num_steps) if self.is_flux else None  # FluxPipeline's default sigmas
+        return flow_sigmas(num_steps, shift=shift, use_dynamic_shifting=dynamic, mu=mu, base_sigmas=base, **config)
 
     def _dynamic_shift_mu(self, config: dict) -> float:
         """The pipelines' ``calculate_shift``: mu linear in the transformer's token count between two anchors."""
-        patch = self.transformer.config.patch_size
+        patch = 2 if self.is_flux else self.transformer.config.patch_size  # FLUX packs 2x2 latent patches per token
         patch = tuple(patch) if isinstance(patch, (list, tuple)) else (1,) * (len(self.latent_shape) - 3) + (patch,) * 2
         seq_len = math.prod(n // p for n, p in zip(self.latent_shape[1:], patch, strict=True))
         base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
@@ -222,6 +260,7 @@ class FlowPolicy(nn.Module):
 
         The timestep is ``sigma * num_train_timesteps`` as in diffusers. With ``guidance_scale > 1`` the empty prompt
         runs in the same batch and ``v = v_uncond + g (v_cond - v_uncond)``. A conditioning batch of 1 is broadcast.
+        FLUX runs on the packed tokens (see :meth:`_flux_forward`).
         """
         batch = latents.shape[0]
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1).expand(batch)  # [B]
@@ -234,11 +273,33 @@ class FlowPolicy(nn.Module):
         dtype = self.transformer.dtype
         kwargs = {k: v.to(dtype) for k, v in conditioning.items()}
         model = self.frozen_reference if self._use_reference and not self.uses_lora else self.model
-        out = model(hidden_states=latents.to(dtype), timestep=timestep, return_dict=False, **kwargs)[0].float()
+        if self.is_flux:
+            out = self._flux_forward(model, latents.to(dtype), timestep, kwargs).float()
+        else:
+            out = model(hidden_states=latents.to(dtype), timestep=timestep, return_dict=False, **kwargs)[0].float()
         if self.guidance_scale > 1.0:
             uncond, cond = out.chunk(2)
             out = uncond + self.guidance_scale * (cond - uncond)
         return out  # [B, *latent_shape]
+
+    def _flux_forward(self, model: nn.Module, latents: Tensor, timestep: Tensor, kwargs: dict[str, Tensor]) -> Tensor:
+        """One FLUX transformer call as in ``FluxPipeline.__call__``, on latents ``[B, C, h, w]`` -> ``[B, C, h, w]``."""
+        from diffusers import FluxPipeline
+
+        batch, channels, height, width = latents.shape
+        packed = FluxPipeline._pack_latents(latents, batch, channels, height, width)  # [B, h/2 * w/2, 4 C]
+        img_ids = FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, latents.device, latents.dtype)
+        text_length = kwargs["encoder_hidden_states"].shape[1]
+        txt_ids = torch.zeros(text_length, 3, device=latents.device, dtype=latents.dtype)  # as encode_prompt's
+        guidance = None
+        if self.transformer.config.guidance_embeds:
+            guidance = torch.full((batch,), self.flux_guidance, device=latents.device, dtype=torch.float32)
+        out = model(
+            hidden_states=packed, timestep=timestep / 1000, guidance=guidance, img_ids=img_ids, txt_ids=txt_ids,
+            return_dict=False, **kwargs,
+        )[0]  # fmt: skip
+        # _unpack_latents takes pixel sizes and the VAE factor; latent sizes with factor 1 give the same [B, C, h, w]
+        return FluxPipeline._unpack_latents(out, height, width, vae_scale_factor=1)
 
     @torch.no_grad()
     def decode(self, latents: Tensor) -> Tensor:
@@ -251,7 +312,7 @@ class FlowPolicy(nn.Module):
             std = torch.tensor(config.latents_std, dtype=latents.dtype, device=latents.device).view(shape)
             pixels = self.vae.decode(latents * std + mean, return_dict=False)[0]  # [B, 3, T, H, W]
             pixels = pixels.permute(0, 2, 1, 3, 4)  # [B, T, 3, H, W]
-        else:  # StableDiffusion3Pipeline: z / scaling + shift
+        else:  # StableDiffusion3Pipeline and FluxPipeline: z / scaling + shift
             latents = latents / config.scaling_factor + (config.shift_factor or 0.0)
             pixels = self.vae.decode(latents, return_dict=False)[0]  # [B, 3, H, W]
         return (pixels.float() / 2 + 0.5).clamp(0, 1)
@@ -259,7 +320,7 @@ class FlowPolicy(nn.Module):
     @torch.no_grad()
     def encode(self, images: Tensor) -> Tensor:
         """Latents ``[B, *latent_shape]`` (float32) of images ``[B, 3, H, W]`` in [0, 1]: the VAE posterior's mean,
-        ``(z - shift) * scaling`` as in StableDiffusion3Pipeline, so ``decode(encode(x))`` reconstructs ``x``.
+        ``(z - shift) * scaling`` as in StableDiffusion3Pipeline and FluxPipeline, so ``decode(encode(x))`` reconstructs ``x``.
         Images only (the video VAE is not supported)."""
         if self.is_video:
             raise NotImplementedError("encode supports image VAEs only")
@@ -298,10 +359,11 @@ class FlowPolicy(nn.Module):
         encoders and tokenizers, and with LoRA the adapter alone under ``transformer_lora/`` (PEFT format).
 
         The folder loads back with ``FlowPolicy(model=output_dir)``, and its transformer with
-        ``SD3Transformer2DModel.from_pretrained(output_dir, subfolder="transformer")`` (or the Wan class). The adapter
-        goes onto the base transformer with ``peft.PeftModel.from_pretrained(base_transformer,
+        ``SD3Transformer2DModel.from_pretrained(output_dir, subfolder="transformer")`` (or the Wan / FLUX class). The
+        adapter goes onto the base transformer with ``peft.PeftModel.from_pretrained(base_transformer,
         output_dir / "transformer_lora")`` (``.merge_and_unload()`` gives the merged model); the whole folder opens
-        with the pipeline class named in its ``model_index.json`` (``StableDiffusion3Pipeline.from_pretrained``).
+        with the pipeline class named in its ``model_index.json`` (``StableDiffusion3Pipeline.from_pretrained``,
+        ``FluxPipeline.from_pretrained``).
         """
         output_dir = Path(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -334,9 +396,12 @@ class FlowPolicy(nn.Module):
 
 def _pipeline_class(transformer: nn.Module) -> str:
     name = type(transformer).__name__
-    return {"SD3Transformer2DModel": "StableDiffusion3Pipeline", "WanTransformer3DModel": "WanPipeline"}.get(
-        name, "DiffusionPipeline"
-    )
+    pipelines = {
+        "SD3Transformer2DModel": "StableDiffusion3Pipeline",
+        "WanTransformer3DModel": "WanPipeline",
+        "FluxTransformer2DModel": "FluxPipeline",
+    }
+    return pipelines.get(name, "DiffusionPipeline")
 
 
 def _quiet_progress_bars() -> None:

@@ -63,6 +63,8 @@ def restore_frozen_parameters(module: nn.Module, checkpoint: dict) -> None:
     """Put back the parameters a lean checkpoint names as left out, from ``module``'s current values (the config's
     base weights); any other missing key still fails the strict load. Checkpoints without the list are unchanged."""
     omitted = checkpoint.get(OMITTED) or []
+    if not omitted:
+        return
     current = module.state_dict()
     unknown = [key for key in omitted if key not in current]
     if unknown:

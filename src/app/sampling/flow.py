@@ -48,6 +48,7 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,7 +82,12 @@ class StepOutput:
 
 
 def flow_sigmas(
-    num_steps: int, shift: float = 1.0, use_dynamic_shifting: bool = False, mu: float | None = None, **scheduler_kwargs
+    num_steps: int,
+    shift: float = 1.0,
+    use_dynamic_shifting: bool = False,
+    mu: float | None = None,
+    base_sigmas: Sequence[float] | None = None,
+    **scheduler_kwargs,
 ) -> Tensor:
     """The ``[num_steps + 1]`` float32 sigmas of diffusers' ``FlowMatchEulerDiscreteScheduler``, ending with 0.
 
@@ -94,6 +100,8 @@ def flow_sigmas(
         shift: the static shift (SD3: 3.0); ignored with ``use_dynamic_shifting``.
         use_dynamic_shifting: resolution-dependent shift (Flux, SD3.5 with ``mu``); requires ``mu``.
         mu: the log-shift for dynamic shifting (the pipelines compute it from the image sequence length).
+        base_sigmas: the ``num_steps`` unshifted sigmas a pipeline hands to ``set_timesteps`` (``FluxPipeline``:
+            ``linspace(1, 1 / T, T)``); None: the scheduler's own (``linspace(1, sigma_min, T)``, as SD3's pipeline).
         **scheduler_kwargs: any other ``FlowMatchEulerDiscreteScheduler`` argument (e.g. ``shift_terminal``).
     """
     from diffusers import FlowMatchEulerDiscreteScheduler  # heavy import, only where a schedule is built
@@ -105,7 +113,7 @@ def flow_sigmas(
     scheduler = FlowMatchEulerDiscreteScheduler(
         shift=shift, use_dynamic_shifting=use_dynamic_shifting, **scheduler_kwargs
     )
-    scheduler.set_timesteps(num_steps, mu=mu)
+    scheduler.set_timesteps(num_steps, mu=mu, sigmas=base_sigmas)
     sigmas = scheduler.sigmas.detach().to(dtype=torch.float32, device="cpu").clone()  # [T + 1]
     if sigmas.shape != (num_steps + 1,) or sigmas[-1] != 0:
         raise ValueError("the scheduler must run sigma down to a final 0 (invert_sigmas is not supported)")
