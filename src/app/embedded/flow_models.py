@@ -58,6 +58,18 @@ class TinyFlowSpec:
     text_encoder_2: str | None = None  # a second encoder (FLUX's T5), with its own copy of the tokenizer
 
 
+_TINY_IMAGE_VAE = dict(  # the embedded image VAE: 64 px images, factor 4 latents
+    in_channels=3,
+    out_channels=3,
+    down_block_types=("DownEncoderBlock2D",) * 3,
+    up_block_types=("UpDecoderBlock2D",) * 3,
+    block_out_channels=(8, 16, 16),
+    layers_per_block=1,
+    norm_num_groups=8,
+    sample_size=64,
+)
+
+
 TINY_FLOWS: dict[str, TinyFlowSpec] = {
     "tiny-sd3": TinyFlowSpec(
         transformer_class="SD3Transformer2DModel",
@@ -75,19 +87,7 @@ TINY_FLOWS: dict[str, TinyFlowSpec] = {
             pos_embed_max_size=32,
         ),
         vae_class="AutoencoderKL",
-        vae_config=dict(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 3,
-            up_block_types=("UpDecoderBlock2D",) * 3,
-            block_out_channels=(8, 16, 16),
-            layers_per_block=1,
-            latent_channels=4,
-            norm_num_groups=8,
-            sample_size=64,
-            scaling_factor=1.5305,  # SD3's values
-            shift_factor=0.0609,
-        ),
+        vae_config=dict(_TINY_IMAGE_VAE, latent_channels=4, scaling_factor=1.5305, shift_factor=0.0609),  # SD3's
         text_encoder="clip",
         scheduler_config=dict(num_train_timesteps=1000, shift=3.0),
         pipeline_class="StableDiffusion3Pipeline",
@@ -138,17 +138,10 @@ TINY_FLOWS: dict[str, TinyFlowSpec] = {
             axes_dims_rope=(2, 2, 4),
         ),
         vae_class="AutoencoderKL",
-        vae_config=dict(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 3,
-            up_block_types=("UpDecoderBlock2D",) * 3,
-            block_out_channels=(8, 16, 16),
-            layers_per_block=1,
+        vae_config=dict(  # FLUX's latent channels and scaling, no quant convs
+            _TINY_IMAGE_VAE,
             latent_channels=16,
-            norm_num_groups=8,
-            sample_size=64,
-            scaling_factor=0.3611,  # FLUX's values
+            scaling_factor=0.3611,
             shift_factor=0.1159,
             use_quant_conv=False,
             use_post_quant_conv=False,

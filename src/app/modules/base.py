@@ -12,6 +12,7 @@ import torch
 
 from app.models.vlm import SamplingSettings, VLMPolicy
 from app.modules.checkpoints import fit_optimizers, omit_frozen_parameters, restore_frozen_parameters
+from app.modules.optim import adamw_with_warmup
 from app.rewards import AccuracyReward, FormatReward, RewardComponent
 from app.types import VisualSample
 
@@ -68,10 +69,8 @@ class VLMModule(L.LightningModule):
         parameters = self.policy.trainable_parameters()
         if not parameters:
             raise ValueError("the policy has no trainable parameters: set policy.lora or freeze less")
-        optimizer = torch.optim.AdamW(parameters, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
-        warmup = max(self.hparams.warmup_steps, 0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        hp = self.hparams
+        return adamw_with_warmup(parameters, hp.learning_rate, hp.weight_decay, hp.warmup_steps)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -45,6 +45,7 @@ from app.algorithms import group_advantages, grpo_loss, zero_std_groups
 from app.models.flow import FlowPolicy
 from app.modules.base import restore_rng_states, rng_states
 from app.modules.checkpoints import fit_optimizers, omit_frozen_parameters, restore_frozen_parameters
+from app.modules.optim import adamw_with_warmup
 from app.rewards import RewardComponent, WeightedReward
 from app.sampling.flow import StepOutput, cps_step, is_trainable_step, ode_step, sde_step
 from app.types import CompletionRecord, FlowTrajectory, VisualSample
@@ -173,10 +174,8 @@ class FlowGRPOModule(L.LightningModule):
         parameters = self.policy.trainable_parameters()
         if not parameters:
             raise ValueError("the policy has no trainable parameters: set a LoRA adapter or freeze less")
-        optimizer = torch.optim.AdamW(parameters, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
-        warmup = max(self.hparams.warmup_steps, 0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        hp = self.hparams
+        return adamw_with_warmup(parameters, hp.learning_rate, hp.weight_decay, hp.warmup_steps)
 
     # ------------------------------------------------------------------------------------------------ sampling
     @property

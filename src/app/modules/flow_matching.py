@@ -29,6 +29,7 @@ from torch import Tensor
 
 from app.models.flow import FlowPolicy
 from app.modules.checkpoints import fit_optimizers, omit_frozen_parameters, restore_frozen_parameters
+from app.modules.optim import adamw_with_warmup
 from app.rewards import RewardComponent, WeightedReward
 from app.sampling.flow import ode_step
 from app.types import VisualSample
@@ -111,10 +112,7 @@ class FlowMatchingModule(L.LightningModule):
             raise ValueError("the policy has no trainable parameters")
         if hp.train_vae:
             groups.append({"params": list(self.policy.vae.parameters()), "lr": hp.vae_learning_rate})
-        optimizer = torch.optim.AdamW(groups, weight_decay=hp.weight_decay)
-        warmup = max(hp.warmup_steps, 0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return adamw_with_warmup(groups, hp.learning_rate, hp.weight_decay, hp.warmup_steps)
 
     # -------------------------------------------------------------------------------------------------- training
     def _sigmas(self, batch: int) -> Tensor:
