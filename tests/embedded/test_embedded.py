@@ -91,3 +91,39 @@ def test_misspelt_embedded_name_is_a_clear_error_when_resolved():
 def test_local_folder_and_hub_id_pass_through_unchanged(tmp_path):
     assert resolve_pretrained(str(tmp_path)) == str(tmp_path)
     assert resolve_pretrained("Qwen/Qwen2.5-VL-3B-Instruct") == "Qwen/Qwen2.5-VL-3B-Instruct"
+
+
+def test_cache_folder_is_keyed_by_the_builder_code_and_library_versions(tmp_path, monkeypatch):
+    """A changed builder (or library version) must never load a model that an older builder cached."""
+    import importlib.metadata
+
+    from app.embedded import cache
+
+    monkeypatch.setenv("APP_CACHE_DIR", str(tmp_path))
+    first = embedded.cache_root()
+    assert first == tmp_path / "embedded" / cache.builder_fingerprint()
+    assert len(cache.builder_fingerprint()) == 12
+
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "0.0.0" if name == "transformers" else real_version(name)
+    )
+    cache.builder_fingerprint.cache_clear()
+    try:
+        assert embedded.cache_root() != first, "a new transformers version must build anew"
+    finally:
+        monkeypatch.undo()
+        cache.builder_fingerprint.cache_clear()
+    assert cache.builder_fingerprint() == first.name
+
+    builder_source = Path(cache.__file__).parent / "models.py"
+    real_read_bytes = Path.read_bytes
+    monkeypatch.setattr(
+        Path, "read_bytes", lambda self: real_read_bytes(self) + (b"# edit" if self == builder_source else b"")
+    )
+    cache.builder_fingerprint.cache_clear()
+    try:
+        assert cache.builder_fingerprint() != first.name, "an edited builder must build anew"
+    finally:
+        monkeypatch.undo()
+        cache.builder_fingerprint.cache_clear()

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import shutil
 import tempfile
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
+
+# Libraries whose version changes what a builder writes (random initialisation, serialisation formats).
+_BUILDER_LIBRARIES = ("torch", "transformers", "tokenizers", "diffusers")
 
 
 def check_embedded_name(name_or_path: str, known: dict, kind: str) -> bool:
@@ -16,6 +22,21 @@ def check_embedded_name(name_or_path: str, known: dict, kind: str) -> bool:
     if name_or_path.startswith("tiny-") and not Path(name_or_path).exists():
         raise ValueError(f"unknown embedded {kind} {name_or_path!r}; known: {sorted(known)}")
     return False
+
+
+@cache
+def builder_fingerprint() -> str:
+    """A short hash of the code that builds embedded models and of the libraries it builds them with.
+
+    Cached models live under a folder named by it, so a changed builder (or library) builds anew instead of loading a
+    stale model; no version string needs bumping by hand.
+    """
+    digest = hashlib.sha256()
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    for library in _BUILDER_LIBRARIES:
+        digest.update(f"{library}=={importlib.metadata.version(library)}".encode())
+    return digest.hexdigest()[:12]
 
 
 def build_once(target: Path, marker: str, write: Callable[[Path], None]) -> Path:

@@ -213,16 +213,19 @@ def build_tiny_flow(name: str, seed: int = 0) -> dict[str, Any]:
         raise ValueError(f"unknown embedded flow model {name!r}; known: {sorted(TINY_FLOWS)}")
     spec = TINY_FLOWS[name]
     tokenizer = _tokenizer(seed)
-    torch.manual_seed(seed)
-    components = dict(
-        transformer=getattr(diffusers, spec.transformer_class)(**spec.transformer_config),
-        vae=getattr(diffusers, spec.vae_class)(**spec.vae_config),
-        text_encoder=_text_encoder(spec.text_encoder, tokenizer),
-        tokenizer=tokenizer,
-        scheduler=FlowMatchEulerDiscreteScheduler(**spec.scheduler_config),
-    )
-    if spec.text_encoder_2 is not None:  # built last, so the other components' weights do not depend on it
-        components |= dict(text_encoder_2=_text_encoder(spec.text_encoder_2, tokenizer), tokenizer_2=_tokenizer(seed))
+    with torch.random.fork_rng(devices=[]):  # seed the weights without resetting the caller's generator
+        torch.manual_seed(seed)
+        components = dict(
+            transformer=getattr(diffusers, spec.transformer_class)(**spec.transformer_config),
+            vae=getattr(diffusers, spec.vae_class)(**spec.vae_config),
+            text_encoder=_text_encoder(spec.text_encoder, tokenizer),
+            tokenizer=tokenizer,
+            scheduler=FlowMatchEulerDiscreteScheduler(**spec.scheduler_config),
+        )
+        if spec.text_encoder_2 is not None:  # built last, so the other components' weights do not depend on it
+            components |= dict(
+                text_encoder_2=_text_encoder(spec.text_encoder_2, tokenizer), tokenizer_2=_tokenizer(seed)
+            )
     return components
 
 

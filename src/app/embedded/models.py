@@ -22,10 +22,9 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from app.embedded.cache import build_once, check_embedded_name
+from app.embedded.cache import build_once, builder_fingerprint, check_embedded_name
 from app.embedded.tokenizer import build_tokenizer
 
-CACHE_VERSION = "v1"
 _TEXT = dict(
     vocab_size=1024,
     hidden_size=64,
@@ -118,8 +117,10 @@ MAX_PIXELS = 224 * 224
 
 
 def cache_root() -> Path:
-    """Folder holding built embedded models: ``$APP_CACHE_DIR`` or ``~/.cache/app``."""
-    return Path(os.environ.get("APP_CACHE_DIR", Path.home() / ".cache" / "app")) / "embedded" / CACHE_VERSION
+    """Folder holding built embedded models: ``$APP_CACHE_DIR`` or ``~/.cache/app``, then one folder per builder
+    version (:func:`app.embedded.cache.builder_fingerprint`)."""
+    base = Path(os.environ.get("APP_CACHE_DIR", Path.home() / ".cache" / "app"))
+    return base / "embedded" / builder_fingerprint()
 
 
 def _model_config(spec: TinyVLMSpec, tokenizer: PreTrainedTokenizerFast):
@@ -164,8 +165,9 @@ def build_tiny_vlm(name: str, seed: int = 0):
     spec = TINY_VLMS[name]
     tokenizer = build_tokenizer(seed=seed)
     config = _model_config(spec, tokenizer)
-    torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(config)
+    with torch.random.fork_rng(devices=[]):  # seed the weights without resetting the caller's generator
+        torch.manual_seed(seed)
+        model = AutoModelForImageTextToText.from_config(config)
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None

@@ -57,7 +57,7 @@ class VLMModule(L.LightningModule):
         warmup_steps: int = 0,
         eval_max_new_tokens: int = 256,
         eval_rewards: Sequence[RewardComponent] | None = None,
-    ):
+    ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         super().__init__()
         self.save_hyperparameters(ignore=["policy", "rewards", "eval_rewards", "sampling"])
         self.policy = policy

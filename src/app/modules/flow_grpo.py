@@ -139,7 +139,7 @@ class FlowGRPOModule(L.LightningModule):
         shared_initial_noise: bool = False,
         micro_batch_size: int | None = None,
         seed: int = 0,
-    ):
+    ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         super().__init__()
         if num_generations < 1 or num_steps < 2 or num_iterations < 1:
             raise ValueError(

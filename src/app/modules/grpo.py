@@ -68,7 +68,7 @@ class VLMGRPOModule(VLMModule):
         warmup_steps: int = 0,
         eval_max_new_tokens: int = 256,
         eval_rewards: Sequence[RewardComponent] | None = None,
-    ):
+    ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         super().__init__(policy, learning_rate, weight_decay, warmup_steps, eval_max_new_tokens, eval_rewards)
         if num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1, got {num_iterations}")
