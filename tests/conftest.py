@@ -8,20 +8,28 @@ starts sees it:
 - ``OMP_NUM_THREADS`` / ``torch.set_num_threads``: one thread by default (``APP_TEST_THREADS`` overrides). The models
   are tiny, so more threads gain nothing, and on a shared 2-core machine two spinning OpenMP threads per process make
   every matmul over 100x slower.
+
+Random inputs: before every test, python ``random``, numpy and torch are seeded with the test's own seed, derived from
+its node id and ``APP_TEST_SEED`` (default 0), so an unseeded draw is still reproducible; a failing test's report shows
+the seed (section "random seed"). Tests that draw their own inputs take it from the ``random_seed`` fixture; run with
+another ``APP_TEST_SEED`` for fresh inputs.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import random
 import shutil
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 THREADS = int(os.environ.get("APP_TEST_THREADS", "1"))
+BASE_SEED = int(os.environ.get("APP_TEST_SEED", "0"))
 
 if "APP_CACHE_DIR" not in os.environ:
     os.environ["APP_CACHE_DIR"] = tempfile.mkdtemp(prefix="app-test-cache-")
@@ -34,10 +42,40 @@ for path in (str(ROOT / "src"), str(ROOT)):  # `app` and the top-level `callback
     if path not in sys.path:
         sys.path.insert(0, path)
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(THREADS)
+
+
+# ------------------------------------------------------------------------------------------------- random seeds
+def seed_for(nodeid: str, base: int = BASE_SEED) -> int:
+    """The seed of the test ``nodeid``: fixed for a given ``APP_TEST_SEED``, whatever runs before it or where."""
+    return zlib.crc32(f"{base}:{nodeid}".encode())  # in [0, 2**32), what numpy accepts
+
+
+@pytest.fixture(autouse=True)
+def random_seed(request) -> int:
+    """Seeds python ``random``, numpy and torch with this test's seed (see the module docstring) and returns it."""
+    seed = seed_for(request.node.nodeid)
+    request.node.user_properties.append(("random_seed", seed))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return seed
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Add the test's seed to the report of a failure (and to ``user_properties``, which JUnit XML records)."""
+    report = yield
+    if report.failed:
+        seed = dict(item.user_properties).get("random_seed", seed_for(item.nodeid))
+        report.sections.append(
+            ("random seed", f"random seed: {seed} (APP_TEST_SEED={BASE_SEED}; the same value reproduces this run)")
+        )
+    return report
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

@@ -2,11 +2,14 @@
 DDP run on CPU."""
 
 import contextlib
+import copy
 import io
+import random
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -132,8 +135,40 @@ def test_fit_validates_before_and_after_and_writes_the_run_folder(cli_fit):
     assert len(rows) > 1
 
 
-def test_fit_resumes_from_a_checkpoint_through_the_cli(cli_fit, tmp_path):
-    _, _, ckpt, _ = cli_fit
+def test_fit_resumes_from_a_checkpoint_through_the_cli(cli_fit, tmp_path, monkeypatch):
+    """The resumed run starts from the checkpoint's state (the state the interrupted run had): its weights, the
+    optimizer's moments and step counts, and the global generators' states; then it makes one more step."""
+    from app.modules import VLMGRPOModule
+    from app.modules.base import rng_states
+
+    _, _, saved_ckpt, _ = cli_fit
+    checkpoint = torch.load(saved_ckpt, map_location="cpu", weights_only=False)
+    # generator states no fresh start has (the CLI seeds every generator first), so only restoring them explains them
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(7)
+        np.random.seed(7)
+        torch.manual_seed(7)
+        checkpoint["rng_states"] = rng_states()
+    random.setstate(python_state)
+    np.random.set_state(numpy_state)
+    ckpt = tmp_path / "step2.ckpt"
+    torch.save(checkpoint, ckpt)
+    at_start = {}
+    training_step = VLMGRPOModule.training_step
+
+    def record_the_starting_state(self, batch, batch_idx):
+        if not at_start:
+            at_start.update(
+                weights={n: p.detach().clone() for n, p in self.named_parameters() if p.requires_grad},
+                optimizer=copy.deepcopy(self.trainer.optimizers[0].state_dict()),
+                torch=torch.get_rng_state(),
+                python=random.getstate(),
+                numpy=np.random.get_state(),
+            )
+        return training_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(VLMGRPOModule, "training_step", record_the_starting_state)
     cli = AppCLI(
         args=[
             "fit",
@@ -151,6 +186,21 @@ def test_fit_resumes_from_a_checkpoint_through_the_cli(cli_fit, tmp_path):
         save_config_kwargs={"overwrite": True},
     )
     assert cli.trainer.global_step == 3
+    assert at_start["weights"] and all(
+        torch.equal(value, checkpoint["state_dict"][name]) for name, value in at_start["weights"].items()
+    )
+    saved, restored = checkpoint["optimizer_states"][0], at_start["optimizer"]
+    assert saved["state"] and restored["state"].keys() == saved["state"].keys()
+    for index, moments in saved["state"].items():
+        assert float(moments["step"]) == float(restored["state"][index]["step"]) == 2
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(moments[key], restored["state"][index][key]), key
+    rng = checkpoint["rng_states"]
+    assert torch.equal(at_start["torch"], rng["torch"]) and at_start["python"] == rng["python"]
+    assert np.array_equal(at_start["numpy"][1], rng["numpy"][1].numpy().astype(np.uint32))
+    assert at_start["numpy"][2] == rng["numpy"][2]
+    final = cli.trainer.optimizers[0].state_dict()["state"]
+    assert final.keys() == saved["state"].keys() and all(float(m["step"]) == 3 for m in final.values())
 
 
 def test_export_command_writes_a_folder_that_loads_with_from_pretrained(cli_fit, tmp_path, app_env, new_samples):

@@ -41,7 +41,9 @@ class RecordsModule(L.LightningModule):
         return {"loss": loss, "records": make_records(step=self.global_step)}
 
     def train_dataloader(self):
-        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=1)
+        return torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(torch.randn(8, 2, generator=torch.Generator().manual_seed(0))), batch_size=1
+        )
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)

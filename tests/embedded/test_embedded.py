@@ -58,6 +58,13 @@ def test_build_is_deterministic_for_a_seed(name):
         assert torch.equal(pa, pb), key
 
 
+def test_building_leaves_the_global_generator_alone():
+    """A seeded run draws the same numbers whether the embedded model was cached or had to be built first."""
+    state = torch.get_rng_state()
+    build_tiny_vlm("tiny-qwen2-vl", seed=3)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_tokenizer_keeps_reasoning_tags_through_decode():
     processor = AutoProcessor.from_pretrained(resolve_pretrained("tiny-qwen2-vl"))
     tokenizer = processor.tokenizer

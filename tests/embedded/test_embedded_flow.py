@@ -63,6 +63,13 @@ def test_builds_caches_and_reloads_identically(name, fresh_cache, monkeypatch):
     assert sum(p.numel() for p in second["transformer"].parameters()) < 200_000
 
 
+def test_building_leaves_the_global_generator_alone():
+    """A seeded run draws the same numbers whether the embedded model was cached or had to be built first."""
+    state = torch.get_rng_state()
+    embedded.build_tiny_flow("tiny-sd3", seed=3)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_unknown_embedded_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown embedded flow model 'tiny-nope'.*tiny-sd3"):
         resolve_flow_pretrained("tiny-nope")

@@ -1,6 +1,9 @@
 """Lean checkpoints (app.modules.checkpoints): only what the optimizer updates is saved, and resuming, exporting and
 strict loading still work from the config's base weights."""
 
+import random
+
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -20,7 +23,8 @@ def prompts(n: int = 2) -> DataLoader:
                      meta={"color": "red", "shape": "circle", "position": "left"})
         for _ in range(n)
     ]  # fmt: skip
-    return DataLoader(samples, batch_size=1, collate_fn=list)
+    # its own generator, as the app's data modules have: an iterator's worker seed must not come from the global one
+    return DataLoader(samples, batch_size=1, collate_fn=list, generator=torch.Generator().manual_seed(0))
 
 
 def grpo(lora: FlowLoRASettings | None) -> FlowGRPOModule:
@@ -49,6 +53,7 @@ def test_a_lora_checkpoint_holds_the_adapter_and_leaves_the_frozen_model_out(fit
 
 
 def test_resuming_and_exporting_a_lean_checkpoint_restore_the_trained_adapter(fit, tmp_path):
+    seed_global_generators(0)
     module = grpo(FlowLoRASettings(r=4, alpha=8))
     checkpoint = fit_and_save(fit, module, prompts(), tmp_path)
     trained = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
@@ -61,8 +66,48 @@ def test_resuming_and_exporting_a_lean_checkpoint_restore_the_trained_adapter(fi
     assert (tmp_path / "export" / "model_index.json").exists()
 
     resumed = grpo(FlowLoRASettings(r=4, alpha=8))
+    seed_global_generators(12345)  # only the checkpoint can bring back the states the run had at step 1
     trainer, _ = fit(resumed, prompts(4), max_steps=2, ckpt_path=str(tmp_path / "last.ckpt"))
+    resumed_states = generator_states(resumed)
     assert trainer.global_step == 2 and checkpoint["global_step"] == 1
+
+    # the same two steps without the interruption: the same weights, optimizer state and generator states
+    seed_global_generators(0)
+    straight = grpo(FlowLoRASettings(r=4, alpha=8))
+    straight_trainer, _ = fit(straight, prompts(4), max_steps=2)
+    straight_states = generator_states(straight)
+    straight_params = dict(straight.named_parameters())
+    for name, value in resumed.named_parameters():
+        if value.requires_grad:
+            torch.testing.assert_close(value, straight_params[name], atol=1e-6, rtol=0, msg=name)
+    assert any(not torch.equal(trained[n], straight_params[n]) for n in trained), "the second step moved nothing"
+    optimizer, expected = trainer.optimizers[0].state_dict(), straight_trainer.optimizers[0].state_dict()
+    assert [g["lr"] for g in optimizer["param_groups"]] == [g["lr"] for g in expected["param_groups"]]
+    assert optimizer["state"].keys() == expected["state"].keys() and optimizer["state"]
+    for index, moments in optimizer["state"].items():
+        assert float(moments["step"]) == float(expected["state"][index]["step"]) == 2
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(moments[key], expected["state"][index][key], atol=1e-7, rtol=1e-5, msg=key)
+    assert torch.equal(resumed_states.pop("rollout"), straight_states.pop("rollout")), "rollout generator differs"
+    assert torch.equal(resumed_states.pop("torch"), straight_states.pop("torch")), "torch generator differs"
+    assert resumed_states.pop("python") == straight_states.pop("python"), "python random state differs"
+    assert all(np.array_equal(a, b) for a, b in zip(resumed_states["numpy"], straight_states["numpy"], strict=True))
+
+
+def seed_global_generators(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def generator_states(module: FlowGRPOModule) -> dict:
+    """The global generators' states and the module's rollout generator's, now."""
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "rollout": module.generator.get_state(),
+    }
 
 
 def test_full_fine_tuning_saves_the_transformer_but_not_its_frozen_reference_copy(fit, tmp_path):

@@ -32,11 +32,56 @@ def test_two_steps_train_transformer_and_vae(tmp_path):
     assert 0.0 <= metrics["val/reward/color_region"] <= 1.0
 
 
-def test_encode_decode_shapes():
-    policy = FlowPolicy("tiny-sd3", lora=None)
-    latents = policy.encode(torch.rand(2, 3, 64, 64))
+@pytest.mark.parametrize("model", ["tiny-sd3", "tiny-flux"])
+def test_encode_and_decode_follow_the_diffusers_pipelines(model):
+    """As StableDiffusion3Pipeline / FluxPipeline: encode pixels normalised to [-1, 1] by the image processor, take the
+    posterior's mean (the policy's ``latent_dist.mode()``) and map it to ``(z - shift_factor) * scaling_factor``;
+    decode ``vae.decode(z / scaling_factor + shift_factor)`` and post-process back to [0, 1]."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    policy = FlowPolicy(model, lora=None)
+    config, processor = policy.vae.config, VaeImageProcessor()
+    assert config.scaling_factor != 1 and config.shift_factor not in (None, 0)  # the factors matter below
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    latents = policy.encode(images)
     assert latents.shape == (2, *policy.latent_shape) and latents.dtype == torch.float32
-    assert policy.decode(latents).shape == (2, 3, 64, 64)
+    with torch.no_grad():
+        posterior = policy.vae.encode(VaeImageProcessor.normalize(images)).latent_dist
+        expected = (posterior.mean - config.shift_factor) * config.scaling_factor
+        torch.testing.assert_close(latents, expected, rtol=1e-5, atol=1e-6)
+        assert (posterior.std * config.scaling_factor).min() > 1e-3  # a sample would not match: the mean is used
+
+        z = torch.randn(2, *policy.latent_shape, generator=torch.Generator().manual_seed(1))
+        decoded = policy.vae.decode(z / config.scaling_factor + config.shift_factor, return_dict=False)[0]
+        expected_pixels = processor.postprocess(decoded, output_type="pt")
+    pixels = policy.decode(z)
+    assert pixels.shape == (2, 3, 64, 64) and pixels.dtype == torch.float32
+    torch.testing.assert_close(pixels, expected_pixels, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(pixels, processor.postprocess(policy.vae.decode(z).sample.detach(), output_type="pt"))
+
+
+def test_video_decode_follows_the_wan_pipeline():
+    """As WanPipeline: ``z / (1 / latents_std) + latents_mean`` per channel, ``vae.decode``, then the video processor's
+    post-processing to frames in [0, 1]: ``[B, F, 3, H, W]``. Images cannot be encoded with the video VAE."""
+    from diffusers.video_processor import VideoProcessor
+
+    policy = FlowPolicy("tiny-wan", lora=None)
+    # the embedded VAE has mean 0 and std 1; other values, so that the normalisation shows
+    policy.vae.register_to_config(latents_mean=[0.5, -0.25, 0.1, 0.0], latents_std=[2.0, 0.5, 1.5, 1.0])
+    config = policy.vae.config
+    z = torch.randn(2, *policy.latent_shape, generator=torch.Generator().manual_seed(0))  # [B, C, T, h, w]
+    with torch.no_grad():
+        latents_mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1)
+        latents_std = 1.0 / torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1)
+        video = policy.vae.decode(z / latents_std + latents_mean, return_dict=False)[0]
+        expected = VideoProcessor().postprocess_video(video, output_type="pt")
+        unnormalised = VideoProcessor().postprocess_video(policy.vae.decode(z, return_dict=False)[0], output_type="pt")
+    frames = policy.decode(z)
+    assert frames.shape == (2, 5, 3, 32, 32) and frames.dtype == torch.float32
+    torch.testing.assert_close(frames, expected, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(frames, unnormalised, atol=1e-3)
+    with pytest.raises(NotImplementedError, match="image VAEs only"):
+        policy.encode(torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
 
 
 def test_foreground_mask_marks_the_shape_not_the_background():

@@ -1,10 +1,14 @@
 """VLMGRPOModule on a tiny policy: short fits with every option, micro-batching, logging and resuming."""
 
+import random
 from contextlib import contextmanager
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader
 
 from app.algorithms import group_advantages
 from app.models import SamplingSettings
@@ -116,6 +120,11 @@ def test_on_policy_ratio_is_exactly_one_and_metrics_are_logged(lora_fit):
         assert key in metrics, key
     assert 0 < metrics["train/completion_length"] <= 8
     assert metrics["train/grad_norm"] > 0
+    records = recorder.steps[-1]["outputs"]["records"]  # all N = 2 K rows of the step
+    lengths = [len(r.completion) / 32 for r in records]
+    assert [r.reward for r in records] == pytest.approx(lengths, abs=1e-6)
+    for key in ("train/reward/total", "train/reward/length"):
+        assert metrics[key] == pytest.approx(sum(lengths) / len(lengths), abs=1e-6), key
 
 
 def test_training_step_returns_completion_records(lora_fit):
@@ -194,8 +203,132 @@ def test_invalid_options_are_rejected(new_policy):
 
 
 # ------------------------------------------------------------------------------------------------------ options
+# Each option's effect, checked against the objective written out independently in float64 on the tensors the module
+# recorded: a probe keeps, for every optimizer update, the rollout, the weights and log-probs the update starts from,
+# the statistics it returns and the gradient it accumulates, and the reference objective's values and gradients on
+# the same log-probs.
+AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
+SCALES = ("group", "batch", "none")
+EPS = 0.2  # the module's default eps_low = eps_high
+BETA = 0.01
+
+
+def reference_advantages(rewards: torch.Tensor, scale: str) -> torch.Tensor:
+    """Group advantages in float64 (app/algorithms/advantages.py): reward minus its group's mean, divided by the
+    population std of the group (``group``) or of the whole batch (``batch``) plus 1e-4, or not divided (``none``);
+    exactly 0 for a group whose rewards are all equal."""
+    r = rewards.double().view(-1, K)  # [B, K]
+    centred = r - r.mean(dim=1, keepdim=True)
+    if scale == "group":
+        centred = centred / (centred.pow(2).mean(dim=1, keepdim=True).sqrt() + 1e-4)
+    elif scale == "batch":
+        centred = centred / ((r - r.mean()).pow(2).mean().sqrt() + 1e-4)
+    flat = (r.amax(dim=1, keepdim=True) - r.amin(dim=1, keepdim=True)) <= 1e-6  # [B, 1]
+    return torch.where(flat, torch.zeros_like(centred), centred).flatten()  # [N]
+
+
+def flat_rows(rewards: torch.Tensor) -> torch.Tensor:
+    """``[N]`` bool: rows of groups whose K rewards are all equal."""
+    r = rewards.view(-1, K)
+    return (r.amax(dim=1) - r.amin(dim=1) <= 1e-6).repeat_interleave(K)
+
+
+def reference_loss(logprobs, old, ref, advantages, mask, aggregation, beta, max_length) -> dict[str, torch.Tensor]:
+    """The GRPO objective in float64 (ALGORITHMS.md, "GRPO"): per token ``-min(r A, clip(r, 1 - eps, 1 + eps) A) +
+    beta k3`` with ``r = exp(logp - old)`` and ``k3 = exp(ref - logp) - (ref - logp) - 1``, aggregated over the tokens
+    of ``mask``: ``token_mean`` (over tokens), ``sequence_mean`` (per completion, then over completions with a token)
+    or ``constant`` (sum / (N * max_length)). Clip fraction and mean ratio are plain means over the masked tokens."""
+    lp, old, adv = logprobs.double(), old.double(), advantages.double()[:, None]  # [N, L], [N, L], [N, 1]
+    m = mask.bool()
+    assert m.any(), "no token in the loss"
+    ratio = torch.exp(lp - old)
+    surrogate = -torch.minimum(ratio * adv, ratio.clamp(1 - EPS, 1 + EPS) * adv)
+    d = torch.zeros_like(lp) if ref is None else ref.double() - lp
+    k3 = torch.exp(d) - d - 1
+
+    def agg(x):
+        if aggregation == "token_mean":
+            return x[m].sum() / m.sum()
+        if aggregation == "sequence_mean":
+            return torch.stack([row[keep].mean() for row, keep in zip(x, m, strict=True) if keep.any()]).mean()
+        assert aggregation == "constant"
+        return x[m].sum() / (x.shape[0] * max_length)
+
+    clipped = ((adv > 0) & (ratio > 1 + EPS)) | ((adv < 0) & (ratio < 1 - EPS))  # [N, L]
+    return {
+        "loss": agg(surrogate + beta * k3),
+        "policy_loss": agg(surrogate),
+        "kl": agg(k3),
+        "clip_fraction": clipped[m].double().mean(),
+        "ratio_mean": ratio[m].mean(),
+    }
+
+
+class _GradSpy:
+    """Stands in for the optimizer in ``_update``: keeps the accumulated gradients, then steps the real optimizer."""
+
+    def __init__(self, optimizer, parameters):
+        self.optimizer, self.parameters, self.grads = optimizer, parameters, None
+
+    def step(self):
+        self.grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in self.parameters]
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
+class UpdateProbe(VLMGRPOModule):
+    """Records every optimizer update (see above). The reference objective is evaluated with the module's own
+    aggregation and beta, with each other aggregation, without the KL term (``no_kl``) and, when ``keep_rows`` is set
+    (``GRPOBatch -> [N] bool``), on those rows alone with their full completion masks (``kept_rows``)."""
+
+    keep_rows = None
+
+    def on_train_start(self):
+        self.updates = []
+
+    def _update(self, rollout, optimizer):
+        hp, c = self.hparams, rollout.completions
+        named = [(n, p) for n, p in self.policy.model.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        assert [id(p) for p in params] == [id(p) for p in self.policy.trainable_parameters()]
+        logprobs = self.policy.sequence_logprobs(
+            rollout.prompt_inputs, c.completion_ids, c.completion_mask, self.sampling.temperature
+        )  # [N, L], with gradient
+        old = rollout.old_logprobs if rollout.old_logprobs is not None else logprobs.detach()
+        every = torch.ones(len(c.texts), dtype=torch.bool)
+        variants = {agg: (every, rollout.loss_mask, agg, hp.beta) for agg in AGGREGATIONS}
+        variants["no_kl"] = (every, rollout.loss_mask, hp.loss_aggregation, 0.0)
+        if self.keep_rows is not None:
+            variants["kept_rows"] = (self.keep_rows(rollout), c.completion_mask, hp.loss_aggregation, hp.beta)
+        reference, reference_grads = {}, {}
+        for name, (rows, mask, aggregation, beta) in variants.items():
+            ref = rollout.ref_logprobs[rows] if rollout.ref_logprobs is not None else None
+            values = reference_loss(
+                logprobs[rows], old[rows], ref, rollout.advantages[rows], mask[rows], aggregation, beta,
+                self.sampling.max_new_tokens,
+            )  # fmt: skip
+            grads = torch.autograd.grad(values["loss"], params, retain_graph=True, allow_unused=True)
+            reference[name] = {k: float(v.detach()) for k, v in values.items()}
+            reference_grads[name] = [
+                torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
+            ]
+        before = {n: p.detach().clone() for n, p in named}
+        spy = _GradSpy(optimizer, params)
+        stats = super()._update(rollout, spy)
+        self.updates.append(
+            dict(
+                rollout=rollout, logprobs=logprobs.detach(), before=before, stats={k: float(v) for k, v in stats.items()},
+                grads=spy.grads, reference=reference, reference_grads=reference_grads,
+            )
+        )  # fmt: skip
+        return stats
+
+
 OPTIONS = {
-    "beta": dict(beta=0.01),
+    "token_mean": dict(),
+    "beta": dict(beta=BETA),
     "num_iterations": dict(num_iterations=2),
     "drop_zero_std_groups": dict(drop_zero_std_groups=True),
     "mask_truncated": dict(mask_truncated=True),
@@ -204,32 +337,234 @@ OPTIONS = {
     "advantage_batch": dict(advantage_scale="batch"),
     "sequence_mean": dict(loss_aggregation="sequence_mean"),
     "constant": dict(loss_aggregation="constant"),
-    "full_fine_tuning_beta": dict(beta=0.01, lora_r=None),
+    "full_fine_tuning_beta": dict(beta=BETA, lora_r=None),
 }
 
 
+@pytest.fixture(scope="module")
+def option_run(new_policy, new_datamodule, new_samples, fit, params_snapshot):
+    """``option_run(name)``: a 2-optimizer-step fit of :class:`UpdateProbe` with ``OPTIONS[name]`` (cached)."""
+    runs = {}
+
+    def run(name):
+        if name in runs:
+            return runs[name]
+        options = dict(OPTIONS[name])
+        lora_r = options.pop("lora_r", 4)
+        torch.manual_seed(0)
+        policy = new_policy("tiny-qwen2-vl", lora_r=lora_r)
+        flat_for_yes = name == "drop_zero_std_groups"
+        module = UpdateProbe(
+            policy,
+            rewards=[FlatForYesReward() if flat_for_yes else LengthReward()],
+            sampling=SamplingSettings(num_generations=K, max_new_tokens=8),
+            eval_max_new_tokens=4,
+            learning_rate=1e-2,
+            gradient_clip_val=0.0,  # the recorded gradient is the one the optimizer steps with
+            **options,
+        )
+        if flat_for_yes:
+            module.keep_rows = lambda rollout: ~flat_rows(rollout.rewards.total)
+        elif name == "mask_truncated":
+            module.keep_rows = lambda rollout: ~rollout.completions.truncated
+        # one "yes" and one "no" prompt per batch for the flat-group run, the dots data module otherwise
+        data = DataLoader(new_samples(2) * 2, batch_size=2, collate_fn=list) if flat_for_yes else new_datamodule()
+        frozen_reference = params_snapshot(policy.reference) if policy.reference is not None else None
+        before = params_snapshot(policy.model)
+        with likely_eos(policy):  # completions of unequal lengths, some truncated, some not
+            trainer, recorder = fit(module, data, max_steps=2)
+        runs[name] = SimpleNamespace(
+            module=module, policy=policy, trainer=trainer, recorder=recorder, updates=module.updates, before=before,
+            after=params_snapshot(policy.model), frozen_reference=frozen_reference,
+        )  # fmt: skip
+        return runs[name]
+
+    return run
+
+
+def rollouts_of(run) -> list:
+    """The distinct rollouts of a run's updates, in order (one per training step)."""
+    seen = {}
+    for update in run.updates:
+        seen.setdefault(id(update["rollout"]), update["rollout"])
+    return list(seen.values())
+
+
+def assert_grads_close(got, want, **tolerance):
+    tolerance = tolerance or dict(rtol=1e-4, atol=1e-6)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.double(), w.double(), **tolerance)
+
+
+def max_grad_difference(a, b) -> float:
+    return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b, strict=True))
+
+
 @pytest.mark.parametrize("name", list(OPTIONS))
-def test_grpo_option_runs_and_logs(name, new_policy, new_datamodule, fit):
-    options = dict(OPTIONS[name])
-    lora_r = options.pop("lora_r", 4)
-    torch.manual_seed(0)
-    policy = new_policy("tiny-qwen2-vl", lora_r=lora_r)
-    module = grpo_module(policy, **options)
-    with likely_eos(policy):  # completions of unequal lengths, some truncated, some not
-        trainer, recorder = fit(module, new_datamodule(), max_steps=2)
-    assert trainer.global_step == 2
-    iterations = options.get("num_iterations", 1)
-    assert len(recorder.steps) == 2 // iterations
-    for step in recorder.steps:
-        metrics = step["metrics"]
-        for key in ("train/loss/policy", "train/kl", "train/clip_fraction", "train/ratio_mean", "train/reward/total"):
-            assert key in metrics and torch.isfinite(torch.tensor(metrics[key])), key
-        assert metrics["train/kl"] >= 0
-        assert 0 <= metrics["train/clip_fraction"] <= 1
-        if iterations == 1:
-            assert metrics["train/ratio_mean"] == 1.0
-    if "beta" in options:
-        assert recorder.steps[-1]["metrics"]["train/kl"] > 0, "the second step's policy differs from the reference"
+def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(name, option_run):
+    run = option_run(name)
+    hp = run.module.hparams
+    iterations = hp.num_iterations
+    assert run.trainer.global_step == 2 and len(run.updates) == 2
+    rollouts = rollouts_of(run)
+    assert len(rollouts) == len(run.recorder.steps) == 2 // iterations
+    for rollout, step in zip(rollouts, run.recorder.steps, strict=True):
+        c, records = rollout.completions, step["outputs"]["records"]
+        assert [r.completion for r in records] == c.texts  # every row is a record (N = 8 <= records_per_step)
+        # rewards, advantages and the loss mask, from their definitions
+        expected_rewards = [
+            1.0 if name == "drop_zero_std_groups" and r.answer == "yes" else len(r.completion) / 32 for r in records
+        ]
+        assert rollout.rewards.total.tolist() == pytest.approx(expected_rewards, abs=1e-6)
+        torch.testing.assert_close(
+            rollout.advantages.double(), reference_advantages(rollout.rewards.total, hp.advantage_scale), rtol=1e-5,
+            atol=1e-6,
+        )  # fmt: skip
+        left_out = torch.zeros(len(c.texts), dtype=torch.bool)
+        if hp.drop_zero_std_groups:
+            left_out |= flat_rows(rollout.rewards.total)
+        if hp.mask_truncated:
+            left_out |= c.truncated
+        assert torch.equal(rollout.loss_mask, c.completion_mask * ~left_out[:, None])
+        # what is logged is the rollout's and its last update's
+        metrics, last = step["metrics"], [u for u in run.updates if u["rollout"] is rollout][-1]["stats"]
+        for key, stat in [("loss/policy", "policy_loss"), ("kl", "kl"), ("clip_fraction", "clip_fraction"),
+                          ("ratio_mean", "ratio_mean")]:  # fmt: skip
+            assert metrics[f"train/{key}"] == pytest.approx(last[stat], rel=1e-6, abs=1e-9), key
+        assert metrics["train/reward/total"] == pytest.approx(sum(expected_rewards) / len(expected_rewards), abs=1e-6)
+        assert metrics["train/frac_zero_std"] == pytest.approx(float(flat_rows(rollout.rewards.total).float().mean()))
+        assert metrics["train/frac_truncated"] == pytest.approx(float(c.truncated.float().mean()))
+        assert metrics["train/completion_length"] == pytest.approx(float(c.completion_mask.sum(dim=1).float().mean()))
+    for update in run.updates:
+        expected = update["reference"][hp.loss_aggregation]
+        for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
+            assert update["stats"][key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+        assert_grads_close(update["grads"], update["reference_grads"][hp.loss_aggregation])
+        assert any(g.abs().sum() > 0 for g in update["grads"])
+
+
+def test_beta_adds_beta_times_the_k3_kl_to_the_adapter_free_reference(option_run):
+    run = option_run("beta")
+    first, second = run.updates
+    assert first["stats"]["kl"] == pytest.approx(0.0, abs=1e-7)  # lora_B starts at 0: the policy is the reference
+    assert second["stats"]["kl"] > 1e-6  # one step later it is not
+    for update in run.updates:
+        stats, without_kl = update["stats"], update["reference"]["no_kl"]
+        assert stats["loss"] - stats["policy_loss"] == pytest.approx(BETA * stats["kl"], rel=1e-4, abs=1e-7)
+        assert stats["loss"] - without_kl["loss"] == pytest.approx(BETA * stats["kl"], rel=1e-3, abs=1e-7)
+        # the reference log-probs are those of the model with its adapter disabled (which training never moves)
+        rollout = update["rollout"]
+        c, mask = rollout.completions, rollout.completions.completion_mask.bool()
+        with torch.no_grad(), likely_eos(run.policy):
+            adapter_free = run.policy.reference_logprobs(rollout.prompt_inputs, c.completion_ids, c.completion_mask)
+        torch.testing.assert_close(rollout.ref_logprobs[mask], adapter_free[mask], atol=1e-5, rtol=0)
+    mask = second["rollout"].completions.completion_mask.bool()
+    assert (second["rollout"].ref_logprobs - second["logprobs"])[mask].abs().max() > 1e-4  # not the policy's own
+    # the KL term reaches the gradient: the second update's is the full objective's, not the surrogate's alone
+    grads, reference = second["grads"], second["reference_grads"]
+    assert max_grad_difference(grads, reference["no_kl"]) > 10 * max_grad_difference(grads, reference["token_mean"])
+
+
+def test_num_iterations_two_reuses_the_rollout_and_its_ratio_moves(option_run):
+    run = option_run("num_iterations")
+    first, second = run.updates
+    assert len(run.recorder.steps) == 1 and first["rollout"] is second["rollout"]
+    rollout = first["rollout"]
+    mask = rollout.loss_mask.bool()
+    # "old" log-probs: the sampling policy's, which the first update starts from
+    torch.testing.assert_close(rollout.old_logprobs[mask], first["logprobs"][mask], atol=1e-5, rtol=0)
+    assert first["stats"]["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and first["stats"]["clip_fraction"] == 0
+    # the second update starts from the stepped weights: the ratio moves, and is clipped where it left [0.8, 1.2]
+    ratio = torch.exp(second["logprobs"].double() - rollout.old_logprobs.double())  # [N, L]
+    adv = rollout.advantages.double()[:, None].expand_as(ratio)
+    clipped = ((adv > 0) & (ratio > 1 + EPS)) | ((adv < 0) & (ratio < 1 - EPS))
+    assert abs(float(ratio[mask].mean()) - 1) > 1e-3
+    assert second["stats"]["ratio_mean"] == pytest.approx(float(ratio[mask].mean()), rel=1e-5)
+    assert second["stats"]["clip_fraction"] == pytest.approx(float(clipped[mask].double().mean()), abs=1e-6)
+    assert clipped[mask].any() and not clipped[mask].all(), "some tokens should be clipped, not all"
+    metrics = run.recorder.steps[0]["metrics"]
+    assert metrics["train/ratio_mean"] == pytest.approx(second["stats"]["ratio_mean"], rel=1e-6)
+    assert metrics["train/clip_fraction"] == pytest.approx(second["stats"]["clip_fraction"], rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["drop_zero_std_groups", "mask_truncated"])
+def test_rows_left_out_carry_no_loss_and_no_gradient(name, option_run):
+    """With the option, the update (loss, statistics, gradient) equals the objective on the other rows alone."""
+    run = option_run(name)
+    left_out_somewhere = False
+    for update in run.updates:
+        rollout = update["rollout"]
+        c = rollout.completions
+        left_out = flat_rows(rollout.rewards.total) if name == "drop_zero_std_groups" else c.truncated
+        assert (~left_out).any()
+        left_out_somewhere |= bool(left_out.any())
+        assert not rollout.loss_mask[left_out].any()
+        assert (c.completion_mask[left_out].sum(dim=1) > 0).all()  # tokens that would count without the option
+        alone = update["reference"]["kept_rows"]
+        for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
+            assert update["stats"][key] == pytest.approx(alone[key], rel=1e-4, abs=1e-6), key
+        assert_grads_close(update["grads"], update["reference_grads"]["kept_rows"])
+    assert left_out_somewhere, "the run should have had rows to leave out"
+
+
+def test_micro_batches_make_the_same_updates_as_the_full_batch(option_run):
+    full, micro = option_run("token_mean"), option_run("micro_batch")
+    assert micro.module.hparams.micro_batch_size == 3 and full.module.hparams.micro_batch_size is None
+    for a, b in zip(full.updates, micro.updates, strict=True):
+        assert a["rollout"].completions.texts == b["rollout"].completions.texts  # the same seed, the same samples
+        for name, value in a["before"].items():  # the second update starts from the first one's result
+            torch.testing.assert_close(b["before"][name], value, rtol=1e-5, atol=1e-6, msg=name)
+        assert_grads_close(b["grads"], a["grads"], rtol=1e-4, atol=1e-7)
+        for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
+            assert b["stats"][key] == pytest.approx(a["stats"][key], rel=1e-4, abs=1e-7), key
+    assert any(not torch.equal(full.before[n], full.after[n]) for n in full.after)
+    for name, value in full.after.items():
+        torch.testing.assert_close(micro.after[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("name", ["token_mean", "advantage_batch", "advantage_none"])
+def test_the_advantage_scale_option_picks_its_formula(name, option_run):
+    run = option_run(name)
+    scale = run.module.hparams.advantage_scale
+    assert scale == {"token_mean": "group", "advantage_batch": "batch", "advantage_none": "none"}[name]
+    for rollout in rollouts_of(run):
+        expected = {s: reference_advantages(rollout.rewards.total, s) for s in SCALES}
+        torch.testing.assert_close(rollout.advantages.double(), expected[scale], rtol=1e-5, atol=1e-6)
+        others = [s for s in SCALES if s != scale]
+        assert all((expected[s] - expected[scale]).abs().max() > 1e-3 for s in others), "the scales should differ"
+
+
+@pytest.mark.parametrize("name", ["token_mean", "sequence_mean", "constant"])
+def test_the_loss_aggregation_option_picks_its_normaliser(name, option_run):
+    """The gradient is the chosen aggregation's, and clearly not another's (completions of unequal lengths)."""
+    run = option_run(name)
+    aggregation = run.module.hparams.loss_aggregation
+    assert aggregation == name
+    for update in run.updates:
+        assert update["rollout"].loss_mask.sum(dim=1).unique().numel() > 1, "completions should differ in length"
+        grads, reference = update["grads"], update["reference_grads"]
+        own = max_grad_difference(grads, reference[aggregation])
+        assert all(max_grad_difference(grads, reference[other]) > 100 * own for other in AGGREGATIONS if other != name)
+
+
+def test_full_fine_tuning_with_beta_keeps_the_reference_copy_frozen_while_the_policy_moves(option_run):
+    run = option_run("full_fine_tuning_beta")
+    policy, reference = run.policy, run.policy.reference
+    assert reference is not None and run.frozen_reference
+    assert not {id(p) for p in reference.parameters()} & {id(p) for p in policy.model.parameters()}
+    assert not any(p.requires_grad for p in reference.parameters())
+    for name, value in reference.named_parameters():
+        assert torch.equal(value, run.frozen_reference[name]), name
+    moved = [n for n in run.before if not torch.equal(run.before[n], run.after[n])]
+    assert any(".visual." not in n for n in moved) and not any(".visual." in n for n in moved)
+    first, second = run.updates
+    assert first["stats"]["kl"] == pytest.approx(0.0, abs=1e-7) and second["stats"]["kl"] > 1e-6
+    for update in run.updates:  # the reference log-probs are the frozen copy's, before and after the steps
+        rollout = update["rollout"]
+        c, mask = rollout.completions, rollout.completions.completion_mask.bool()
+        with torch.no_grad(), likely_eos(policy):
+            frozen = policy.reference_logprobs(rollout.prompt_inputs, c.completion_ids, c.completion_mask)
+        torch.testing.assert_close(rollout.ref_logprobs[mask], frozen[mask], atol=1e-5, rtol=0)
 
 
 def test_lr_warmup_counts_optimizer_steps(new_policy, new_datamodule, fit):
@@ -328,10 +663,13 @@ def test_resume_from_a_step_checkpoint_matches_an_uninterrupted_run(
     assert step2.exists(), sorted(p.name for p in tmp_path.iterdir())
 
     resumed, data = fresh()
+    scramble_global_generators()  # only the checkpoint can bring back the states the run had at step 2
     # weights_only=False: see test_checkpoint_resumes_with_the_default_weights_only_loading for the default
     trainer_a, rec_a = fit(resumed, data, max_steps=3, ckpt_path=str(step2), weights_only=False)
+    states_a = global_generator_states()
     straight, data = fresh()
     trainer_b, rec_b = fit(straight, data, max_steps=3)
+    states_b = global_generator_states()
 
     assert trainer_a.global_step == trainer_b.global_step == 3
     assert [s["global_step"] for s in rec_a.steps] == [3]
@@ -346,6 +684,37 @@ def test_resume_from_a_step_checkpoint_matches_an_uninterrupted_run(
     params_a, params_b = params_snapshot(resumed.policy.model), params_snapshot(straight.policy.model)
     for name in params_a:
         torch.testing.assert_close(params_a[name], params_b[name], atol=1e-6, rtol=0, msg=name)
+    assert_same_optimizer_state(trainer_a.optimizers[0], trainer_b.optimizers[0], steps=3)
+    assert_same_generator_states(states_a, states_b)
+
+
+def scramble_global_generators(seed: int = 12345) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def global_generator_states() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def assert_same_generator_states(a: dict, b: dict) -> None:
+    assert torch.equal(a["torch"], b["torch"]), "torch generator state differs from the uninterrupted run's"
+    assert a["python"] == b["python"], "python random state differs from the uninterrupted run's"
+    assert all(np.array_equal(x, y) for x, y in zip(a["numpy"], b["numpy"], strict=True)), "numpy state differs"
+
+
+def assert_same_optimizer_state(a: torch.optim.Optimizer, b: torch.optim.Optimizer, steps: int) -> None:
+    """Same hyper-parameters (learning rate included) and the same AdamW moments and step count per parameter."""
+    state_a, state_b = a.state_dict(), b.state_dict()
+    groups_a = [{k: v for k, v in g.items() if k != "params"} for g in state_a["param_groups"]]
+    groups_b = [{k: v for k, v in g.items() if k != "params"} for g in state_b["param_groups"]]
+    assert groups_a == groups_b
+    assert state_a["state"].keys() == state_b["state"].keys() and state_a["state"]
+    for index, moments in state_a["state"].items():
+        assert float(moments["step"]) == float(state_b["state"][index]["step"]) == steps
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(moments[key], state_b["state"][index][key], atol=1e-7, rtol=1e-5, msg=key)
 
 
 def test_checkpoint_resumes_with_the_default_weights_only_loading(new_policy, new_datamodule, fit, tmp_path):

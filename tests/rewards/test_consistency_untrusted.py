@@ -1,7 +1,6 @@
 """Consistency rewards on untrusted completions: finite values in [0, 1], no exception, nothing evaluated."""
 
 import math
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -82,10 +81,9 @@ def test_one_megabyte_strings(unit):
     ["<answer>" * 125_000, "<answer>" + "9" * 1_000_000 + "</answer>", " " * 1_000_000 + "<answer>3</answer>"],
     ids=["open_tags", "long_number", "late_answer"],
 )
-def test_one_megabyte_is_fast(text):
-    start = time.perf_counter()
+def test_one_megabyte_inputs(text):
+    """Well-behaved on megabyte inputs (their timing: benchmarks/untrusted_inputs.py)."""
     assert_well_behaved([text, text, "<answer>3</answer>", text])
-    assert time.perf_counter() - start < 0.5
 
 
 def test_code_is_never_executed(tmp_path, monkeypatch):

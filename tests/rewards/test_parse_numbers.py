@@ -174,8 +174,8 @@ def test_bounded_nesting_is_accepted_up_to_the_limit():
     assert parse_number("(" * 9 + "1" + ")" * 9) is None
 
 
-def test_random_floats_round_trip():
-    rng = random.Random()
+def test_random_floats_round_trip(random_seed):
+    rng = random.Random(random_seed)
     for _ in range(500):
         value = rng.uniform(-1e6, 1e6) * 10 ** rng.randint(-8, 8)
         assert parse_number(repr(value)) == value

@@ -3,7 +3,6 @@ random inputs, exact boundaries, and untrusted completions."""
 
 import math
 import random
-import time
 
 import pytest
 import torch
@@ -44,7 +43,7 @@ def test_cosine_matches_the_reference_on_random_inputs(seed):
     rng = random.Random(seed)
     max_length = rng.randint(1, 200)
     values = tuple(round(rng.uniform(-2, 2), 3) for _ in range(4))
-    lengths = [rng.randint(0, 2 * max_length) for _ in range(6)]
+    lengths = [rng.randint(0, 2 * max_length) for _ in range(4)] + [max_length, max_length + rng.randint(1, 50)]
     correct = [rng.random() < 0.5 for _ in lengths]
     texts = [words(n, rng) for n in lengths]
     kwargs = dict(
@@ -56,8 +55,10 @@ def test_cosine_matches_the_reference_on_random_inputs(seed):
     out = cosine_length_reward(texts, correct, max_length, **kwargs)
     expected = [ref_cosine(n, c, max_length, values) for n, c in zip(lengths, correct, strict=True)]
     assert out.tolist() == pytest.approx(expected, abs=1e-5)
-    low, high = min(values), max(values)
-    assert all(low <= x <= high for x in out.tolist())
+    # at max_length and beyond: exactly the value at max_length (max_len_value_correct or max_len_value_wrong)
+    for n, c, value in zip(lengths, correct, out.tolist(), strict=True):
+        if n >= max_length:
+            assert value == pytest.approx(values[1] if c else values[3], abs=1e-6), (n, c)
 
 
 def test_cosine_end_points_and_clamp():
@@ -219,13 +220,32 @@ CODE = "__import__('os').system('touch PWNED')"
 SPECIAL = ["nan", "1e309", "-0", "inf", "1" * 100_000, CODE]
 
 
+def reference_scores(reward, completions, samples) -> list[float]:
+    """What ``reward`` must give, from the reference formulas above (scores are clamped to ``value_range``, so a range
+    check could not catch a wrong value). A non-string completion is empty, except for the cosine reward, which gives
+    it its lowest value."""
+    texts = [c if isinstance(c, str) else "" for c in completions]
+    lengths = [len(t) if getattr(reward, "length_unit", None) == "chars" else len(t.split()) for t in texts]
+    if isinstance(reward, CosineLengthReward):
+        correct = (reward.correctness.score(completions, samples) >= reward.correct_threshold).tolist()
+        values = tuple(reward.values[k] for k in ("min_len_value_correct", "max_len_value_correct",
+                                                    "min_len_value_wrong", "max_len_value_wrong"))  # fmt: skip
+        return [ref_cosine(n, c, reward.max_length, values) if isinstance(text, str) else min(values)
+                for n, c, text in zip(lengths, correct, completions, strict=True)]  # fmt: skip
+    if isinstance(reward, RepetitionPenalty):
+        return [ref_repetition(" ".join(t.split()[: reward.max_words]), reward.ngram_size, reward.max_penalty)
+                for t in texts]  # fmt: skip
+    assert isinstance(reward, SoftOverlongPenalty)
+    return [ref_overlong(n, reward.max_length, reward.cache_length) for n in lengths]
+
+
 def assert_well_behaved(completions, samples=None):
     samples = samples or [SAMPLE] * len(completions)
     for reward in REWARDS:
         values = reward.score(completions, samples)
         assert values.shape == (len(completions),) and values.dtype == torch.float32
-        low, high = reward.value_range
-        assert all(math.isfinite(v) and low <= v <= high for v in values.tolist()), (reward.name, values)
+        expected = reference_scores(reward, completions, samples)
+        assert values.tolist() == pytest.approx(expected, abs=1e-5), (reward.name, completions)
 
 
 @settings(max_examples=100, deadline=None)
@@ -265,12 +285,9 @@ ONE_MB = [
 
 
 @pytest.mark.parametrize("text", ONE_MB, ids=range(len(ONE_MB)))
-def test_one_megabyte_scores_fast(text):
-    for reward in REWARDS:
-        start = time.perf_counter()
-        value = reward.score([text], [SAMPLE]).item()
-        assert time.perf_counter() - start < 0.25, reward.name
-        assert math.isfinite(value)
+def test_one_megabyte_scores(text):
+    """The reference values on megabyte inputs (their timing: benchmarks/untrusted_inputs.py)."""
+    assert_well_behaved([text])
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])

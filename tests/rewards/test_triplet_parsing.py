@@ -1,7 +1,6 @@
 """The structured triplet response: the documented format, the prompt instruction, lenient spellings, malformed parts."""
 
 import random
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -210,15 +209,12 @@ ONE_MB = [
 
 
 @pytest.mark.parametrize("text", ONE_MB, ids=range(len(ONE_MB)))
-def test_one_megabyte_parses_fast(text):
-    start = time.perf_counter()
+def test_one_megabyte_parses(text):
+    """Valid parses of megabyte inputs (their timing: benchmarks/untrusted_inputs.py)."""
     assert_valid(parse_triplet_response(text))
-    assert time.perf_counter() - start < 0.25
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(min_size=1, max_size=16))
 def test_one_megabyte_strings(unit):
-    start = time.perf_counter()
     assert_valid(parse_triplet_response(unit * (1_000_000 // len(unit) + 1)))
-    assert time.perf_counter() - start < 0.25

@@ -4,7 +4,6 @@ hand-worked triplets, the evaluation metrics, and untrusted completions."""
 import itertools
 import math
 import random
-import time
 
 import pytest
 import torch
@@ -160,8 +159,8 @@ def test_rewards_match_the_reference_formulas_on_random_triplets(seed):
         assert value.dtype == torch.float32 and value.shape == (1,)
         assert value.item() == pytest.approx(expected, abs=1e-5), (reward.name, text)
         assert fn().item() == pytest.approx(expected, abs=1e-5), reward.name
-        low, high = reward.value_range
-        assert low <= value.item() <= high
+        low, high = reward.value_range  # the unclamped reference is inside the range: the clamp hides nothing
+        assert low - 1e-9 <= expected <= high + 1e-9, (reward.name, expected)
 
 
 def test_reference_implication_table():
@@ -453,12 +452,23 @@ SPECIAL = ["nan", "1e309", "-1e309", "-0", "inf", "1" * 100_000, CODE, "9" * 40]
 
 
 def assert_well_behaved(completions):
+    """Finite float32 values made of the terms as documented. Scores are clamped to ``value_range``, so a range check
+    could not fail; instead: R_task in {0, 1/3, 2/3, 1}, R_ja a multiple of 1/6 in [0, 1], R_tc in {-1, 0, 1}, the
+    overall accuracy 1 exactly when R_task is, and each TriSR total the weighted sum of its terms."""
     for s in SAMPLES:
+        values = []
         for reward in REWARDS:
-            values = reward.score(completions, [s] * len(completions))
-            assert values.shape == (len(completions),) and values.dtype == torch.float32
-            low, high = reward.value_range
-            assert all(math.isfinite(v) and low <= v <= high for v in values.tolist()), (reward.name, values)
+            v = reward.score(completions, [s] * len(completions))
+            assert v.shape == (len(completions),) and v.dtype == torch.float32
+            assert torch.isfinite(v).all(), (reward.name, v)
+            values.append(v.double())
+        ag, ja, tc, task, overall, partial, total, custom = values
+        assert torch.equal(partial, task) and torch.equal(overall, (task == 1).double()), completions
+        assert task.tolist() == pytest.approx((3 * task).round().div(3).tolist(), abs=1e-6) and (task <= 1).all()
+        assert ja.tolist() == pytest.approx((6 * ja).round().div(6).tolist(), abs=1e-6) and (ja <= 1).all()
+        assert set(tc.tolist()) <= {-1.0, 0.0, 1.0}
+        assert total.tolist() == pytest.approx((task + 0.2 * ag + 0.2 * ja + 0.3 * tc).tolist(), abs=1e-5)
+        assert custom.tolist() == pytest.approx((task + ag - 0.5 * ja + 2.0 * tc).tolist(), abs=1e-5)
 
 
 @settings(max_examples=100, deadline=None)
@@ -520,22 +530,15 @@ ONE_MB = [
 
 
 @pytest.mark.parametrize("text", ONE_MB, ids=range(len(ONE_MB)))
-def test_one_megabyte_scores_fast(text):
-    for reward in (TriSRReward(), TripletConsistencyReward(), TripletOverallAccuracy()):
-        start = time.perf_counter()
-        values = reward.score([text], [SAMPLES[0]])
-        assert time.perf_counter() - start < 0.25
-        assert math.isfinite(values.item())
+def test_one_megabyte_scores(text):
+    """Well-behaved on megabyte inputs (their timing: benchmarks/untrusted_inputs.py)."""
+    assert_well_behaved([text])
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(min_size=1, max_size=16))
 def test_one_megabyte_strings(unit):
-    text = unit * (1_000_000 // len(unit) + 1)
-    start = time.perf_counter()
-    TriSRReward().score([text], [SAMPLES[0]])
-    assert time.perf_counter() - start < 0.25
-    assert_well_behaved([text])
+    assert_well_behaved([unit * (1_000_000 // len(unit) + 1)])
 
 
 def test_code_is_never_executed(tmp_path, monkeypatch):

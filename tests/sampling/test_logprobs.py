@@ -130,6 +130,7 @@ def test_empty_completions():
     ],
 )
 def test_bad_arguments_raise(hidden_shape, targets_shape, kwargs, match):
-    hidden, targets = torch.randn(hidden_shape), torch.zeros(targets_shape, dtype=torch.long)
+    hidden = torch.randn(hidden_shape, generator=torch.Generator().manual_seed(0))
+    targets = torch.zeros(targets_shape, dtype=torch.long)
     with pytest.raises(ValueError, match=match):
         chunked_token_logprobs(hidden, nn.Linear(4, 10), targets, **kwargs)

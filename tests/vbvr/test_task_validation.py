@@ -23,6 +23,7 @@ def test_scorer_validation(name):
     assert len(row.perturbed) >= 2, "a task needs at least two kinds of perturbation"
     for kind, value in row.perturbed.items():
         assert value <= PERTURBED_MAX, f"perturbation {kind} scored {value}"
+    assert row.degraded, "no degradation was scored"
     for kind, value in row.degraded.items():
         assert value >= DEGRADED_MIN, f"degradation {kind} scored {value}"
 
@@ -41,10 +42,12 @@ def test_generation_and_scoring_are_deterministic(name):
 def test_failed_checks_are_reported(name):
     task = get_task(name)
     instance = task.generate(0)
-    for image in task.perturbations(instance.config, instance.solution).values():
+    perturbations = task.perturbations(instance.config, instance.solution)
+    assert perturbations
+    for kind, image in perturbations.items():
         result = task.score(image, instance.config)
-        if result.score < 1.0:
-            assert result.failed, "a score below 1 must name the checks that failed"
+        assert result.score < 1.0, f"perturbation {kind} scored {result.score}"
+        assert result.failed, "a score below 1 must name the checks that failed"
 
 
 @pytest.mark.parametrize("name", NAMES)

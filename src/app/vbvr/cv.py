@@ -48,12 +48,6 @@ def color_mask(image: np.ndarray, name: str, tolerance: int = _HUE_TOLERANCE) ->
     return (distance <= tolerance) & (hsv[..., 1] >= _MIN_SATURATION) & (hsv[..., 2] >= _MIN_VALUE)
 
 
-def dark_mask(image: np.ndarray, max_value: int = 90) -> np.ndarray:
-    """Boolean mask of dark, unsaturated pixels (walls, outlines)."""
-    hsv = cv2.cvtColor(np.ascontiguousarray(image, dtype=np.uint8), cv2.COLOR_RGB2HSV)
-    return (hsv[..., 2] <= max_value) & (hsv[..., 1] <= 80)
-
-
 @dataclass(frozen=True)
 class Blob:
     """A connected component: pixel area, centroid (x, y), bounding box (x, y, w, h) and a shape guess."""
