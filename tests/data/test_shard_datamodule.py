@@ -1,8 +1,11 @@
 import dataclasses
+import io
+import itertools
 import json
 import logging
 import os
 import random
+import re
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import webdataset as wds
 import yaml
 from jsonargparse import ArgumentParser
 from lightning import LightningModule, Trainer
@@ -17,7 +21,7 @@ from lightning.pytorch.loggers import CSVLogger
 from PIL import Image
 
 from app.data import DotsDataset, ShardDataModule
-from app.data.shard_stream import SkipCounts, epoch_share
+from app.data.shard_stream import ShardLoader, ShardStream, SkipCounts, derive_seed, epoch_share
 from app.data.shards import encode_sample, write_samples
 from app.types import VisualSample
 
@@ -306,3 +310,204 @@ def test_no_val_urls_means_no_validation(shard_dir):
     dm = _module(f"{shard_dir}/good-*.tar")
     assert dm.val_dataloader() == [] and dm.test_dataloader() == []
     assert os.path.basename(dm.urls["train"][0]) == "good-000000.tar"
+
+
+# ShardStream on its own, in the main process (worker 0 of 1 unless a test fakes the worker info).
+
+
+def _seed(*parts: object) -> int:
+    """The documented seed recipe: 63 random bits seeded by the parts joined with ':'."""
+    return random.Random(":".join(str(p) for p in parts)).getrandbits(63)
+
+
+def _stream_items(stream: ShardStream) -> list[tuple[list[int], SkipCounts]]:
+    return [([s.meta["index"] for s in item.samples], item.skipped) for item in stream]
+
+
+def _stream_indices(stream: ShardStream) -> list[int]:
+    return [i for indices, _ in _stream_items(stream) for i in indices]
+
+
+def _fake_worker(monkeypatch, worker: int, num_workers: int) -> None:
+    info = SimpleNamespace(id=worker, num_workers=num_workers)
+    monkeypatch.setattr("app.data.shard_stream.get_worker_info", lambda: info)
+
+
+@pytest.fixture(scope="module")
+def single_urls(tmp_path_factory) -> list[str]:
+    """Twelve shards of one sample each: shard ``i`` holds sample ``i``, so sample order shows shard order."""
+    out = tmp_path_factory.mktemp("single")
+    return [str(p) for p in write_samples(_samples(12), out, "one", max_per_shard=1)]
+
+
+def test_skip_counts_add_field_by_field_and_are_false_only_when_empty():
+    assert SkipCounts(1, 2) + SkipCounts(3, 5) == SkipCounts(shards=4, samples=7)
+    assert not SkipCounts() and SkipCounts(shards=1) and SkipCounts(samples=1)
+
+
+def test_derive_seed_is_the_63_bit_draw_of_the_joined_parts():
+    for parts in [(0,), (0, 1, "shards"), (7, 3, 1, 2, "buffer")]:
+        assert derive_seed(*parts) == _seed(*parts)
+    assert max(derive_seed(i) for i in range(64)).bit_length() == 63
+
+
+def _shard_order(seed: int, epoch: int, num_shards: int = 12) -> list[int]:
+    order = list(range(num_shards))
+    random.Random(_seed(seed, epoch, "shards")).shuffle(order)
+    return order
+
+
+def test_shard_order_is_shuffled_by_seed_and_epoch_only_when_shuffling(single_urls):
+    for seed, epoch in [(0, 0), (0, 1), (5, 0)]:
+        stream = ShardStream(single_urls, batch_size=5, seed=seed, shuffle=True)
+        stream.epoch = epoch
+        assert _stream_indices(stream) == _shard_order(seed, epoch)
+    # By default: seed 0 and epoch 0 (until a ShardLoader sets it).
+    assert _stream_indices(ShardStream(single_urls, batch_size=5, shuffle=True)) == _shard_order(0, 0)
+    unshuffled = ShardStream(single_urls, batch_size=5, seed=3, shuffle=False, shuffle_buffer=8)
+    unshuffled.epoch = 2
+    assert _stream_indices(unshuffled) == list(range(12))
+
+
+def test_loader_sets_the_epoch_from_epoch_fn_or_else_counts_passes(single_urls):
+    def epochs(epoch_fn=None) -> list[list[int]]:
+        loader = ShardLoader(ShardStream(single_urls, batch_size=12, shuffle=True), epoch_fn=epoch_fn)
+        return [_indices(loader) for _ in range(3)]
+
+    assert epochs() == [_shard_order(0, e) for e in range(3)]
+    assert epochs(lambda: 7) == [_shard_order(0, 7)] * 3
+    assert epochs(lambda: None) == [_shard_order(0, e) for e in range(3)]  # a trainer without an epoch yet
+
+
+def test_ranks_split_by_shard_unless_split_by_sample(shard_dir):
+    urls = [str(p) for p in sorted(shard_dir.glob("good-*.tar"))]
+    assert _stream_indices(ShardStream(urls, 16)) == list(range(NUM_SAMPLES))
+    assert _stream_indices(ShardStream(urls, 16, rank=1, world_size=2)) == [4, 5, 6, 7, 12, 13, 14, 15]
+    assert _stream_indices(ShardStream(urls, 16, rank=1, world_size=2, split_by_sample=True)) == list(range(1, 16, 2))
+
+
+def test_loader_streams_in_this_process_by_default_and_workers_take_every_other_shard(single_urls):
+    augmented_here = []
+
+    def spy(sample: VisualSample, rng: random.Random) -> VisualSample:
+        augmented_here.append(sample.meta["index"])
+        return sample
+
+    assert _indices(ShardLoader(ShardStream(single_urls[:8], 2, augment=spy))) == list(range(8))
+    assert augmented_here == list(range(8))  # not in a worker process's copy of the stream
+    batches = list(ShardLoader(ShardStream(single_urls[:8], 2), num_workers=2))
+    assert [[s.meta["index"] for s in b] for b in batches] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+
+
+def test_resampled_stream_needs_an_epoch_size(single_urls):
+    with pytest.raises(ValueError, match="^resampled streams never end: give epoch_size$"):
+        ShardStream(single_urls, 2, resampled=True)
+
+
+def test_resampled_shards_are_drawn_per_seed_epoch_rank_and_worker(single_urls, monkeypatch):
+    def draws(seed: int, epoch: int, rank: int, worker: int) -> list[int]:
+        _fake_worker(monkeypatch, worker, 2)
+        stream = ShardStream(single_urls, 5, rank, 2, seed=seed, resampled=True, epoch_size=10)
+        stream.epoch = epoch
+        return _stream_indices(stream)
+
+    def expected(seed: int, epoch: int, rank: int, worker: int) -> list[int]:
+        shards = wds.ResampledShards(
+            single_urls,
+            seed=_seed(seed, epoch, "resample"),
+            worker_seed=lambda: _seed(rank, worker),
+            deterministic=True,
+        )
+        return [single_urls.index(s["url"]) for s in itertools.islice(shards, 5)]
+
+    runs = {args: draws(*args) for args in [(0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 1, 0, 0), (4, 0, 0, 0)]}
+    for args, got in runs.items():
+        assert got == expected(*args), args  # each worker yields its 5 of the rank's 10 samples
+    assert len({tuple(got) for got in runs.values()}) == len(runs)
+    assert draws(0, 0, 0, 1) == runs[(0, 0, 0, 1)]  # reproducible
+
+
+def test_shuffle_buffer_is_seeded_by_seed_epoch_rank_and_worker(shard_dir):
+    urls = [str(p) for p in sorted(shard_dir.glob("good-*.tar"))]
+    for seed, epoch in [(0, 0), (2, 1)]:
+        stream = ShardStream(urls, batch_size=4, seed=seed, shuffle=True, shuffle_buffer=5)
+        stream.epoch = epoch
+        records = [shard * PER_SHARD + i for shard in _shard_order(seed, epoch, NUM_SHARDS) for i in range(PER_SHARD)]
+        buffer = wds.shuffle(5, rng=random.Random(_seed(seed, epoch, 0, 0, "buffer")))
+        assert _stream_indices(stream) == list(buffer(iter(records)))
+
+
+def test_skips_ride_with_the_batch_they_happened_in_and_are_logged(bad_dir, caplog):
+    urls = [str(p) for p in sorted(bad_dir.glob("*.tar"))]
+    with caplog.at_level(logging.WARNING, logger="app.data.shard_stream"):
+        items = _stream_items(ShardStream(urls, batch_size=2))
+    messages = [r.getMessage() for r in caplog.records]
+    none = SkipCounts()
+    assert items == [
+        ([0, 1], none), ([2, 3], none), ([4, 5], none), ([6, 7], none),
+        ([8, 9], SkipCounts(shards=2)),  # the garbage shard, and the truncated one (it fails before 9 is yielded)
+        ([12, 14], SkipCounts(samples=1)),  # sample bad-1
+        ([], SkipCounts(samples=1)),  # bad-3, the last record: a counts-only item
+    ]  # fmt: skip
+    assert _stream_items(ShardStream(urls[:2], batch_size=2))[-1] == ([6, 7], none)  # no counts-only item when clean
+    deltas: list[SkipCounts] = []
+    loader = ShardLoader(ShardStream(urls, batch_size=2), on_skip=deltas.append)
+    assert [len(b) for b in loader] == [2] * 6  # the counts-only item is no batch
+    assert deltas == [SkipCounts(shards=2), SkipCounts(samples=1), SkipCounts(samples=1)]
+    assert loader.skipped == SkipCounts(shards=2, samples=2)
+    shard_log = "skipping the rest of shard {}: ReadError: {} \\(worker 0: {} shards, 0 samples skipped this epoch\\)"
+    sample_log = (
+        "skipping sample {0} of {1}: sample '{0}': {2} \\(worker 0: 2 shards, {3} samples skipped this epoch\\)"
+    )
+    expected = [
+        shard_log.format(re.escape(urls[2]), "invalid header", 1),
+        shard_log.format(re.escape(urls[3]), "unexpected end of data .*", 2),
+        sample_log.format("bad-1", re.escape(urls[4]), "cannot decode image 'img0.png': .+", 1),
+        sample_log.format("bad-3", re.escape(urls[4]), "member 'json' is not valid JSON: .+", 2),
+    ]
+    assert len(messages) == len(expected)
+    for pattern, message in zip(expected, messages, strict=True):
+        assert re.fullmatch(pattern, message), (pattern, message)
+
+
+def test_members_without_a_suffix_are_ignored_and_a_duplicate_member_ends_the_shard(tmp_path, caplog):
+    """A member named like no sample is passed over; one sample's member twice ends the shard after that sample."""
+    members = [("README", b"not a sample")]
+    for i, sample in enumerate(_samples(3)):
+        record = encode_sample(sample, f"s{i}")
+        members += [(f"s{i}.{suffix}", record[suffix]) for suffix in ("json", "img0.png")]
+    members.insert(5, members[3])  # s1.json, s1.img0.png, s1.json again, then s2
+    path = tmp_path / "odd.tar"
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with caplog.at_level(logging.WARNING, logger="app.data.shard_stream"):
+        items = _stream_items(ShardStream([str(path)], batch_size=4))
+    assert items == [([0, 1], SkipCounts(shards=1))]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skipping the rest of shard {path}: ValueError: duplicate member 's1.json' "
+        "(worker 0: 1 shards, 0 samples skipped this epoch)"
+    ]
+
+
+def test_strip_labels_applies_before_augment_and_only_when_asked(shard_dir):
+    urls = [str(p) for p in sorted(shard_dir.glob("good-*.tar"))]
+    seen = []
+
+    def spy(sample: VisualSample, rng: random.Random) -> VisualSample:
+        seen.append(sample.answer)
+        return sample
+
+    stripped = [s for item in ShardStream(urls, 4, augment=spy, strip_labels=True) for s in item.samples]
+    assert len(seen) == len(stripped) == NUM_SAMPLES and set(seen) == {None}
+    kept = [s for item in ShardStream(urls, 4) for s in item.samples]
+    assert all(s.answer is not None for s in kept) and [s.answer for s in kept] == [s.answer for s in _samples(16)]
+
+
+def test_only_resampled_loaders_know_their_length(shard_dir):
+    urls = [str(p) for p in sorted(shard_dir.glob("good-*.tar"))]
+    assert len(ShardLoader(ShardStream(urls, 4, resampled=True, epoch_size=9))) == 3
+    with pytest.raises(TypeError, match="^a finite shard stream has no length known in advance$"):
+        len(ShardLoader(ShardStream(urls, 4)))

@@ -87,7 +87,7 @@ class _WorkerCounts:
         self.reported = SkipCounts()
 
     def shard(self, url: str, err: Exception) -> None:
-        self.total = self.total + SkipCounts(1, 0)
+        self.total = self.total + SkipCounts(shards=1)
         log.warning(
             "skipping the rest of shard %s: %s: %s (worker %d: %d shards, %d samples skipped this epoch)",
             url, type(err).__name__, err, self.worker, self.total.shards, self.total.samples,
@@ -162,7 +162,7 @@ class ShardStream(IterableDataset):
         split_by_sample: bool = False,
         seed: int = 0,
         shuffle: bool = False,
-        shuffle_buffer: int = 0,
+        shuffle_buffer: int = 0,  # pragma: no mutate (equivalent: a buffer of 0 or 1 keeps the order)
         resampled: bool = False,
         epoch_size: int | None = None,
         augment: Augment | None = None,
@@ -216,7 +216,7 @@ class ShardStream(IterableDataset):
                 )
             if self.strip_labels:
                 outs = tuple(without_labels(s) for s in outs)
-            yield tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
+            yield tuple(outs)  # a single sample as a 1-tuple: batches flatten tuples, and either counts as one item
 
     def __iter__(self) -> Iterator[StreamBatch]:
         info = get_worker_info()
@@ -225,9 +225,11 @@ class ShardStream(IterableDataset):
         stages = [*self._sources(worker, num_workers), functools.partial(expand_tars, counts=counts)]
         if self.split_by_sample and not self.resampled:
             stages.append(functools.partial(_take_every, start=self.rank, step=self.world_size))
-        if self.shuffle and self.shuffle_buffer > 0:
+        buffered = self.shuffle_buffer > 0  # pragma: no mutate (equivalent: a buffer of 0 or 1 keeps the order)
+        if self.shuffle and buffered:
             rng = random.Random(derive_seed(self.seed, self.epoch, self.rank, worker, "buffer"))
-            stages.append(wds.shuffle(self.shuffle_buffer, initial=min(self.shuffle_buffer, 100), rng=rng))
+            # webdataset's shuffle starts yielding once it holds min(100, buffer) records
+            stages.append(wds.shuffle(self.shuffle_buffer, rng=rng))
         stages += [functools.partial(self._decode, counts=counts), self._augmented]
         items: Iterator = iter(wds.DataPipeline(*stages))
         if self.epoch_size is not None:
@@ -280,7 +282,12 @@ class ShardLoader:
         self.epoch_fn, self.on_skip = epoch_fn, on_skip
         self.skipped = SkipCounts()
         self.passes = 0
-        self.loader = DataLoader(stream, batch_size=None, num_workers=num_workers, collate_fn=_identity)
+        self.loader = DataLoader(
+            stream,
+            batch_size=None,
+            num_workers=num_workers,
+            collate_fn=_identity,  # pragma: no mutate (equivalent: the default, default_convert, passes a StreamBatch through)
+        )
 
     def __len__(self) -> int:
         """Batches per epoch; known only for resampled streams, whose epochs have an exact size."""
