@@ -22,6 +22,7 @@ from app.rewards.consistency import (
     one_to_all_pairing,
     pair_rewards,
     parse_answers,
+    parse_distance,
     random_pairing,
     verification_matrix,
 )
@@ -309,3 +310,77 @@ def test_answer_type_from_meta_scores_each_pair_with_its_own_type():
     del count[0].meta["answer_type"]
     with pytest.raises(ValueError, match="needs meta\\['answer_type'\\].*rows 4:6 .*None"):
         consistency_rewards(bool_texts + count_texts, boolean + count, answer_type="from_meta")
+
+
+def test_numeric_verifier_errors_name_the_answer_type():
+    with pytest.raises(ValueError, match="^count answers only support invariant transforms .*'negation'"):
+        count_verifier(1.0, 1.0, "negation")
+    with pytest.raises(ValueError, match="^distance answers only support invariant transforms .*'negation'"):
+        distance_verifier(1.0, 1.0, "negation")
+
+
+def test_parse_distance_accepts_zero_and_fractions_below_one():
+    assert [parse_distance(text) for text in ("0", "0.0", "0.5", "1", "-0.5")] == [0.0, 0.0, 0.5, 1.0, None]
+
+
+def test_pair_rewards_defaults_to_minimal_pairing_and_accepts_any_tensor_dtype():
+    V = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    minimal = pair_rewards(V, pairing="minimal")
+    assert [t.tolist() for t in minimal] == [[0.0, 1.0], [1.0, 0.0]]  # differs from one_to_all and random here
+    assert [t.tolist() for t in pair_rewards(V)] == [t.tolist() for t in minimal]
+    assert [t.tolist() for t in minimal_pairing(V)] == [t.tolist() for t in minimal]
+    for dtype in (torch.bfloat16, torch.float16, torch.bool, torch.int64):
+        r, r2 = pair_rewards(V.to(dtype))
+        assert (r.dtype, r2.dtype) == (torch.float32, torch.float32)
+        assert [r.tolist(), r2.tolist()] == [t.tolist() for t in minimal], dtype
+
+
+def test_random_and_one_to_all_pairing_use_both_validity_masks():
+    rng = np.random.default_rng(6)
+    V = rng.random((3, 3))
+    valid_x, valid_x2 = np.array([True, False, True]), np.array([True, True, False])
+    # Generation order over the valid completions: x's 0th and 2nd meet the twin's 0th and 1st.
+    r, r2 = random_pairing(torch.tensor(V), torch.tensor(valid_x), torch.tensor(valid_x2))
+    assert r.tolist() == pytest.approx([V[0, 0], 0.0, V[2, 1]])
+    assert r2.tolist() == pytest.approx([V[0, 0], V[2, 1], 0.0])
+    r, r2 = one_to_all_pairing(torch.tensor(V), torch.tensor(valid_x), torch.tensor(valid_x2))
+    sub = V[np.ix_(valid_x, valid_x2)]
+    assert r.tolist() == pytest.approx([sub[0].mean(), 0.0, sub[1].mean()])
+    assert r2.tolist() == pytest.approx([sub[:, 0].mean(), sub[:, 1].mean(), 0.0])
+
+
+def test_consistency_reward_defaults_and_base_arguments():
+    reward = ConsistencyReward()
+    assert (reward.answer_type, reward.pairing, reward.distance_tolerance, reward.seed, reward.generator) == (
+        "bool",
+        "minimal",
+        0.1,
+        None,
+        None,
+    )
+    assert (reward.name, reward.weight) == ("consistency", 1.0)
+    custom = ConsistencyReward(weight=0.5, name="ot_consistency", dist_sync_on_step=True)
+    assert (custom.name, custom.weight, custom.dist_sync_on_step) == ("ot_consistency", 0.5, True)
+    # The default distance tolerance is 10 %: 10 vs 10.5 agree (0.5 <= 1.05), 10 vs 11.5 do not (1.5 > 1.15).
+    distance = ConsistencyReward(answer_type="distance")
+    assert distance.score([answer("10"), answer("10.5")], pair_batch(1)).tolist() == [1.0, 1.0]
+    assert distance.score([answer("10"), answer("11.5")], pair_batch(1)).tolist() == [0.0, 0.0]
+
+
+def test_from_meta_validates_the_distance_tolerance_at_construction():
+    assert ConsistencyReward(answer_type="from_meta", distance_tolerance=0.0).distance_tolerance == 0.0
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="distance_tolerance must be a finite number >= 0"):
+            ConsistencyReward(answer_type="from_meta", distance_tolerance=bad)
+
+
+def test_seeded_random_pairing_draws_its_permutations_from_the_seed():
+    rng = np.random.default_rng(8)
+    completions = [answer(rng.choice(["yes", "no"])) for _ in range(16)]
+    samples = pair_batch(8)
+    reward = ConsistencyReward(pairing="random", seed=3)
+    assert reward.seed == 3
+    expected = consistency_rewards(completions, samples, pairing="random", generator=torch.Generator().manual_seed(3))
+    generation_order = consistency_rewards(completions, samples, pairing="random")
+    assert expected.tolist() != generation_order.tolist()  # the seed matters for this batch
+    assert reward.score(completions, samples).tolist() == expected.tolist()

@@ -98,3 +98,17 @@ def test_matches_reference_regex(text):
         and match.group(2).strip() != ""
     )
     assert format_reward([text]).item() == float(expected)
+
+
+def test_scores_are_float32_under_a_float64_default_dtype():
+    # Lightning's "64-true" precision makes float64 the default dtype; rewards stay float32.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        functional = format_reward(GOOD[:2] + BAD[:1])
+        sample = VisualSample(images=[], question="q", task="t")
+        reward = FormatReward().score(GOOD[:2] + BAD[:1], [sample] * 3)
+    finally:
+        torch.set_default_dtype(previous)
+    for out in (functional, reward):
+        assert out.dtype == torch.float32 and out.tolist() == [1.0, 1.0, 0.0]

@@ -179,3 +179,38 @@ def test_class_matches_functional_and_labels_are_checked():
 
 def test_parsed_label_round_trip():
     assert [s.function for s in parse_steps(GT)] == ["change_color", "change_size", "change_shape"]
+
+
+def test_an_empty_side_has_no_matches():
+    gt = parse_steps(GT)
+    for ordered in (False, True):
+        assert step_match_counts([], gt, ordered) == (0, 0, 0)
+        assert step_match_counts(gt, [], ordered) == (0, 0, 0)
+        assert sequence_score([], gt, ordered=ordered) == 0.0
+        assert sequence_score([], [], ordered=ordered) == 0.0
+
+
+def test_matching_keeps_two_full_matches_over_more_partial_ones():
+    # Pairing by the sum of match levels could trade a full match for partial ones (1 full + 2 partial = 7 = 2 full
+    # + 1 function-only); the lexicographic pairing keeps both full matches.
+    pred = [FunctionStep("change_color", obj, value) for obj, value in (("1", "x"), ("1", "y"), ("2", "y"))]
+    gt = [FunctionStep("change_color", obj, value) for obj, value in (("1", "y"), ("2", "y"), ("2", "y"))]
+    assert step_match_counts(pred, gt) == (2, 0, 1)
+    assert step_match_counts(gt, pred) == (2, 0, 1)
+
+
+def test_default_credits_are_a_half_and_a_quarter():
+    gt = parse_steps("change_color(obj_1, red), change_size(obj_2, small)")
+    pred = parse_steps("change_color(obj_1, blue), change_size(obj_3, large)")  # one partial, one function-only
+    assert step_match_counts(pred, gt) == (0, 1, 1)
+    assert sequence_score(pred, gt) == pytest.approx((0.5 + 0.25) / 2)
+    reward = FunctionSequenceReward()
+    assert (reward.alpha, reward.beta, reward.ordered, reward.name, reward.weight) == (
+        0.5,
+        0.25,
+        False,
+        "function_sequence",
+        1.0,
+    )
+    custom = FunctionSequenceReward(name="steps", dist_sync_on_step=True)
+    assert (custom.name, custom.weight, custom.dist_sync_on_step) == ("steps", 1.0, True)

@@ -1,5 +1,7 @@
 """Groups are runs of the same sample object; pairs are consecutive groups sharing a pair id; bad layouts raise."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from app.rewards.groups import pair_groups, split_groups
@@ -53,3 +55,14 @@ def test_unknown_or_missing_relation(relation):
     x, twin = sample(5), sample(5, relation)
     with pytest.raises(ValueError, match=r"unknown relation .* pair 5's twin"):
         pair_groups([x, x, twin, twin])
+
+
+def test_layout_errors_name_the_rows_and_task_of_each_group():
+    x = VisualSample(images=[], question="q", task="dots", meta={"pair_id": 1})
+    twin = VisualSample(images=[], question="q", task="dots_twin", meta={"pair_id": 2, "relation": "identity"})
+    with pytest.raises(ValueError, match=r"groups rows 0:2 \(task 'dots'\) and rows 2:4 \(task 'dots_twin'\) should"):
+        pair_groups([x, x, twin, twin])
+    # Any object with a ``meta`` dict groups; one without a ``task`` is described with '?'.
+    untasked = SimpleNamespace(meta={"pair_id": 3})
+    with pytest.raises(ValueError, match=r"the last one, rows 0:3 \(task '\?'\), is unpaired"):
+        pair_groups([untasked] * 3)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.rewards.numeric import NumericToleranceReward, numeric_tolerance_reward
+from app.rewards.numeric import NumericToleranceReward, numeric_tolerance_reward, tolerance_score
 from app.types import VisualSample
 
 
@@ -158,3 +158,27 @@ def test_property_matches_reference(pred, gt):
     got = numeric_tolerance_reward([wrap(repr(pred))], [repr(gt)]).item()
     assert got == pytest.approx(reference(pred + 0.0, gt + 0.0), abs=1e-6)
     assert 0.0 <= got <= 1.0
+
+
+def test_tolerance_score_defaults_are_the_paper_band_and_a_unit_zero_scale():
+    preds = (104.0, 106.0, 112.5, 119.0, 120.0, 130.0)
+    assert [tolerance_score(p, 100.0) for p in preds] == pytest.approx([reference(p, 100.0) for p in preds])
+    assert [tolerance_score(p, 100.0) for p in preds][::2] == pytest.approx([1.0, 0.5, 0.0])
+    assert tolerance_score(0.125, 0.0) == pytest.approx(0.5)  # the middle of the absolute band 0.05 .. 0.2
+
+
+def test_tolerance_score_at_the_limits_of_floating_point():
+    # An exact answer scores 1 even when the label is so small that both band edges underflow to 0.
+    assert tolerance_score(5e-324, 5e-324) == 1.0
+    assert tolerance_score(5e-324, 0.0, zero_scale=5e-324) == 0.0  # |pred| >= eps2 * zero_scale == 0
+    # |pred - gt| and eps2 * |gt| both overflow to inf: a relative error of exactly eps2 scores 0, not NaN.
+    assert tolerance_score(-1.5e308, 1.5e308, eps1=0.05, eps2=2.0) == 0.0
+
+
+def test_class_defaults_and_base_arguments():
+    reward = NumericToleranceReward()
+    assert (reward.eps1, reward.eps2, reward.zero_scale, reward.weight) == (0.05, 0.2, 1.0, 1.0)
+    custom = NumericToleranceReward(name="length", weight=0.5, dist_sync_on_step=True)
+    assert (custom.name, custom.weight, custom.dist_sync_on_step) == ("length", 0.5, True)
+    texts = [wrap(x) for x in ("104", "112.5", "120", "0.125")]
+    assert reward.score(texts, [sample("100")] * 3 + [sample("0")]).tolist() == pytest.approx([1.0, 0.5, 0.0, 0.5])

@@ -135,3 +135,53 @@ def test_update_replaces_nonfinite_with_warning():
     with pytest.warns(RuntimeWarning, match=r"'nan' returned 1 non-finite"):
         reward.update(["a", "b"], [SAMPLE, SAMPLE])
     assert reward.compute().item() == 0.5
+
+
+def test_value_range_may_be_a_single_value_but_not_inverted():
+    class Constant(RewardComponent):
+        value_range = (1.0, 1.0)
+
+        def score(self, completions, samples):
+            return torch.ones(len(completions))
+
+    assert Constant().value_range == (1.0, 1.0)
+    with pytest.raises(TypeError, match=r"^_Inverted\.value_range must be \(low, high\) with low <= high, got \(1\.0, 0\.0\)"):
+
+        class _Inverted(RewardComponent):
+            value_range = (1.0, 0.0)
+
+            def score(self, completions, samples):
+                return torch.zeros(len(completions))
+
+
+def test_update_rejects_precomputed_scores_of_the_wrong_shape():
+    reward = FormatReward()
+    with pytest.raises(ValueError, match=r"'format': scores must have shape \[3\], got torch.Size\(\[2\]\)"):
+        reward.update(["a"] * 3, [SAMPLE] * 3, scores=torch.zeros(2))
+    assert reward.count.item() == 0
+
+
+def test_update_accumulates_each_batch_sum_in_the_state_dtype():
+    # A float64 batch sum is rounded to the float32 state before it is added: 1 + float32(2**-24 + 2**-50) is the
+    # float32 tie 1 + 2**-24, which rounds to even (1.0); adding in float64 first would give 1 + 2**-23.
+    reward = FormatReward()
+    reward.update(["a"], [SAMPLE], scores=torch.tensor([1.0]))
+    small = torch.tensor([2.0**-24 + 2.0**-50], dtype=torch.float64)
+    reward.update(["a"], [SAMPLE], scores=small)
+    expected = torch.tensor(1.0) + small.sum().float()
+    assert reward.total.dtype == torch.float32
+    assert reward.total.item() == expected.item() == 1.0
+    assert reward.count.item() == 2
+
+
+@pytest.mark.skipif(
+    hasattr(RewardComponent.update, "__wrapped__"), reason="update is wrapped (mutation testing): extra stack frames"
+)
+def test_nonfinite_warning_points_at_the_caller_of_update():
+    class Nan(RewardComponent):
+        def score(self, completions, samples):
+            return torch.tensor([float("nan")])
+
+    with pytest.warns(RuntimeWarning, match="non-finite") as record:
+        Nan().update(["a"], [SAMPLE])
+    assert [w.filename for w in record] == [__file__]

@@ -109,3 +109,13 @@ def test_components_are_submodules():
     holder = torch.nn.Module()
     holder.rewards = rewards
     assert {type(m).__name__ for m in holder.modules()} >= {"FormatReward", "AccuracyReward"}
+
+
+@pytest.mark.skipif(
+    hasattr(WeightedReward.forward, "__wrapped__"), reason="forward is wrapped (mutation testing): extra stack frames"
+)
+def test_nonfinite_warning_points_at_the_caller_of_the_module():
+    rewards = WeightedReward([Constant([float("nan")], name="flaky")])
+    with pytest.warns(RuntimeWarning, match="'flaky' returned 1 non-finite") as record:
+        rewards(["a"], samples(1))
+    assert [w.filename for w in record] == [__file__]

@@ -118,6 +118,15 @@ def test_prev_sample_reproduces_the_sampled_log_prob(kind, dtype):
 
 
 @pytest.mark.parametrize("kind", ["sde", "cps"])
+def test_generator_draws_the_noise(kind):
+    x, v, _, g = _inputs(11)
+    s, s_next = _random_sigmas(g, SHAPE[0])
+    drawn = STOCHASTIC[kind](x, v, s, s_next, eta=0.7, generator=torch.Generator().manual_seed(123))
+    z = torch.randn(SHAPE, generator=torch.Generator().manual_seed(123))  # the same draw, passed as noise
+    assert torch.equal(drawn.sample, STOCHASTIC[kind](x, v, s, s_next, eta=0.7, noise=z).sample)
+
+
+@pytest.mark.parametrize("kind", ["sde", "cps"])
 def test_log_prob_is_differentiable_in_v(kind):
     x, v, z, g = _inputs(7)
     s, s_next = _random_sigmas(g, SHAPE[0])

@@ -148,7 +148,7 @@ class RewardComponent(Metric):
                 warnings.warn(
                     f"reward {self.name!r} returned {num_nonfinite} non-finite value(s); counted as 0",
                     RuntimeWarning,
-                    stacklevel=2,
+                    stacklevel=3,  # pragma: no mutate (the caller of update(), above torchmetrics' wrapper; a trampoline adds frames)
                 )
         elif scores.shape != (len(completions),):
             raise ValueError(f"reward {self.name!r}: scores must have shape [{len(completions)}], got {scores.shape}")

@@ -83,7 +83,7 @@ class WeightedReward(torch.nn.Module):
                 warnings.warn(
                     f"reward {component.name!r} returned {num_nonfinite} non-finite value(s) (NaN/inf); replaced by 0",
                     RuntimeWarning,
-                    stacklevel=2,
+                    stacklevel=4,  # pragma: no mutate (the caller, above nn.Module's two call frames; a trampoline adds frames)
                 )
             if accumulate:
                 component.update(completions, samples, scores=scores)

@@ -312,7 +312,7 @@ def one_to_all_pairing(V, valid_x=None, valid_x2=None) -> tuple[Tensor, Tensor]:
 def minimal_pairing(V, valid_x=None, valid_x2=None) -> tuple[Tensor, Tensor]:
     """:func:`pair_rewards` with ``pairing="minimal"`` (OT-GRPO): ``r_i = V_{i, sigma*(i)}``, ``sigma*`` minimising the
     total consistency; transport-weighted when the valid counts differ."""
-    return pair_rewards(V, valid_x, valid_x2, "minimal")
+    return pair_rewards(V, valid_x, valid_x2)  # pairing="minimal" is the default
 
 
 # ---------------------------------------------------------------------------------------------- batched reward
@@ -412,8 +412,8 @@ class ConsistencyReward(RewardComponent):
         super().__init__(weight=weight, name=name, **kwargs)
         if answer_type != FROM_META:
             answer_spec(answer_type, distance_tolerance)  # validates both
-        elif not distance_tolerance >= 0:
-            raise ValueError(f"distance_tolerance must be >= 0, got {distance_tolerance}")
+        elif not (math.isfinite(distance_tolerance) and distance_tolerance >= 0):
+            raise ValueError(f"distance_tolerance must be a finite number >= 0, got {distance_tolerance}")
         check_pairing(pairing)
         self.answer_type = answer_type
         self.pairing = pairing

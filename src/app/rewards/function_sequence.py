@@ -24,6 +24,7 @@ Decisions where the paper is silent:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -60,23 +61,22 @@ def step_match_counts(
     >>> step_match_counts(parse_steps("change_size(2, small), change_color(1, blue)"), gt, ordered=True)
     (0, 0, 0)
     """
-    counts = [0, 0, 0, 0]  # indexed by level
+    counts: Counter[int] = Counter()  # by level
     if ordered:
-        for p, g in zip(pred, gt, strict=False):
-            counts[match_level(p, g)] += 1
+        for i in range(min(len(pred), len(gt))):
+            counts[match_level(pred[i], gt[i])] += 1
         return counts[FULL], counts[PARTIAL], counts[FUNCTION_ONLY]
     if not pred or not gt:
         return 0, 0, 0
     from scipy.optimize import linear_sum_assignment  # scipy comes with POT; imported here to keep imports light
 
-    levels = np.array([[match_level(p, g) for g in gt] for p in pred], dtype=np.int64)  # [P, G]
-    # Weights base**(level - 1) with base > max(P, G) make the total rank pairings lexicographically by
-    # (#full, #partial, #function-only): n * base + n < base**2 for any n <= max(P, G) < base.
-    base = max(len(pred), len(gt)) + 1
-    weights = np.where(levels > NO_MATCH, base ** np.maximum(levels - 1, 0), 0)  # [P, G]
-    rows, cols = linear_sum_assignment(weights, maximize=True)
-    for level in levels[rows, cols].tolist():
-        counts[level] += 1
+    levels = np.array([[match_level(p, g) for g in gt] for p in pred])  # [P, G] int
+    # Every assignment has m = min(P, G) pairs. With weights base**level and base > m, a pairing's total is the
+    # base-``base`` number with digits (#full, #partial, #function-only, #no-match), each at most m < base, so
+    # maximising it ranks pairings lexicographically by (#full, #partial, #function-only).
+    base = len(pred) + len(gt)
+    rows, cols = linear_sum_assignment(base**levels, maximize=True)
+    counts.update(levels[rows, cols].tolist())
     return counts[FULL], counts[PARTIAL], counts[FUNCTION_ONLY]
 
 

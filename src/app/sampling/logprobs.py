@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 def token_logprobs_naive(hidden: Tensor, lm_head: nn.Module, targets: Tensor, temperature: float = 1.0) -> Tensor:
     """Reference log-probs: the whole ``[N, L, V]`` float32 logits at once. Returns ``[N, L]`` float32."""
-    _check(hidden, targets, chunk_size=1, temperature=temperature)
+    _check(hidden, targets, temperature=temperature)
     logits = lm_head(hidden).float() / temperature  # [N, L, V]
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.long()[..., None]).squeeze(-1)  # [N, L]
 
@@ -40,7 +40,9 @@ def chunked_token_logprobs(
     Returns:
         ``[N, L]`` float32 log-probs, differentiable w.r.t. ``hidden`` and ``lm_head``'s parameters.
     """
-    _check(hidden, targets, chunk_size=chunk_size, temperature=temperature)
+    _check(hidden, targets, temperature=temperature)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     n, length, h = hidden.shape
     flat_hidden = hidden.reshape(n * length, h)  # [T, H], T = N * L
     flat_targets = targets.reshape(n * length).long()  # [T]
@@ -81,12 +83,10 @@ class _TargetLogProb(torch.autograd.Function):
         return grad.scatter_add_(-1, targets[:, None], g), None, None  # [C, V] (onehot - softmax) * g
 
 
-def _check(hidden: Tensor, targets: Tensor, chunk_size: int, temperature: float) -> None:
+def _check(hidden: Tensor, targets: Tensor, temperature: float) -> None:
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be [N, L, H], got shape {tuple(hidden.shape)}")
     if tuple(targets.shape) != tuple(hidden.shape[:2]):
         raise ValueError(f"targets must be [N, L] = {tuple(hidden.shape[:2])} like hidden, got {tuple(targets.shape)}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")

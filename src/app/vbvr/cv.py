@@ -42,9 +42,8 @@ def palette_hue(name: str) -> int:
 def color_mask(image: np.ndarray, name: str, tolerance: int = _HUE_TOLERANCE) -> np.ndarray:
     """Boolean ``[H, W]`` mask of pixels whose colour is the named palette colour."""
     hsv = cv2.cvtColor(np.ascontiguousarray(image, dtype=np.uint8), cv2.COLOR_RGB2HSV)
-    hue = hsv[..., 0].astype(np.int16)
-    target = palette_hue(name)
-    distance = np.minimum(np.abs(hue - target), 180 - np.abs(hue - target))
+    gap = np.abs(np.subtract(hsv[..., 0], palette_hue(name), dtype=np.int16))  # int16: no uint8 wrap-around
+    distance = np.minimum(gap, 180 - gap)  # hue is circular
     return (distance <= tolerance) & (hsv[..., 1] >= _MIN_SATURATION) & (hsv[..., 2] >= _MIN_VALUE)
 
 
@@ -61,7 +60,7 @@ class Blob:
 def blobs(mask: np.ndarray, min_area: int = 12) -> list[Blob]:
     """Connected components of ``mask`` larger than ``min_area`` pixels, largest first, with a shape guess."""
     mask_u8 = mask.astype(np.uint8)
-    count, labels, stats, centroids = cv2.connectedComponentsWithStats(mask_u8, connectivity=8)
+    count, labels, stats, centroids = cv2.connectedComponentsWithStats(mask_u8)  # 8-connectivity (the default)
     found = []
     for i in range(1, count):
         area = int(stats[i, cv2.CC_STAT_AREA])
@@ -79,10 +78,10 @@ def _shape(component: np.ndarray) -> str:
     contours, _ = cv2.findContours(component.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     if not contours:
         return "unknown"
-    contour = max(contours, key=cv2.contourArea)
+    contour = contours[0]  # the only one: an 8-connected component has one outer contour
     area = cv2.contourArea(contour)
     x, y, w, h = cv2.boundingRect(contour)
-    fill = area / max(w * h, 1)
+    fill = area / (w * h)  # a contour's bounding box is at least 1 x 1
     if fill > 0.88:
         return "square"
     if fill < 0.62:
