@@ -84,9 +84,41 @@ def test_zero_std_groups_flagged_and_get_exactly_zero_advantage(scale):
     assert torch.isclose(flat.float().mean(), torch.tensor(sum(expected) / 5))
 
 
+def test_groups_of_one_completion_have_no_signal():
+    rewards = torch.tensor([0.3, -1.0, 2.0])
+    assert zero_std_groups(rewards, 1).tolist() == [True, True, True]
+    for scale in ("group", "batch", "none"):
+        assert torch.equal(group_advantages(rewards, 1, scale=scale), torch.zeros(3))
+
+
+def test_zero_std_threshold_is_inclusive():
+    rewards = torch.tensor([0.0, 1e-6, 0.0, 2e-6, 0.0, 0.5], dtype=torch.float64)  # spreads 1e-6, 2e-6, 0.5
+    assert zero_std_groups(rewards, 2).tolist() == [True, False, False]
+    assert zero_std_groups(rewards, 2, atol=0.5).tolist() == [True, True, True]
+    assert zero_std_groups(rewards, 2, atol=0.25).tolist() == [True, True, False]
+
+
+def test_default_scale_is_group_and_rewards_are_at_least_float32():
+    gen = make_gen(7)
+    rewards = random_rewards(gen, 4, 3)
+    expected = group_advantages(rewards, 3, scale="group")
+    assert torch.equal(group_advantages(rewards, 3), expected)
+    assert not torch.equal(expected, group_advantages(rewards, 3, scale="batch"))
+    half = rewards.to(torch.bfloat16)
+    got = group_advantages(half, 3)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, group_advantages(half.float(), 3))
+    assert group_advantages(rewards.double(), 3).dtype == torch.float64
+    assert group_advantages(torch.tensor([0, 2, 1, 1]), 2, scale="none").tolist() == [-1.0, 1.0, 0.0, 0.0]
+
+
 def test_advantage_input_errors():
-    with pytest.raises(ValueError, match=r"\(7\) is not divisible by group_size \(3\)"):
+    with pytest.raises(
+        ValueError, match=r"\(7\) is not divisible by group_size \(3\); rows must be group-major, B prompts x K"
+    ):
         group_advantages(torch.zeros(7), 3)
+    with pytest.raises(ValueError, match=r"rewards must be 1-D \[N\], got shape \(2, 2\)"):
+        group_advantages(torch.zeros(2, 2), 2)
     with pytest.raises(ValueError, match="group_size must be >= 1"):
         zero_std_groups(torch.zeros(4), 0)
     bad = torch.tensor([1.0, float("nan"), 0.0, float("inf"), 2.0, 3.0])
@@ -207,8 +239,10 @@ def test_k3_kl_nonnegative_zero_at_equality_and_matches_formula(seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant"])
-def test_loss_adds_beta_kl_per_token(seed, aggregation):
+@pytest.mark.parametrize(
+    ("aggregation", "max_length"), [("token_mean", None), ("sequence_mean", None), ("constant", None), ("constant", 16)]
+)
+def test_loss_adds_beta_kl_per_token(seed, aggregation, max_length):
     gen = make_gen(seed)
     n, length, beta = 6, 7, 0.04
     old = torch.randn(n, length, generator=gen) - 1
@@ -216,7 +250,9 @@ def test_loss_adds_beta_kl_per_token(seed, aggregation):
     ref = old + 0.3 * torch.randn(n, length, generator=gen)
     advantages = torch.randn(n, generator=gen)
     mask = random_mask(gen, n, length, empty_rows=1)
-    out = grpo_loss(logprobs, old, advantages, mask, beta=beta, ref_logprobs=ref, aggregation=aggregation)
+    out = grpo_loss(
+        logprobs, old, advantages, mask, beta=beta, ref_logprobs=ref, aggregation=aggregation, max_length=max_length
+    )
 
     r = np.exp((logprobs - old).double().numpy())
     a = advantages.double().numpy()[:, None]
@@ -224,9 +260,10 @@ def test_loss_adds_beta_kl_per_token(seed, aggregation):
     policy_tok = -np.minimum(r * a, np.clip(r, 0.8, 1.2) * a)
     kl_tok = np.exp(d) - d - 1
     m = mask.numpy()
-    np.testing.assert_allclose(out.loss.item(), ref_aggregate(policy_tok + beta * kl_tok, m, aggregation), rtol=1e-5)
-    np.testing.assert_allclose(out.policy_loss.item(), ref_aggregate(policy_tok, m, aggregation), rtol=1e-5)
-    np.testing.assert_allclose(out.kl.item(), ref_aggregate(kl_tok, m, aggregation), rtol=1e-5)
+    expected_loss = ref_aggregate(policy_tok + beta * kl_tok, m, aggregation, max_length)
+    np.testing.assert_allclose(out.loss.item(), expected_loss, rtol=1e-5)
+    np.testing.assert_allclose(out.policy_loss.item(), ref_aggregate(policy_tok, m, aggregation, max_length), rtol=1e-5)
+    np.testing.assert_allclose(out.kl.item(), ref_aggregate(kl_tok, m, aggregation, max_length), rtol=1e-5)
     assert out.kl.item() >= 0 and not out.kl.requires_grad
     torch.testing.assert_close(out.loss, out.policy_loss + beta * out.kl)
 
@@ -243,7 +280,41 @@ def test_beta_zero_logs_kl_without_adding_it():
     assert torch.equal(without.kl, torch.tensor(0.0))
 
 
+def test_beta_zero_ignores_even_an_overflowing_kl():
+    old = torch.full((2, 3), -100.0)
+    ref = torch.full((2, 3), -1.0)  # d = 99: exp(d) overflows float32, the k3 KL is inf
+    advantages, mask = torch.tensor([1.0, -1.0]), torch.ones(2, 3)
+    out = grpo_loss(old, old, advantages, mask, beta=0.0, ref_logprobs=ref)
+    assert math.isinf(out.kl.item())
+    assert torch.equal(out.loss, grpo_loss(old, old, advantages, mask).loss)
+
+
+def test_half_precision_inputs_are_computed_in_float32():
+    gen = make_gen(8)
+    old = (torch.randn(3, 5, generator=gen) - 1).to(torch.bfloat16)
+    logprobs = (old.float() + 0.2 * torch.randn(3, 5, generator=gen)).to(torch.bfloat16)
+    ref = (old.float() + 0.2 * torch.randn(3, 5, generator=gen)).to(torch.bfloat16)
+    advantages, mask = torch.randn(3, generator=gen).to(torch.bfloat16), random_mask(gen, 3, 5)
+    kwargs = dict(beta=0.1, aggregation="sequence_mean")
+    out = grpo_loss(logprobs, old, advantages, mask, ref_logprobs=ref, **kwargs)
+    expected = grpo_loss(logprobs.float(), old.float(), advantages.float(), mask, ref_logprobs=ref.float(), **kwargs)
+    for name in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
+        got = getattr(out, name)
+        assert got.dtype == torch.float32 and torch.equal(got, getattr(expected, name)), name
+
+
+def test_clip_ranges_and_beta_must_be_non_negative():
+    x, adv, mask = torch.zeros(3, 4), torch.ones(3), torch.ones(3, 4)
+    for kwargs in ({"beta": -0.1}, {"eps_low": -0.1}, {"eps_high": -0.1}):
+        with pytest.raises(ValueError, match=r"beta, eps_low and eps_high must be >= 0, got"):
+            grpo_loss(x, x, adv, mask, ref_logprobs=x, **kwargs)
+    out = grpo_loss(x + 0.1, x, adv, mask, eps_low=0.0, eps_high=0.0)  # zero width: every ratio != 1 is clipped
+    assert out.clip_fraction.item() == 1.0 and math.isclose(out.loss.item(), -1.0)
+
+
 def test_loss_input_errors():
+    with pytest.raises(ValueError, match=r"logprobs must be \[N, L\], got shape \(3,\)"):
+        grpo_loss(torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.ones(3))
     x, adv, mask = torch.zeros(3, 4), torch.zeros(3), torch.ones(3, 4)
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         grpo_loss(x, x, adv, mask, beta=0.01)
@@ -312,3 +383,17 @@ def test_aggregate_errors():
         aggregate(torch.zeros(2, 3), torch.ones(3, 2), "token_mean")
     with pytest.raises(ValueError, match="mode must be"):
         aggregate(torch.zeros(2, 3), torch.ones(2, 3), "sum")
+    with pytest.raises(ValueError, match="max_length must be >= 1, got 0"):
+        aggregate(torch.zeros(2, 3), torch.ones(2, 3), "constant", max_length=0)
+
+
+def test_aggregate_with_single_tokens_and_a_single_row():
+    values = torch.tensor([[2.0, 3.0, 5.0], [7.0, 11.0, 13.0], [17.0, 19.0, 23.0]], dtype=torch.float64)
+    one_token = torch.tensor([[0, 0, 0], [0, 1, 0], [0, 0, 0]], dtype=torch.bool)
+    for mode in ("token_mean", "sequence_mean"):
+        assert aggregate(values, one_token, mode).item() == 11.0
+    assert aggregate(values, one_token, "constant", max_length=1).item() == 11.0 / 3
+    one_per_row = torch.eye(3, dtype=torch.bool)
+    assert aggregate(values, one_per_row, "sequence_mean").item() == (2.0 + 11.0 + 23.0) / 3
+    one_row = torch.tensor([[0, 0, 0], [1, 1, 0], [0, 0, 0]], dtype=torch.bool)
+    assert aggregate(values, one_row, "sequence_mean").item() == 9.0

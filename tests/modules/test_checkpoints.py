@@ -141,3 +141,106 @@ def test_a_lean_checkpoint_of_another_model_is_a_clear_error(fit, tmp_path):
     other = grpo(lora=None)  # no base_layer / lora names
     with pytest.raises(ValueError, match="does not match this model: it left out frozen parameters"):
         export_from_checkpoint(other, tmp_path / "last.ckpt", tmp_path / "export")
+
+
+# ------------------------------------------------------------------ the functions on a hand-built module (no fit)
+
+
+class _Net(torch.nn.Module):
+    """Parameters and buffers at every depth: ``deep.0.0`` and ``partly.weight`` are trained, ``tied.weight`` is
+    ``deep.0.0.weight`` under a second name, ``frozen`` is left alone."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.register_buffer("root_stat", torch.zeros(2))
+        self.deep = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+        for owner in (self.deep, self.deep[0], self.deep[0][0]):
+            owner.register_buffer("stat", torch.ones(2))
+        self.frozen = torch.nn.Linear(2, 2)
+        self.frozen.register_buffer("stat", torch.ones(2))
+        self.partly = torch.nn.Linear(2, 2)
+        self.partly.register_buffer("stat", torch.ones(2))
+        self.tied = torch.nn.Module()
+        self.tied.weight = self.deep[0][0].weight
+        self.tied.register_buffer("stat", torch.ones(2))
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([*self.deep.parameters(), self.partly.weight], lr=0.1)
+
+
+def test_omit_drops_frozen_parameters_and_the_buffers_of_modules_without_a_trained_parameter():
+    from app.modules.checkpoints import omit_frozen_parameters
+
+    net = _Net()
+    state = net.state_dict(keep_vars=True)
+    del state["frozen.bias"]  # a key the checkpoint does not hold is neither dropped nor listed
+    checkpoint = {"state_dict": dict(state)}
+    omit_frozen_parameters(net, checkpoint, [net.optimizer()])
+    # a frozen parameter goes even where its module is trained; buffers stay wherever a trained parameter lies below
+    # their module (the root, deep, deep.0, deep.0.0, partly, and tied through its tied weight)
+    assert checkpoint[OMITTED] == ["frozen.weight", "frozen.stat", "partly.bias"]
+    assert list(checkpoint["state_dict"]) == [
+        "root_stat", "deep.stat", "deep.0.stat", "deep.0.0.weight", "deep.0.0.bias", "deep.0.0.stat",
+        "partly.weight", "partly.stat", "tied.weight", "tied.stat",
+    ]  # fmt: skip
+    assert all(checkpoint["state_dict"][k] is state[k] for k in checkpoint["state_dict"])
+
+
+def test_omit_keeps_root_buffers_when_no_trained_parameter_is_in_the_module():
+    from app.modules.checkpoints import omit_frozen_parameters
+
+    net = _Net()
+    checkpoint = {"state_dict": net.state_dict()}
+    omit_frozen_parameters(net, checkpoint, [torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)])
+    assert list(checkpoint["state_dict"]) == ["root_stat"]
+    assert len(checkpoint[OMITTED]) == len(net.state_dict()) - 1
+
+
+def test_omit_without_optimizers_keeps_everything():
+    from app.modules.checkpoints import omit_frozen_parameters
+
+    net = _Net()
+    checkpoint = {"state_dict": net.state_dict()}
+    omit_frozen_parameters(net, checkpoint, [])
+    assert checkpoint.keys() == {"state_dict"} and checkpoint["state_dict"].keys() == net.state_dict().keys()
+
+
+def test_fit_optimizers_lists_the_trainers_optimizers_and_none_outside_a_trainer():
+    from types import SimpleNamespace
+
+    import lightning as L
+
+    from app.modules.checkpoints import fit_optimizers
+
+    optimizer = _Net().optimizer()
+    assert fit_optimizers(SimpleNamespace(trainer=SimpleNamespace(optimizers=(optimizer,)))) == [optimizer]
+    assert fit_optimizers(L.LightningModule()) == []
+
+
+def test_restore_puts_back_the_omitted_values_for_a_strict_load():
+    from app.modules.checkpoints import omit_frozen_parameters, restore_frozen_parameters
+
+    trained, fresh = _Net(), _Net()
+    with torch.no_grad():
+        trained.partly.weight.add_(1.0)
+    checkpoint = {"state_dict": trained.state_dict()}
+    omit_frozen_parameters(trained, checkpoint, [trained.optimizer()])
+    restore_frozen_parameters(fresh, checkpoint)
+    assert checkpoint["state_dict"].keys() == fresh.state_dict().keys()
+    fresh.load_state_dict(checkpoint["state_dict"], strict=True)
+    torch.testing.assert_close(fresh.partly.weight, trained.partly.weight)  # the trained value, not fresh's own
+
+
+def test_restore_without_a_list_changes_nothing_and_names_unknown_keys():
+    from app.modules.checkpoints import restore_frozen_parameters
+
+    net = _Net()
+    for checkpoint in ({}, {OMITTED: []}, {OMITTED: None}):
+        before = dict(checkpoint)
+        restore_frozen_parameters(net, checkpoint)  # not even a state_dict is needed
+        assert checkpoint == before
+    checkpoint = {"state_dict": {}, OMITTED: ["frozen.weight", "a", "b", "c", "d"]}
+    with pytest.raises(ValueError, match=r"does not have \(\['a', 'b', 'c'\], 4 in all\); resume or export it"):
+        restore_frozen_parameters(net, checkpoint)
+    assert checkpoint["state_dict"] == {}

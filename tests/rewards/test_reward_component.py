@@ -145,7 +145,9 @@ def test_value_range_may_be_a_single_value_but_not_inverted():
             return torch.ones(len(completions))
 
     assert Constant().value_range == (1.0, 1.0)
-    with pytest.raises(TypeError, match=r"^_Inverted\.value_range must be \(low, high\) with low <= high, got \(1\.0, 0\.0\)"):
+    with pytest.raises(
+        TypeError, match=r"^_Inverted\.value_range must be \(low, high\) with low <= high, got \(1\.0, 0\.0\)"
+    ):
 
         class _Inverted(RewardComponent):
             value_range = (1.0, 0.0)

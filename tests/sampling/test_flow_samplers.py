@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
 
+import numpy as np
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
@@ -13,6 +15,11 @@ from app.sampling.flow import StepOutput, cps_step, flow_sigmas, is_trainable_st
 
 STOCHASTIC = {"sde": sde_step, "cps": cps_step}
 SHAPE = (3, 4, 6, 6)  # [B, C, H, W]
+
+
+def _exactly(message: str) -> str:
+    """A ``pytest.raises(match=)`` pattern for exactly this error message."""
+    return f"^{re.escape(message)}$"
 
 
 def _inputs(seed: int, shape=SHAPE, dtype=torch.float32):
@@ -149,9 +156,13 @@ def test_final_step_is_deterministic_and_never_trainable(kind):
     euler = ode_step(x, v, s, s_next)
     assert out.log_prob is None and torch.equal(out.std, torch.zeros(SHAPE[0]))
     assert torch.equal(out.sample, euler.sample)  # x0_hat
-    with pytest.raises(ValueError, match="deterministic"):
+    with pytest.raises(
+        ValueError,
+        match=_exactly("cannot score a deterministic step (std = 0: the last step or eta = 0); see is_trainable_step"),
+    ):
         STOCHASTIC[kind](x, v, s, s_next, eta=0.7, prev_sample=out.sample)
-    with pytest.raises(ValueError, match="mixes"):  # a batch whose last sample is on its final step
+    mixed = _exactly("a batch mixes deterministic (std = 0) and stochastic steps; step them separately")
+    with pytest.raises(ValueError, match=mixed):  # a batch whose last sample is on its final step
         STOCHASTIC[kind](x, v, s.expand(SHAPE[0]), torch.tensor([0.1, 0.1, 0.0]) * s, eta=0.7)
 
 
@@ -167,8 +178,44 @@ def test_flow_sigmas_match_diffusers():
     t = flow_sigmas(12)[:-1].double()
     expected = math.exp(0.8) / (math.exp(0.8) + 1 / t - 1)
     torch.testing.assert_close(flow_sigmas(12, use_dynamic_shifting=True, mu=0.8)[:-1].double(), expected)
-    with pytest.raises(ValueError, match="mu"):
+    with pytest.raises(
+        ValueError,
+        match=_exactly("use_dynamic_shifting=True needs mu= (the pipelines derive it from the image sequence length)"),
+    ):
         flow_sigmas(12, use_dynamic_shifting=True)
+
+
+def test_flow_sigmas_are_float32_on_the_host_whatever_the_torch_defaults():
+    expected = flow_sigmas(6, shift=3.0)
+    default = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)  # the scheduler then computes in float64
+        in_float64 = flow_sigmas(6, shift=3.0)
+        torch.set_default_dtype(default)
+        torch.set_default_device("meta")
+        on_meta = flow_sigmas(6, shift=3.0)
+    finally:
+        torch.set_default_dtype(default)
+        torch.set_default_device(None)
+    for sigmas in (in_float64, on_meta):
+        assert sigmas.dtype == torch.float32 and sigmas.device.type == "cpu"
+        assert torch.equal(sigmas, expected)
+
+
+def test_flow_sigmas_pass_base_sigmas_and_scheduler_arguments_through():
+    flux = flow_sigmas(4, base_sigmas=np.linspace(1, 1 / 4, 4))  # FluxPipeline's unshifted schedule
+    assert torch.equal(flux, torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0]))
+    scheduler = FlowMatchEulerDiscreteScheduler(shift_terminal=0.1)
+    scheduler.set_timesteps(4)
+    terminal = flow_sigmas(4, shift_terminal=0.1)
+    assert torch.equal(terminal, scheduler.sigmas) and terminal[-2] == np.float32(0.1)
+    assert torch.equal(flow_sigmas(1), torch.tensor([1.0, 0.0]))  # one step: straight from noise to data
+    with pytest.raises(ValueError, match=_exactly("num_steps must be >= 1, got 0")):
+        flow_sigmas(0)
+    with pytest.raises(
+        ValueError, match=_exactly("the scheduler must run sigma down to a final 0 (invert_sigmas is not supported)")
+    ):
+        flow_sigmas(4, invert_sigmas=True)
 
 
 @pytest.mark.parametrize("step", ["ode", "sde", "cps"])
@@ -190,15 +237,57 @@ def test_bf16_inputs_get_float32_math(step):
 
 def test_rejects_bad_arguments():
     x, v, z, _ = _inputs(10)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(
+        ValueError,
+        match=_exactly("pass prev_sample (to score a stored transition) or noise/generator (to sample), not both"),
+    ):
         sde_step(x, v, 0.5, 0.4, eta=0.7, noise=z, prev_sample=x)
-    with pytest.raises(ValueError, match=r"\[B\] tensor"):
+    with pytest.raises(ValueError, match=_exactly("prev_sample must have shape (3, 4, 6, 6), got (3, 4, 6)")):
+        sde_step(x, v, 0.5, 0.4, eta=0.7, prev_sample=x[..., 0])
+    with pytest.raises(ValueError, match=_exactly("noise must have shape (3, 4, 6, 6), got (1, 4, 6, 6)")):
+        cps_step(x, v, 0.5, 0.4, eta=0.7, noise=z[:1])
+    with pytest.raises(ValueError, match=r"\[B\] tensor with B = 3, got shape \(2,\)"):
         cps_step(x, v, torch.full((2,), 0.5), 0.4, eta=0.7)
-    with pytest.raises(ValueError, match="eta"):
+    with pytest.raises(ValueError, match=r"\[B\] tensor with B = 3, got shape \(3, 1\)"):
+        cps_step(x, v, torch.full((3, 1), 0.5), 0.4, eta=0.7)
+    with pytest.raises(ValueError, match=_exactly("eta must be in [0, 1], got 1.5")):
         cps_step(x, v, 0.5, 0.4, eta=1.5)
-    with pytest.raises(ValueError, match="eta"):
+    with pytest.raises(ValueError, match=_exactly("eta must be in [0, inf), got -0.1")):
         sde_step(x, v, 0.5, 0.4, eta=-0.1)
-    with pytest.raises(ValueError, match="sigma_next < sigma"):
-        ode_step(x, v, 0.4, 0.5)
+    for sigma, sigma_next in [(0.4, 0.5), (0.5, 0.5), (1.5, 0.5)]:
+        with pytest.raises(ValueError, match="sigma_next < sigma <= 1 for every sample"):
+            ode_step(x, v, sigma, sigma_next)
+    with pytest.raises(ValueError, match=r"x must be \[B, \.\.\.\] with at least one non-batch dim, got shape \(3,\)"):
+        ode_step(x[:, 0, 0, 0], v[:, 0, 0, 0], 0.5, 0.4)
     with pytest.raises(ValueError, match="same shape"):
         ode_step(x, v[:, :2], 0.5, 0.4)
+
+
+def test_flat_latents_and_one_element_sigma_tensors():
+    x, v, z, _ = _inputs(12, shape=(3, 5))  # [B, N]: one non-batch dim is enough
+    euler = ode_step(x, v, torch.tensor([0.5]), 0.25)  # a [1] tensor is one sigma for the whole batch
+    assert torch.equal(euler.sample, x + (np.float32(0.25) - np.float32(0.5)) * v)
+    out = sde_step(x, v, torch.tensor([0.5]), torch.tensor(0.25), eta=0.7, noise=z)
+    assert torch.equal(out.sample, sde_step(x, v, 0.5, 0.25, eta=0.7, noise=z).sample) and out.log_prob.shape == (3,)
+
+
+@pytest.mark.parametrize("step", ["ode", "sde", "cps"])
+def test_the_step_runs_on_the_latents_device(step):
+    x, v = torch.zeros(SHAPE, device="meta"), torch.zeros(SHAPE, device="meta")  # no data: only devices and shapes
+    fn = {"ode": ode_step, **STOCHASTIC}[step]
+    out = fn(x, v, 0.5, 0.25, **({} if step == "ode" else {"eta": 0.7}))  # stochastic steps draw their noise there
+    assert all(t.device.type == "meta" for t in (out.sample, out.mean, out.std, out.log_prob))
+
+
+@pytest.mark.parametrize("kind", ["sde", "cps"])
+def test_drawn_noise_is_float32_whatever_the_default_dtype(kind):
+    x, v, _, _ = _inputs(13)
+    z = torch.randn(SHAPE, generator=torch.Generator().manual_seed(5), dtype=torch.float32)
+    expected = STOCHASTIC[kind](x, v, 0.5, 0.25, eta=0.7, noise=z).sample
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        drawn = STOCHASTIC[kind](x, v, 0.5, 0.25, eta=0.7, generator=torch.Generator().manual_seed(5)).sample
+    finally:
+        torch.set_default_dtype(default)
+    assert torch.equal(drawn, expected)

@@ -60,11 +60,12 @@ def test_chunked_matches_naive_on_random_shapes(n, length, h, v, chunk_size, bia
     _assert_chunked_matches_naive(lm_head, hidden, targets, weights, chunk_size=chunk_size, temperature=temperature)
 
 
-def test_temperature_divides_the_logits():
+@pytest.mark.parametrize("temperature", [0.7, 2.0])
+def test_temperature_divides_the_logits(temperature):
     lm_head, hidden, targets, _ = _inputs(2, 6, 8, 40)
     with torch.no_grad():
-        want = torch.log_softmax(lm_head(hidden) / 0.7, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
-        got = chunked_token_logprobs(hidden, lm_head, targets, chunk_size=5, temperature=0.7)
+        want = torch.log_softmax(lm_head(hidden) / temperature, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+        got = chunked_token_logprobs(hidden, lm_head, targets, chunk_size=5, temperature=temperature)
         at_one = chunked_token_logprobs(hidden, lm_head, targets, chunk_size=5)
     assert (got - want).abs().max() < 1e-5
     assert (got - at_one).abs().max() > 1e-2
@@ -115,8 +116,28 @@ def test_peft_wrapped_head_matches_naive():
 
 
 def test_empty_completions():
-    lm_head, hidden, targets, _ = _inputs(2, 0, 8, 20)
-    assert chunked_token_logprobs(hidden, lm_head, targets).shape == (2, 0)
+    lm_head, hidden, targets, _ = _inputs(2, 0, 8, 20, dtype=torch.bfloat16)
+    empty = chunked_token_logprobs(hidden, lm_head, targets)
+    assert empty.shape == (2, 0) and empty.dtype == torch.float32
+
+
+def test_default_chunk_is_1024_tokens():
+    lm_head, hidden, targets, _ = _inputs(1, 1030, 2, 3)
+    rows = []
+    lm_head.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
+    with torch.no_grad():
+        chunked_token_logprobs(hidden, lm_head, targets)
+    assert rows == [1024, 6]
+
+
+def test_head_gets_gradients_when_hidden_is_a_constant():
+    lm_head, hidden, targets, weights = _inputs(2, 5, 8, 30)
+    hidden = hidden.detach()  # e.g. a frozen trunk: only the head trains
+    naive = torch.autograd.grad((token_logprobs_naive(hidden, lm_head, targets) * weights).sum(), lm_head.weight)
+    chunked = torch.autograd.grad(
+        (chunked_token_logprobs(hidden, lm_head, targets, chunk_size=3) * weights).sum(), lm_head.weight
+    )
+    assert (chunked[0] - naive[0]).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize(

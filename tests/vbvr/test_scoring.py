@@ -6,7 +6,9 @@ from app.vbvr.scoring import Check, ScoreResult, combine
 
 
 def test_soft_checks_average_by_weight_and_hard_checks_multiply():
-    result = combine([Check("a", 0.5, weight=3), Check("count", 0.8, hard=True), Check("b", 1.0), Check("c", 0.5, hard=True)])
+    result = combine(
+        [Check("a", 0.5, weight=3), Check("count", 0.8, hard=True), Check("b", 1.0), Check("c", 0.5, hard=True)]
+    )
     assert result.score == pytest.approx((3 * 0.5 + 1.0) / 4 * 0.8 * 0.5, abs=1e-12)
 
 

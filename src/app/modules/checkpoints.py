@@ -41,14 +41,15 @@ def omit_frozen_parameters(module: nn.Module, checkpoint: dict, optimizers: Sequ
     if not optimizers:
         return
     trained_ids = optimized_parameter_ids(optimizers)
+    variables = module.state_dict(keep_vars=True)  # every name of every parameter (tied ones too) and buffer
     trained_owners = {""}  # module names holding a trained parameter somewhere below them
-    for name, parameter in module.named_parameters(remove_duplicate=False):
-        if id(parameter) in trained_ids:
-            parts = name.split(".")[:-1]
-            trained_owners.update(".".join(parts[:i]) for i in range(len(parts) + 1))
+    for name, value in variables.items():
+        if id(value) in trained_ids:
+            parts = name.split(".")  # the module names above it, then its own
+            trained_owners.update(".".join(parts[:i]) for i in range(len(parts)))
     state = checkpoint["state_dict"]
     frozen = []
-    for key, value in module.state_dict(keep_vars=True).items():
+    for key, value in variables.items():
         if key not in state or id(value) in trained_ids:
             continue
         owner = key.rpartition(".")[0]

@@ -114,7 +114,7 @@ def flow_sigmas(
         shift=shift, use_dynamic_shifting=use_dynamic_shifting, **scheduler_kwargs
     )
     scheduler.set_timesteps(num_steps, mu=mu, sigmas=base_sigmas)
-    sigmas = scheduler.sigmas.detach().to(dtype=torch.float32, device="cpu").clone()  # [T + 1]
+    sigmas = torch.tensor(scheduler.sigmas.tolist(), dtype=torch.float32, device="cpu")  # [T + 1]
     if sigmas.shape != (num_steps + 1,) or sigmas[-1] != 0:
         raise ValueError("the scheduler must run sigma down to a final 0 (invert_sigmas is not supported)")
     return sigmas
@@ -198,7 +198,8 @@ def cps_step(
 def _check_eta(eta: float, upper: float | None) -> float:
     eta = float(eta)
     if not (eta >= 0 and (upper is None or eta <= upper)):
-        raise ValueError(f"eta must be in [0, {upper if upper is not None else 'inf'}), got {eta}")
+        interval = "[0, inf)" if upper is None else f"[0, {upper:g}]"
+        raise ValueError(f"eta must be in {interval}, got {eta}")
     return eta
 
 
@@ -216,7 +217,7 @@ def _sigma_pairs(x: Tensor, sigma: Scalar, sigma_next: Scalar) -> list[tuple[flo
         else:  # one host read (a sync for a device tensor)
             values = value.detach().float().reshape(-1).tolist()
         per_sample.append(values * batch if len(values) == 1 else values)
-    pairs = list(zip(*per_sample, strict=True))
+    pairs = list(zip(*per_sample))  # noqa: B905 (both lists hold B values)
     if not all(0 <= s_next < s <= 1 for s, s_next in pairs):
         raise ValueError(f"expected 0 <= sigma_next < sigma <= 1 for every sample, got {pairs}")
     return pairs
@@ -251,9 +252,10 @@ def _step(
         raise ValueError(f"noise must have shape {tuple(x.shape)}, got {tuple(noise.shape)}")
 
     # one [5, B] float32 table: a, b, std and the log-density's -log std - log(2 pi) / 2 and -1 / (2 std^2)
-    rows = [(a, b, std, -math.log(std) - _HALF_LOG_2PI, -0.5 / std**2) if std > 0 else (a, b, 0.0, 0.0, 0.0)
+    # (NaN where std = 0: a deterministic step has no density)
+    rows = [(a, b, std, -math.log(std) - _HALF_LOG_2PI, -0.5 / std**2) if std > 0 else (a, b, 0.0, math.nan, math.nan)
             for a, b, std in coefficients]  # fmt: skip
-    table = torch.tensor(list(zip(*rows, strict=True)), dtype=torch.float32).to(x.device)  # [5, B]
+    table = torch.tensor(rows, dtype=torch.float32).T.contiguous().to(x.device)  # [5, B]
     a, b, std, log_norm, neg_half_prec = table  # [B] each
     col = (-1,) + (1,) * (x.ndim - 1)  # [B] -> [B, 1, ...]
     mean = a.view(col) * x.float() + b.view(col) * v.float()  # [B, ...]

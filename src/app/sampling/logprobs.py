@@ -68,11 +68,13 @@ class _TargetLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
-        z = logits / temperature if temperature != 1.0 else logits  # [C, V]
-        lse = torch.logsumexp(z, dim=-1)  # [C]
+        z = logits  # [C, V]
+        if temperature != 1.0:  # the division copies [C, V]; at 1 the logits serve as they are
+            z = logits / temperature  # [C, V]
+        lse = torch.logsumexp(z, dim=1)  # [C]
         ctx.save_for_backward(z, targets, lse)
         ctx.temperature = temperature
-        return z.gather(-1, targets[:, None]).squeeze(-1) - lse  # [C]
+        return z.gather(1, targets[:, None]).squeeze(1) - lse  # [C]
 
     @staticmethod
     @once_differentiable
@@ -80,7 +82,7 @@ class _TargetLogProb(torch.autograd.Function):
         z, targets, lse = ctx.saved_tensors
         g = (grad_out / ctx.temperature)[:, None]  # [C, 1]
         grad = (z - lse[:, None]).exp_().mul_(-g)  # [C, V] -softmax(z) * g
-        return grad.scatter_add_(-1, targets[:, None], g), None, None  # [C, V] (onehot - softmax) * g
+        return grad.scatter_add_(1, targets[:, None], g), None, None  # [C, V] (onehot - softmax) * g
 
 
 def _check(hidden: Tensor, targets: Tensor, temperature: float) -> None:

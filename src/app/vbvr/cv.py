@@ -75,7 +75,11 @@ def blobs(mask: np.ndarray, min_area: int = 12) -> list[Blob]:
 
 def _shape(component: np.ndarray) -> str:
     """``circle``, ``square`` or ``triangle`` from the component's fill ratio of its bounding box and its polygon."""
-    contours, _ = cv2.findContours(component.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    contours, _ = cv2.findContours(
+        component.astype(np.uint8),
+        cv2.RETR_EXTERNAL,  # pragma: no mutate (equivalent: None is read as 0, RETR_EXTERNAL)
+        cv2.CHAIN_APPROX_SIMPLE,
+    )
     if not contours:
         return "unknown"
     contour = contours[0]  # the only one: an 8-connected component has one outer contour
