@@ -1,5 +1,6 @@
 """VLMGRPOModule on a tiny policy: short fits with every option, micro-batching, logging and resuming."""
 
+import dataclasses
 import random
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -8,12 +9,15 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader
 
 from app.algorithms import group_advantages
 from app.models import SamplingSettings
 from app.modules import VLMGRPOModule
+from app.modules.checkpoints import OMITTED
 from app.rewards import RewardComponent
+from app.types import CompletionRecord
 
 K = 4
 
@@ -38,12 +42,12 @@ class FlatForYesReward(RewardComponent):
         )
 
 
-def grpo_module(policy, rewards=None, max_new_tokens: int = 8, **kwargs) -> VLMGRPOModule:
+def grpo_module(policy, rewards=None, max_new_tokens: int = 8, temperature: float = 1.0, **kwargs) -> VLMGRPOModule:
     kwargs.setdefault("learning_rate", 1e-2)
     return VLMGRPOModule(
         policy,
         rewards=rewards or [LengthReward()],
-        sampling=SamplingSettings(num_generations=K, max_new_tokens=max_new_tokens),
+        sampling=SamplingSettings(num_generations=K, max_new_tokens=max_new_tokens, temperature=temperature),
         eval_max_new_tokens=4,
         **kwargs,
     )
@@ -181,15 +185,18 @@ def test_mask_truncated_leaves_truncated_completions_out_of_the_loss(new_policy,
 
 
 def test_rollout_keeps_old_and_reference_logprobs_when_needed(new_policy, new_samples):
+    """Both at the sampling temperature (the policy the completions were drawn from), whatever the micro-batches."""
     policy = new_policy("tiny-qwen2-vl", lora_r=4)
-    module = grpo_module(policy, beta=0.04, num_iterations=2, micro_batch_size=3)
+    module = grpo_module(policy, beta=0.04, num_iterations=2, micro_batch_size=3, temperature=0.7)
     torch.manual_seed(0)
     rollout = module.rollout(new_samples(2))
     c = rollout.completions
     assert rollout.old_logprobs.shape == rollout.ref_logprobs.shape == c.completion_ids.shape
     with torch.no_grad():
-        current = policy.sequence_logprobs(rollout.prompt_inputs, c.completion_ids, c.completion_mask)
+        current = policy.sequence_logprobs(rollout.prompt_inputs, c.completion_ids, c.completion_mask, 0.7)
+        at_one = policy.sequence_logprobs(rollout.prompt_inputs, c.completion_ids, c.completion_mask, 1.0)
     mask = c.completion_mask.bool()
+    assert (current - at_one)[mask].abs().max() > 1e-2  # the temperature matters
     torch.testing.assert_close(rollout.old_logprobs[mask], current[mask], atol=1e-5, rtol=0)
     torch.testing.assert_close(rollout.ref_logprobs[mask], current[mask], atol=1e-5, rtol=0)  # lora_B is still 0
 
@@ -211,6 +218,7 @@ AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
 SCALES = ("group", "batch", "none")
 EPS = 0.2  # the module's default eps_low = eps_high
 BETA = 0.01
+CLIP = 0.05  # a gradient-norm clip that binds on the tiny model
 
 
 def reference_advantages(rewards: torch.Tensor, scale: str) -> torch.Tensor:
@@ -233,16 +241,19 @@ def flat_rows(rewards: torch.Tensor) -> torch.Tensor:
     return (r.amax(dim=1) - r.amin(dim=1) <= 1e-6).repeat_interleave(K)
 
 
-def reference_loss(logprobs, old, ref, advantages, mask, aggregation, beta, max_length) -> dict[str, torch.Tensor]:
-    """The GRPO objective in float64 (ALGORITHMS.md, "GRPO"): per token ``-min(r A, clip(r, 1 - eps, 1 + eps) A) +
-    beta k3`` with ``r = exp(logp - old)`` and ``k3 = exp(ref - logp) - (ref - logp) - 1``, aggregated over the tokens
+def reference_loss(
+    logprobs, old, ref, advantages, mask, aggregation, beta, max_length, eps=(EPS, EPS)
+) -> dict[str, torch.Tensor]:
+    """The GRPO objective in float64 (ALGORITHMS.md, "GRPO"): per token ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high)
+    A) + beta k3`` with ``r = exp(logp - old)`` and ``k3 = exp(ref - logp) - (ref - logp) - 1``, aggregated over the tokens
     of ``mask``: ``token_mean`` (over tokens), ``sequence_mean`` (per completion, then over completions with a token)
     or ``constant`` (sum / (N * max_length)). Clip fraction and mean ratio are plain means over the masked tokens."""
     lp, old, adv = logprobs.double(), old.double(), advantages.double()[:, None]  # [N, L], [N, L], [N, 1]
     m = mask.bool()
     assert m.any(), "no token in the loss"
     ratio = torch.exp(lp - old)
-    surrogate = -torch.minimum(ratio * adv, ratio.clamp(1 - EPS, 1 + EPS) * adv)
+    eps_low, eps_high = eps
+    surrogate = -torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
     d = torch.zeros_like(lp) if ref is None else ref.double() - lp
     k3 = torch.exp(d) - d - 1
 
@@ -254,7 +265,7 @@ def reference_loss(logprobs, old, ref, advantages, mask, aggregation, beta, max_
         assert aggregation == "constant"
         return x[m].sum() / (x.shape[0] * max_length)
 
-    clipped = ((adv > 0) & (ratio > 1 + EPS)) | ((adv < 0) & (ratio < 1 - EPS))  # [N, L]
+    clipped = ((adv > 0) & (ratio > 1 + eps_high)) | ((adv < 0) & (ratio < 1 - eps_low))  # [N, L]
     return {
         "loss": agg(surrogate + beta * k3),
         "policy_loss": agg(surrogate),
@@ -286,7 +297,11 @@ class UpdateProbe(VLMGRPOModule):
     keep_rows = None
 
     def on_train_start(self):
-        self.updates = []
+        self.updates, self.batches = [], []
+
+    def training_step(self, batch, batch_idx):
+        self.batches.append(batch)
+        return super().training_step(batch, batch_idx)
 
     def _update(self, rollout, optimizer):
         hp, c = self.hparams, rollout.completions
@@ -297,17 +312,19 @@ class UpdateProbe(VLMGRPOModule):
             rollout.prompt_inputs, c.completion_ids, c.completion_mask, self.sampling.temperature
         )  # [N, L], with gradient
         old = rollout.old_logprobs if rollout.old_logprobs is not None else logprobs.detach()
-        every = torch.ones(len(c.texts), dtype=torch.bool)
-        variants = {agg: (every, rollout.loss_mask, agg, hp.beta) for agg in AGGREGATIONS}
-        variants["no_kl"] = (every, rollout.loss_mask, hp.loss_aggregation, 0.0)
+        every, eps, agg = torch.ones(len(c.texts), dtype=torch.bool), (hp.eps_low, hp.eps_high), hp.loss_aggregation
+        variants = {a: (every, rollout.loss_mask, a, hp.beta, eps) for a in AGGREGATIONS}
+        variants["no_kl"] = (every, rollout.loss_mask, agg, 0.0, eps)
+        variants["eps_low_default"] = (every, rollout.loss_mask, agg, hp.beta, (EPS, hp.eps_high))
+        variants["eps_high_default"] = (every, rollout.loss_mask, agg, hp.beta, (hp.eps_low, EPS))
         if self.keep_rows is not None:
-            variants["kept_rows"] = (self.keep_rows(rollout), c.completion_mask, hp.loss_aggregation, hp.beta)
+            variants["kept_rows"] = (self.keep_rows(rollout), c.completion_mask, agg, hp.beta, eps)
         reference, reference_grads = {}, {}
-        for name, (rows, mask, aggregation, beta) in variants.items():
+        for name, (rows, mask, aggregation, beta, clip) in variants.items():
             ref = rollout.ref_logprobs[rows] if rollout.ref_logprobs is not None else None
             values = reference_loss(
                 logprobs[rows], old[rows], ref, rollout.advantages[rows], mask[rows], aggregation, beta,
-                self.sampling.max_new_tokens,
+                self.sampling.max_new_tokens, clip,
             )  # fmt: skip
             grads = torch.autograd.grad(values["loss"], params, retain_graph=True, allow_unused=True)
             reference[name] = {k: float(v.detach()) for k, v in values.items()}
@@ -321,6 +338,7 @@ class UpdateProbe(VLMGRPOModule):
             dict(
                 rollout=rollout, logprobs=logprobs.detach(), before=before, stats={k: float(v) for k, v in stats.items()},
                 grads=spy.grads, reference=reference, reference_grads=reference_grads,
+                grads_freed=all(p.grad is None for p in params),
             )
         )  # fmt: skip
         return stats
@@ -336,9 +354,36 @@ OPTIONS = {
     "advantage_none": dict(advantage_scale="none"),
     "advantage_batch": dict(advantage_scale="batch"),
     "sequence_mean": dict(loss_aggregation="sequence_mean"),
-    "constant": dict(loss_aggregation="constant"),
+    # max_new_tokens longer than any completion: the constant normaliser is N * max_new_tokens, not N * L
+    "constant": dict(loss_aggregation="constant", max_new_tokens=64),
     "full_fine_tuning_beta": dict(beta=BETA, lora_r=None),
+    # a second update whose ratio moves, sampled at another temperature, clipped asymmetrically; few records
+    "iterations_mixed": dict(
+        num_iterations=2, temperature=0.7, gradient_clip_val=CLIP, records_per_step=5, eps_low=0.05, eps_high=0.5
+    ),
 }
+
+
+class RecordingLogger(Logger):
+    """Keeps what the trainer hands its loggers: one ``{key: float}`` per logging step."""
+
+    def __init__(self):
+        super().__init__()
+        self.logged: list[dict[str, float]] = []
+
+    @property
+    def name(self):
+        return "recording"
+
+    @property
+    def version(self):
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+    def log_metrics(self, metrics, step=None):
+        self.logged.append({k: float(v) for k, v in metrics.items()})
 
 
 @pytest.fixture(scope="module")
@@ -351,16 +396,18 @@ def option_run(new_policy, new_datamodule, new_samples, fit, params_snapshot):
             return runs[name]
         options = dict(OPTIONS[name])
         lora_r = options.pop("lora_r", 4)
+        temperature = options.pop("temperature", 1.0)
+        max_new_tokens = options.pop("max_new_tokens", 8)
+        options.setdefault("gradient_clip_val", 0.0)  # unclipped, the recorded gradient is the one the optimizer uses
         torch.manual_seed(0)
         policy = new_policy("tiny-qwen2-vl", lora_r=lora_r)
         flat_for_yes = name == "drop_zero_std_groups"
         module = UpdateProbe(
             policy,
             rewards=[FlatForYesReward() if flat_for_yes else LengthReward()],
-            sampling=SamplingSettings(num_generations=K, max_new_tokens=8),
+            sampling=SamplingSettings(num_generations=K, max_new_tokens=max_new_tokens, temperature=temperature),
             eval_max_new_tokens=4,
             learning_rate=1e-2,
-            gradient_clip_val=0.0,  # the recorded gradient is the one the optimizer steps with
             **options,
         )
         if flat_for_yes:
@@ -372,10 +419,11 @@ def option_run(new_policy, new_datamodule, new_samples, fit, params_snapshot):
         frozen_reference = params_snapshot(policy.reference) if policy.reference is not None else None
         before = params_snapshot(policy.model)
         with likely_eos(policy):  # completions of unequal lengths, some truncated, some not
-            trainer, recorder = fit(module, data, max_steps=2)
+            logger = RecordingLogger()
+            trainer, recorder = fit(module, data, max_steps=2, logger=logger, log_every_n_steps=1)
         runs[name] = SimpleNamespace(
             module=module, policy=policy, trainer=trainer, recorder=recorder, updates=module.updates, before=before,
-            after=params_snapshot(policy.model), frozen_reference=frozen_reference,
+            after=params_snapshot(policy.model), frozen_reference=frozen_reference, logged=logger.logged,
         )  # fmt: skip
         return runs[name]
 
@@ -407,13 +455,13 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
     iterations = hp.num_iterations
     assert run.trainer.global_step == 2 and len(run.updates) == 2
     rollouts = rollouts_of(run)
-    assert len(rollouts) == len(run.recorder.steps) == 2 // iterations
-    for rollout, step in zip(rollouts, run.recorder.steps, strict=True):
-        c, records = rollout.completions, step["outputs"]["records"]
-        assert [r.completion for r in records] == c.texts  # every row is a record (N = 8 <= records_per_step)
+    assert len(rollouts) == len(run.recorder.steps) == len(run.logged) == 2 // iterations
+    for rollout, step, logged, batch in zip(rollouts, run.recorder.steps, run.logged, run.module.batches, strict=True):
+        c, grouped = rollout.completions, [s for s in batch for _ in range(K)]  # row b * K + k: prompt b
         # rewards, advantages and the loss mask, from their definitions
         expected_rewards = [
-            1.0 if name == "drop_zero_std_groups" and r.answer == "yes" else len(r.completion) / 32 for r in records
+            1.0 if name == "drop_zero_std_groups" and s.answer == "yes" else len(text) / 32
+            for text, s in zip(c.texts, grouped, strict=True)
         ]
         assert rollout.rewards.total.tolist() == pytest.approx(expected_rewards, abs=1e-6)
         torch.testing.assert_close(
@@ -426,8 +474,49 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
         if hp.mask_truncated:
             left_out |= c.truncated
         assert torch.equal(rollout.loss_mask, c.completion_mask * ~left_out[:, None])
-        # what is logged is the rollout's and its last update's
-        metrics, last = step["metrics"], [u for u in run.updates if u["rollout"] is rollout][-1]["stats"]
+        # the rollout's first update starts from the sampling policy (at the sampling temperature): its ratio is 1
+        updates = [u for u in run.updates if u["rollout"] is rollout]
+        assert len(updates) == iterations
+        if rollout.old_logprobs is not None:
+            mask = c.completion_mask.bool()
+            torch.testing.assert_close(rollout.old_logprobs[mask], updates[0]["logprobs"][mask], atol=1e-5, rtol=0)
+        assert updates[0]["stats"]["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+        assert updates[0]["stats"]["clip_fraction"] == 0
+        # what is logged is the rollout's and its last update's, each figure recomputed here
+        metrics, last = step["metrics"], updates[-1]["stats"]
+        assert float(step["outputs"]["loss"]) == pytest.approx(last["loss"], rel=1e-6, abs=1e-9)
+        reward_mean = sum(expected_rewards) / len(expected_rewards)
+        expected_logged = {
+            "train/reward/total": reward_mean,
+            f"train/reward/{run.module.rewards.names[0]}": reward_mean,  # one component, of weight 1
+            "train/loss/policy": last["policy_loss"],
+            "train/kl": last["kl"],
+            "train/clip_fraction": last["clip_fraction"],
+            "train/ratio_mean": last["ratio_mean"],
+            "train/frac_zero_std": float(flat_rows(rollout.rewards.total).double().mean()),
+            "train/completion_length": float(c.completion_mask.sum(dim=1).double().mean()),
+            "train/frac_truncated": float(c.truncated.double().mean()),
+            "train/nonfinite_rewards": 0.0,
+            "epoch": 0.0,
+        }
+        if hp.gradient_clip_val > 0:
+            expected_logged["train/grad_norm"] = last["grad_norm"]
+        assert logged.keys() == expected_logged.keys()  # the progress bar's "reward" is not a logger metric
+        for key, value in expected_logged.items():
+            assert logged[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+        assert metrics["reward"] == pytest.approx(reward_mean, rel=1e-6)
+        # the first records_per_step rows, each with its prompt, completion, reward and advantage
+        records, limit = step["outputs"]["records"], min(hp.records_per_step, len(c.texts))
+        component = run.module.rewards.names[0]
+        expected_records = [
+            CompletionRecord(
+                step=step["global_step"], task=s.task, question=s.question, completion=text, answer=s.answer,
+                reward=pytest.approx(reward, abs=1e-6), advantage=pytest.approx(float(advantage), abs=1e-6),
+                components={component: pytest.approx(reward, abs=1e-6)},
+            )
+            for s, text, reward, advantage in zip(grouped, c.texts, expected_rewards, rollout.advantages, strict=True)
+        ][:limit]  # fmt: skip
+        assert records == expected_records
         for key, stat in [("loss/policy", "policy_loss"), ("kl", "kl"), ("clip_fraction", "clip_fraction"),
                           ("ratio_mean", "ratio_mean")]:  # fmt: skip
             assert metrics[f"train/{key}"] == pytest.approx(last[stat], rel=1e-6, abs=1e-9), key
@@ -435,12 +524,29 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
         assert metrics["train/frac_zero_std"] == pytest.approx(float(flat_rows(rollout.rewards.total).float().mean()))
         assert metrics["train/frac_truncated"] == pytest.approx(float(c.truncated.float().mean()))
         assert metrics["train/completion_length"] == pytest.approx(float(c.completion_mask.sum(dim=1).float().mean()))
+    assert run.trainer.progress_bar_metrics == pytest.approx({"reward": reward_mean}, rel=1e-6)  # the last step's
     for update in run.updates:
         expected = update["reference"][hp.loss_aggregation]
         for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
             assert update["stats"][key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
-        assert_grads_close(update["grads"], update["reference_grads"][hp.loss_aggregation])
+        want = update["reference_grads"][hp.loss_aggregation]
+        if hp.gradient_clip_val > 0:  # scaled to norm gradient_clip_val where it was longer (torch's clip_grad_norm_)
+            norm = float(torch.stack([g.double().norm() for g in want]).norm())
+            assert update["stats"]["grad_norm"] == pytest.approx(norm, rel=1e-4)
+            want = [g * min(1.0, hp.gradient_clip_val / (norm + 1e-6)) for g in want]
+        else:
+            assert "grad_norm" not in update["stats"]
+        assert_grads_close(update["grads"], want)
         assert any(g.abs().sum() > 0 for g in update["grads"])
+        assert update["grads_freed"], "the gradients should be freed (set to None) after the step"
+    if (hp.eps_low, hp.eps_high) != (EPS, EPS):  # each clip bound changes this run's objective
+        for variant in ("eps_low_default", "eps_high_default"):
+            losses = [
+                (u["reference"][hp.loss_aggregation]["loss"], u["reference"][variant]["loss"]) for u in run.updates
+            ]
+            assert any(abs(own - other) > 1e-3 * abs(own) + 1e-5 for own, other in losses), variant
+    if hp.gradient_clip_val > 0:
+        assert any(u["stats"]["grad_norm"] > hp.gradient_clip_val for u in run.updates), "the clip should bind"
 
 
 def test_beta_adds_beta_times_the_k3_kl_to_the_adapter_free_reference(option_run):
@@ -542,6 +648,8 @@ def test_the_loss_aggregation_option_picks_its_normaliser(name, option_run):
     assert aggregation == name
     for update in run.updates:
         assert update["rollout"].loss_mask.sum(dim=1).unique().numel() > 1, "completions should differ in length"
+        if name == "constant":  # max_new_tokens, not the longest completion, is the normaliser's length
+            assert update["rollout"].completions.completion_ids.shape[1] < run.module.sampling.max_new_tokens
         grads, reference = update["grads"], update["reference_grads"]
         own = max_grad_difference(grads, reference[aggregation])
         assert all(max_grad_difference(grads, reference[other]) > 100 * own for other in AGGREGATIONS if other != name)
@@ -594,18 +702,29 @@ class GradRecorder:
 
 
 class MicroBatchProbe(VLMGRPOModule):
-    """One rollout, then one ``_update`` per micro-batch size, keeping gradients and logged sums."""
+    """One rollout, then one ``_update`` per micro-batch size, keeping gradients, logged sums and the number of rows
+    of each forward pass."""
 
     sizes = (None, 3, 1)
 
     def training_step(self, batch, batch_idx):
         rollout = self.rollout(batch)
         self.results = {}
-        for size in self.sizes:
-            self.hparams.micro_batch_size = size
-            recorder = GradRecorder(self.policy.trainable_parameters())
-            stats = self._update(rollout, recorder)
-            self.results[size] = (recorder.grads, {k: float(v) for k, v in stats.items()})
+        forward = self.policy.sequence_logprobs
+
+        def counting_forward(prompt_inputs, completion_ids, *args, **kwargs):
+            rows.append(completion_ids.shape[0])
+            return forward(prompt_inputs, completion_ids, *args, **kwargs)
+
+        self.policy.sequence_logprobs = counting_forward
+        try:
+            for size in self.sizes:
+                self.hparams.micro_batch_size = size
+                recorder, rows = GradRecorder(self.policy.trainable_parameters()), []
+                stats = self._update(rollout, recorder)
+                self.results[size] = (recorder.grads, {k: float(v) for k, v in stats.items()}, rows)
+        finally:
+            del self.policy.sequence_logprobs
         self.rollout_batch = rollout
         return None
 
@@ -634,14 +753,54 @@ def test_micro_batching_gives_the_same_gradients(options, new_policy, new_datamo
         fit(module, new_datamodule(), max_epochs=1, max_steps=-1, limit_train_batches=1)
     mask = module.rollout_batch.loss_mask
     assert mask.sum(dim=1).unique().numel() > 1, "completions should differ in length"
-    full_grads, full_stats = module.results[None]
-    assert any(g.abs().sum() > 0 for g in full_grads)
+    full_grads, full_stats, full_rows = module.results[None]
+    assert full_rows == [2 * K] and any(g.abs().sum() > 0 for g in full_grads)
+    assert module.results[3][2] == [3, 3, 2] and module.results[1][2] == [1] * 2 * K  # the rollout, split in order
     for size in MicroBatchProbe.sizes[1:]:
-        grads, stats = module.results[size]
+        grads, stats, _ = module.results[size]
         for g, ref in zip(grads, full_grads, strict=True):
             torch.testing.assert_close(g, ref, atol=1e-6, rtol=1e-4)
         for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
             assert stats[key] == pytest.approx(full_stats[key], abs=1e-6, rel=1e-4), key
+
+
+class SparseMaskProbe(VLMGRPOModule):
+    """One rollout, then one ``_update`` whose loss keeps a single completion (``sequence_mean``) and one whose loss
+    keeps a single token of it (``token_mean``)."""
+
+    def training_step(self, batch, batch_idx):
+        rollout = self.rollout(batch)
+        row = int(rollout.advantages.abs().argmax())
+        one_row, one_token = torch.zeros_like(rollout.loss_mask), torch.zeros_like(rollout.loss_mask)
+        one_row[row] = rollout.loss_mask[row]
+        one_token[row, 0] = 1
+        self.advantage, self.results = float(rollout.advantages[row]), {}
+        for aggregation, mask in (("sequence_mean", one_row), ("token_mean", one_token)):
+            self.hparams.loss_aggregation = aggregation
+            recorder = GradRecorder(self.policy.trainable_parameters())
+            stats = self._update(dataclasses.replace(rollout, loss_mask=mask), recorder)
+            self.results[aggregation] = {k: float(v) for k, v in stats.items()}
+        return None
+
+
+def test_a_loss_over_one_completion_or_one_token_is_minus_its_advantage(new_policy, new_datamodule, fit):
+    """The normalisers count what the mask keeps, down to a single completion or token: on-policy (ratio 1) the loss is
+    then minus that completion's advantage, whatever the micro-batches."""
+    torch.manual_seed(0)
+    module = SparseMaskProbe(
+        new_policy("tiny-qwen2-vl", lora_r=4),
+        rewards=[LengthReward()],
+        sampling=SamplingSettings(num_generations=K, max_new_tokens=8),
+        micro_batch_size=3,
+        gradient_clip_val=0.0,
+    )
+    fit(module, new_datamodule(), max_epochs=1, max_steps=-1, limit_train_batches=1)
+    assert abs(module.advantage) > 0.1
+    assert set(module.results) == {"sequence_mean", "token_mean"}
+    for aggregation, stats in module.results.items():
+        for key in ("loss", "policy_loss"):
+            assert stats[key] == pytest.approx(-module.advantage, rel=1e-5), (aggregation, key)
+        assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and stats["clip_fraction"] == 0
 
 
 # ------------------------------------------------------------------------------------------------------- resume
@@ -727,6 +886,13 @@ def test_checkpoint_resumes_with_the_default_weights_only_loading(new_policy, ne
     checkpoint = torch.load(tmp_path / "step1.ckpt", weights_only=False)
     assert not isinstance(checkpoint["hyper_parameters"].get("sampling"), SamplingSettings)
     torch.load(tmp_path / "step1.ckpt", weights_only=True)
+    # lean: the trained adapter is saved, the frozen model (vision tower, base weights) is left out and named
+    parameters = dict(module.named_parameters())
+    saved, omitted = set(checkpoint["state_dict"]), set(checkpoint[OMITTED])
+    trainable = {n for n, p in parameters.items() if p.requires_grad}
+    assert trainable and {k for k in saved if k in parameters} == trainable
+    assert not saved & omitted and saved | omitted == set(module.state_dict())
+    assert any(".visual." in k for k in omitted) and any("base_layer" in k for k in omitted)
     resumed = grpo_module(new_policy("tiny-qwen2-vl", lora_r=4))
     trainer, _ = fit(resumed, new_datamodule(), max_steps=2, ckpt_path=str(tmp_path / "step1.ckpt"))
     assert trainer.global_step == 2

@@ -53,3 +53,26 @@ def test_unlabeled_sample_error_names_task():
 def test_length_mismatch():
     with pytest.raises(ValueError, match="2 completions but 1 answers"):
         accuracy_reward(["a", "b"], ["a"])
+
+
+def test_missing_label_errors_name_the_reward_and_the_function():
+    with pytest.raises(ValueError, match=r"^AccuracyReward \('exact'\) needs labeled samples, but a sample of task 'c"):
+        AccuracyReward(name="exact").score(["<answer>3</answer>"], [sample(None, task="counting")])
+    with pytest.raises(ValueError, match=r"^accuracy_reward needs a label for every completion; answers\[1\] is None"):
+        accuracy_reward(["<answer>3</answer>"] * 2, ["3", None])
+
+
+@pytest.mark.parametrize("answer", ["", " ", ".", "?!"])
+def test_a_label_that_normalises_to_nothing_matches_nothing(answer):
+    completions = ["<answer>yes</answer>", "<answer>0</answer>", "<answer>A</answer>", f"<answer>{answer}</answer>"]
+    assert accuracy_reward(completions, [answer] * 4).tolist() == [0.0] * 4
+
+
+def test_scores_are_float32_under_a_float64_default_dtype():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out = accuracy_reward(["<answer>a</answer>", "<answer>b</answer>"], ["a", "a"])
+    finally:
+        torch.set_default_dtype(previous)
+    assert out.dtype == torch.float32 and out.tolist() == [1.0, 0.0]

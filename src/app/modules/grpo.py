@@ -162,7 +162,7 @@ class VLMGRPOModule(VLMModule):
             elif hp.loss_aggregation == "sequence_mean":
                 share = (micro.sum(dim=1) > 0).sum() / total_rows
             else:
-                share = torch.tensor(micro.shape[0] / n, device=mask.device)
+                share = micro.shape[0] / n
             self.manual_backward(out.loss * share)
             for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
                 sums[key] = sums.get(key, 0.0) + getattr(out, key).detach() * share
@@ -175,7 +175,7 @@ class VLMGRPOModule(VLMModule):
     # --------------------------------------------------------------------------------------------------- logging
     def _log_step(self, rollout: GRPOBatch, stats: dict[str, torch.Tensor]) -> None:
         k, completions = self.sampling.num_generations, rollout.completions
-        batch_size = completions.completion_ids.shape[0] // k
+        batch_size = completions.completion_ids.shape[0] // k  # pragma: no mutate (equivalent: only epoch means use it)
         values = {
             "train/reward/total": rollout.rewards.total.float().mean(),
             "train/loss/policy": stats["policy_loss"],
@@ -191,8 +191,18 @@ class VLMGRPOModule(VLMModule):
             values["train/grad_norm"] = stats["grad_norm"]
         for name, component in rollout.rewards.components.items():
             values[f"train/reward/{name}"] = component.float().mean()
-        self.log_dict(values, batch_size=batch_size)
-        self.log("reward", values["train/reward/total"], prog_bar=True, batch_size=batch_size, logger=False)
+        # batch_size only weighs epoch means: these on_step values never read it (on_epoch=True would need it)
+        self.log_dict(
+            values,
+            batch_size=batch_size,  # pragma: no mutate (equivalent: on_step-only logging ignores batch_size)
+        )
+        self.log(
+            "reward",
+            values["train/reward/total"],
+            prog_bar=True,
+            logger=False,
+            batch_size=batch_size,  # pragma: no mutate (equivalent: on_step-only logging ignores batch_size)
+        )
 
     def _records(self, samples: list[VisualSample], rollout: GRPOBatch) -> list[CompletionRecord]:
         k = self.sampling.num_generations

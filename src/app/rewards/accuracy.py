@@ -31,15 +31,15 @@ def answers_equivalent(pred: str, answer: str) -> bool:
     (False, False)
     """
     pred_norm, answer_norm = normalize_answer(pred), normalize_answer(answer)
-    if not pred_norm or not answer_norm:
+    if not pred_norm:
         return False
-    if pred_norm == answer_norm:
+    if pred_norm == answer_norm:  # (an empty label matches nothing: "" is no bool, number or option)
         return True
     if (label_bool := parse_bool(answer_norm)) is not None:
         return parse_bool(pred_norm) is label_bool
     if (label_number := parse_number(answer)) is not None:
         pred_number = parse_number(pred)
-        return pred_number is not None and math.isclose(pred_number, label_number, rel_tol=1e-9, abs_tol=0.0)
+        return pred_number is not None and math.isclose(pred_number, label_number)  # rel_tol 1e-9, abs_tol 0
     if (label_option := parse_option(answer)) is not None:
         return parse_option(pred) == label_option
     return False
@@ -83,9 +83,8 @@ def accuracy_reward(completions: Sequence[str], answers: Sequence[str]) -> Tenso
     tensor([1., 1., 1.])
     """
     check_labels("accuracy_reward", completions, answers)
-    return torch.tensor(
-        [float(_match(c, str(a))) for c, a in zip(completions, answers, strict=True)], dtype=torch.float32
-    )
+    matches = [_match(c, str(a)) for c, a in zip(completions, answers)]  # noqa: B905 (check_labels: equal lengths)
+    return torch.tensor([float(m) for m in matches], dtype=torch.float32)
 
 
 class AccuracyReward(RewardComponent):
