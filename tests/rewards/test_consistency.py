@@ -12,6 +12,7 @@ import torch
 from app.rewards import FormatReward, WeightedReward
 from app.rewards.consistency import (
     ConsistencyReward,
+    answer_spec,
     bool_verifier,
     consistency_rewards,
     count_verifier,
@@ -22,6 +23,7 @@ from app.rewards.consistency import (
     one_to_all_pairing,
     pair_rewards,
     parse_answers,
+    parse_count,
     parse_distance,
     random_pairing,
     verification_matrix,
@@ -384,3 +386,50 @@ def test_seeded_random_pairing_draws_its_permutations_from_the_seed():
     generation_order = consistency_rewards(completions, samples, pairing="random")
     assert expected.tolist() != generation_order.tolist()  # the seed matters for this batch
     assert reward.score(completions, samples).tolist() == expected.tolist()
+
+
+def test_parse_count_accepts_zero():
+    assert [parse_count(text) for text in ("0", "1", "2.0", "0.5", "-1")] == [0.0, 1.0, 2.0, None, None]
+
+
+def test_answer_spec_tolerance_default_bounds_and_use():
+    parse, verifier = answer_spec("distance")
+    assert parse is parse_distance
+    assert (verifier(10.0, 11.0, "identity"), verifier(10.0, 11.5, "identity")) == (1.0, 0.0)  # 10 % by default
+    _, loose = answer_spec("distance", 0.5)
+    assert loose(10.0, 14.0, "identity") == 1.0  # |4| <= 0.5 * 14
+    _, exact = answer_spec("distance", 0.0)
+    assert (exact(2.0, 2.0, "identity"), exact(2.0, 2.0000001, "identity")) == (1.0, 0.0)
+    for bad in (float("inf"), -0.1, float("nan")):
+        with pytest.raises(ValueError, match="distance_tolerance must be a finite number >= 0"):
+            answer_spec("distance", bad)
+
+
+def test_parse_answers_reads_booleans_by_default():
+    assert parse_answers([answer("Yes"), answer("no."), answer("3"), "no block"]) == [True, False, None, None]
+
+
+def test_verification_matrix_of_an_empty_group_is_empty_with_boolean_masks():
+    for answers_x, answers_x2 in (([], [True, None]), ([True, None], [])):
+        V, valid_x, valid_x2 = verification_matrix(answers_x, answers_x2, "identity")
+        assert V.shape == (len(answers_x), len(answers_x2))
+        assert (valid_x.dtype, valid_x2.dtype) == (torch.bool, torch.bool)
+        assert valid_x.tolist() + valid_x2.tolist() == [True, False]
+
+
+def test_rewards_stay_in_the_unit_interval_when_a_verifier_leaves_it():
+    rows = torch.tensor([[3.0, 3.0], [-2.0, -2.0]])  # a custom verifier's scores outside [0, 1]
+    r, r2 = pair_rewards(rows, pairing="one_to_all")
+    assert (r.tolist(), r2.tolist()) == ([1.0, 0.0], [0.5, 0.5])
+    r, r2 = pair_rewards(rows.T, pairing="one_to_all")
+    assert (r.tolist(), r2.tolist()) == ([0.5, 0.5], [1.0, 0.0])
+
+
+def test_consistency_rewards_checks_its_arguments_and_uses_the_distance_tolerance():
+    with pytest.raises(ValueError, match=r"^got 3 completions but 2 samples$"):
+        consistency_rewards([answer("yes")] * 3, pair_batch(1))
+    with pytest.raises(ValueError, match="distance_tolerance must be a finite number >= 0"):
+        consistency_rewards([], [], answer_type="distance", distance_tolerance=-1.0)  # even for an empty batch
+    completions = [answer("10"), answer("14")]
+    assert consistency_rewards(completions, pair_batch(1), "distance").tolist() == [0.0, 0.0]
+    assert consistency_rewards(completions, pair_batch(1), "distance", distance_tolerance=0.5).tolist() == [1.0, 1.0]

@@ -112,3 +112,43 @@ def test_scores_are_float32_under_a_float64_default_dtype():
         torch.set_default_dtype(previous)
     for out in (functional, reward):
         assert out.dtype == torch.float32 and out.tolist() == [1.0, 1.0, 0.0]
+
+
+def test_a_completion_of_exactly_the_parse_limit_is_still_checked():
+    filler = "a" * (MAX_PARSE_CHARS - len("<think></think><answer>yes</answer>"))
+    text = f"<think>{filler}</think><answer>yes</answer>"
+    assert len(text) == MAX_PARSE_CHARS
+    assert format_reward([text, text + " "]).tolist() == [1.0, 0.0]
+
+
+def test_a_closing_tag_before_its_opening_tag_is_malformed():
+    assert format_reward(["<think></answer>t</think><answer>a"]).tolist() == [0.0]
+    # The second block's closing tag sits inside the first block, and what follows it looks like the rest of the
+    # sequence; the closing tag must be searched for after the opening one.
+    tags = ("summary", "caption", "think", "answer")
+    text = "<summary></caption><think>t</think><answer>a</summary><caption></answer>"
+    assert format_reward([text], tags=tags).tolist() == [0.0]
+    assert format_reward(
+        ["<summary>s</summary><caption>c</caption><think>t</think><answer>a</answer>"], tags=tags
+    ).tolist() == [1.0]
+
+
+def test_misconfiguration_messages():
+    with pytest.raises(
+        ValueError, match=r"^allowed_answers must hold at least one non-empty answer \(or be None to allow"
+    ):
+        FormatReward(allowed_answers=[" ", "."])
+    with pytest.raises(ValueError, match=r"^tags must name at least one block$"):
+        FormatReward(tags=[])
+
+
+def test_constructor_defaults_and_base_arguments():
+    reward = FormatReward()
+    assert (reward.name, reward.weight, reward.tags, reward.allowed_answers) == (
+        "format",
+        1.0,
+        ("think", "answer"),
+        None,
+    )
+    custom = FormatReward(weight=0.5, dist_sync_on_step=True)
+    assert (custom.weight, custom.dist_sync_on_step) == (0.5, True)

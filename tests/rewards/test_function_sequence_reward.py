@@ -214,3 +214,31 @@ def test_default_credits_are_a_half_and_a_quarter():
     )
     custom = FunctionSequenceReward(name="steps", dist_sync_on_step=True)
     assert (custom.name, custom.weight, custom.dist_sync_on_step) == ("steps", 1.0, True)
+
+
+def test_credits_may_reach_the_bounds_and_errors_name_the_bad_one():
+    reward = FunctionSequenceReward(alpha=-1.0, beta=1.0)
+    assert (reward.alpha, reward.beta, reward.value_range) == (-1.0, 1.0, (-1.0, 1.0))
+    with pytest.raises(
+        ValueError, match=r"^alpha must be in \[-1, 1\] \(a partial match counts at most a full one\), "
+    ):
+        FunctionSequenceReward(alpha=1.5)
+    with pytest.raises(ValueError, match=r"^beta must be in \[-1, 1\] .*, got -2.0$"):
+        FunctionSequenceReward(beta=-2)
+
+
+def test_label_errors_name_the_function_and_the_row():
+    with pytest.raises(ValueError, match=r"^function_sequence_reward needs a label for every completion; answers\[1\]"):
+        function_sequence_reward([wrap(GT)] * 2, [GT, None])
+    with pytest.raises(ValueError, match=r"^answers\[1\] = 'red cube' is not a step list"):
+        function_sequence_reward([wrap(GT)] * 2, [GT, "red cube"])
+
+
+def test_scores_are_float32_under_a_float64_default_dtype():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out = function_sequence_reward([wrap(GT), "no block"], [GT, GT])
+    finally:
+        torch.set_default_dtype(previous)
+    assert out.dtype == torch.float32 and out.tolist() == [1.0, 0.0]

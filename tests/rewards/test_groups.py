@@ -66,3 +66,29 @@ def test_layout_errors_name_the_rows_and_task_of_each_group():
     untasked = SimpleNamespace(meta={"pair_id": 3})
     with pytest.raises(ValueError, match=r"the last one, rows 0:3 \(task '\?'\), is unpaired"):
         pair_groups([untasked] * 3)
+
+
+def test_layout_error_messages_report_each_side_and_the_sizes():
+    with pytest.raises(
+        ValueError, match=r"Use a paired task \(e\.g\. dots_left_of_pairs\) so the collate function keeps"
+    ):
+        pair_groups([sample(1)] * 2)
+    x, bare, twin = sample(1), sample(), sample(1, "identity")
+    with pytest.raises(ValueError, match=r"meta\['pair_id'\] is missing \(1, None\)"):
+        pair_groups([x, x, bare, bare])
+    with pytest.raises(ValueError, match=r"meta\['pair_id'\] is missing \(None, 1\)"):
+        pair_groups([bare, bare, twin, twin])
+    # The second pair starts at row 4: its sizes are counted from there.
+    x0, t0, x1, t1 = sample("a"), sample("a", "identity"), sample("b"), sample("b", "negation")
+    with pytest.raises(ValueError, match=r"same size, got 3 rows for pair 'b''s original and 2 for its twin"):
+        pair_groups([x0, x0, t0, t0, x1, x1, x1, t1, t1])
+    with pytest.raises(
+        ValueError, match=r"unknown relation 'opposite' in meta\['relation'\] of pair 'b''s twin \(rows 6:8"
+    ):
+        pair_groups([x0, x0, t0, t0, x1, x1] + [sample("b", "opposite")] * 2)
+
+
+def test_samples_without_meta_have_no_pair_id():
+    a, b = SimpleNamespace(task="t"), SimpleNamespace(task="t")
+    with pytest.raises(ValueError, match=r"meta\['pair_id'\] is missing \(None, None\)"):
+        pair_groups([a, a, b, b])

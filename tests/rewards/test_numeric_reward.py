@@ -182,3 +182,32 @@ def test_class_defaults_and_base_arguments():
     assert (custom.name, custom.weight, custom.dist_sync_on_step) == ("length", 0.5, True)
     texts = [wrap(x) for x in ("104", "112.5", "120", "0.125")]
     assert reward.score(texts, [sample("100")] * 3 + [sample("0")]).tolist() == pytest.approx([1.0, 0.5, 0.0, 0.5])
+
+
+def test_a_zero_eps1_is_a_pure_ramp():
+    out = numeric_tolerance_reward([wrap("10"), wrap("10.5"), wrap("12")], ["10"] * 3, eps1=0.0, eps2=0.2)
+    assert out.tolist() == pytest.approx([1.0, reference(10.5, 10.0, 0.0, 0.2), 0.0])
+    assert 0.0 < out[1] < 1.0
+    assert NumericToleranceReward(eps1=0.0).eps1 == 0.0
+
+
+def test_configuration_and_label_errors_say_what_is_wrong():
+    with pytest.raises(ValueError, match=r"^need finite 0 <= eps1 < eps2, got eps1=0.2, eps2=0.2$"):
+        NumericToleranceReward(eps1=0.2, eps2=0.2)
+    with pytest.raises(ValueError, match=r"^zero_scale must be finite and > 0, got 0.0$"):
+        NumericToleranceReward(zero_scale=0)
+    with pytest.raises(ValueError, match=r"^numeric_tolerance_reward needs a label for every completion; answers\[1\]"):
+        numeric_tolerance_reward([wrap("1")] * 2, ["1", None])
+    long_label = "x" * 100  # quoted in the message, cut to 80 characters
+    with pytest.raises(ValueError, match=rf"^answers\[1\] = '{'x' * 80}' is not a number parse_number understands$"):
+        numeric_tolerance_reward([wrap("1")] * 2, ["1", long_label])
+
+
+def test_scores_are_float32_under_a_float64_default_dtype():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out = numeric_tolerance_reward([wrap("10"), wrap("11.25"), "no block"], ["10"] * 3)
+    finally:
+        torch.set_default_dtype(previous)
+    assert out.dtype == torch.float32 and out.tolist() == [1.0, 0.5, 0.0]

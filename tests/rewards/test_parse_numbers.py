@@ -93,6 +93,15 @@ ACCEPTED = [
     ("$12$ cm", 12.0),
     ("\\frac{9}{2}\\text{ cm}", 4.5),
     ("1" * 30, float("1" * 30)),
+    ("1" * 30 + "e2", float("1" * 30 + "e2")),  # exponent digits do not count towards the 30
+    ("2\\sqrt{2}\\pi\\pi", 2 * math.sqrt(2) * PI * PI),  # four factors: the most one product takes
+    ("(1)/" + "(" * 8 + "2" + ")" * 8, 0.5),  # the nesting limit counts open groups, not groups seen before
+    ("4 pix", 4.0),  # a unit that starts with "pi" is not pi
+    ("2 pints", 2.0),
+    ("7?", 7.0),  # trailing punctuation
+    ("3.5;", 3.5),
+    ("42!", 42.0),
+    ("1" + " " * 254 + "m", 1.0),  # 256 characters: the longest answer read
 ]
 
 REFUSED = [
@@ -138,6 +147,13 @@ REFUSED = [
     "+-5",
     "5 m/s",
     "((((((((((1))))))))))",  # nesting deeper than the limit
+    "(1)/" + "(" * 9 + "2" + ")" * 9,
+    "2\\pi\\pi\\pi\\pi",  # five factors
+    "2πr",  # pi times a variable
+    "2πr2",
+    "3 or. four",  # a connective, even with a dot
+    "\\(1/2",  # an unclosed \( delimiter
+    "1" + " " * 300 + "m",  # longer than 256 characters
     "\\frac{1}{2",
     "\\frac{1}",
     "\\sqrt{}",

@@ -100,6 +100,7 @@ def step(f, o, v):
         ("change_color obj_2 red", None),
         ("", None),
         ("[]", None),
+        ("[change_color(1, red))", None),  # an opening bracket without its closing one
         (",", None),
         (None, None),
         (3, None),

@@ -187,3 +187,26 @@ def test_nonfinite_warning_points_at_the_caller_of_update():
     with pytest.warns(RuntimeWarning, match="non-finite") as record:
         Nan().update(["a"], [SAMPLE])
     assert [w.filename for w in record] == [__file__]
+
+
+def test_argument_and_length_errors_name_the_reward():
+    with pytest.raises(ValueError, match=r"^FormatReward: weight must be finite, got nan$"):
+        FormatReward(weight=float("nan"))
+    with pytest.raises(ValueError, match=r"^FormatReward: name must be a non-empty string, got ' '$"):
+        FormatReward(name=" ")
+    with pytest.raises(
+        ValueError,
+        match=r"^reward 'format': got 2 completions but 1 samples; "
+        r"pass one sample per completion \(repeat each prompt's sample K times\)$",
+    ):
+        FormatReward().checked_score(["a", "b"], [SAMPLE])
+
+
+def test_checked_score_returns_float32_whatever_score_returns():
+    class Double(RewardComponent):
+        def score(self, completions, samples):
+            return torch.tensor([0.1, float("inf")], dtype=torch.float64)
+
+    values, num_nonfinite = Double().checked_score(["a", "b"], [SAMPLE, SAMPLE])
+    assert values.dtype == torch.float32 and num_nonfinite == 1
+    assert values.tolist() == [torch.tensor(0.1, dtype=torch.float32).item(), 0.0]

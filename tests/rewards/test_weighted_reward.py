@@ -119,3 +119,39 @@ def test_nonfinite_warning_points_at_the_caller_of_the_module():
     with pytest.warns(RuntimeWarning, match="'flaky' returned 1 non-finite") as record:
         rewards(["a"], samples(1))
     assert [w.filename for w in record] == [__file__]
+
+
+def test_construction_errors_explain_the_fix():
+    with pytest.raises(ValueError, match="^WeightedReward needs at least one reward component$"):
+        WeightedReward([])
+    with pytest.raises(TypeError, match="^reward components must be RewardComponent instances, got function$"):
+        WeightedReward([FormatReward(), lambda c, s: torch.zeros(len(c))])
+    with pytest.raises(ValueError, match=r"duplicated: \['format'\]\. Pass name=\.\.\. to tell them apart$"):
+        WeightedReward([FormatReward(), FormatReward()])
+
+
+def test_a_call_accumulates_only_when_asked_and_scores_once():
+    class Counting(Constant):
+        calls = 0
+
+        def score(self, completions, samples):
+            type(self).calls += 1
+            return super().score(completions, samples)
+
+    component = Counting([0.25, 0.75], name="counting")
+    rewards = WeightedReward([component])
+    rewards(["a", "b"], samples(2))
+    assert component.count.item() == 0 and Counting.calls == 1  # scoring alone leaves the metric state alone
+    rewards(["a", "b"], samples(2), accumulate=True)
+    assert Counting.calls == 2  # the accumulated values are the ones just computed, not a second scoring
+    assert (component.count.item(), component.total.item()) == (2, 1.0)
+
+
+def test_total_is_float32_under_a_float64_default_dtype():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out = WeightedReward([Constant([0.5, 1.0], name="c", weight=2.0)])(["a", "b"], samples(2))
+    finally:
+        torch.set_default_dtype(previous)
+    assert out.total.dtype == torch.float32 and out.total.tolist() == [1.0, 2.0]

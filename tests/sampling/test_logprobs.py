@@ -144,8 +144,8 @@ def test_head_gets_gradients_when_hidden_is_a_constant():
     ("hidden_shape", "targets_shape", "kwargs", "match"),
     [
         ((2, 3), (2, 3), {}, "hidden must be"),
-        ((2, 3, 4), (2, 4), {}, "targets must be"),
-        ((2, 3, 4), (6,), {}, "targets must be"),
+        ((2, 3, 4), (2, 4), {}, r"^targets must be \[N, L\] = \(2, 3\) like hidden, got \(2, 4\)$"),
+        ((2, 3, 4), (6,), {}, r"^targets must be \[N, L\] = \(2, 3\) like hidden, got \(6,\)$"),
         ((2, 3, 4), (2, 3), {"chunk_size": 0}, "chunk_size"),
         ((2, 3, 4), (2, 3), {"temperature": 0.0}, "temperature"),
     ],

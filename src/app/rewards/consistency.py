@@ -138,11 +138,7 @@ def parse_answers(completions: Sequence[str], answer_type: AnswerType = "bool") 
     [True, None, None]
     """
     parse, _ = answer_spec(answer_type)
-    answers: list[Answer | None] = []
-    for completion in completions:
-        text = extract_answer(completion)
-        answers.append(None if text is None else parse(text))
-    return answers
+    return [parse(extract_answer(completion)) for completion in completions]  # the parsers map None to None
 
 
 # --------------------------------------------------------------------------------------------- verification matrix
@@ -156,7 +152,7 @@ def _verification_matrix(answers_x, answers_x2, relation, verifier) -> tuple[np.
         keys_x, keys_x2 = {}, {}
         code_x = [keys_x.setdefault(a, len(keys_x)) for a in answers_x if a is not None]  # [n0]
         code_x2 = [keys_x2.setdefault(a, len(keys_x2)) for a in answers_x2 if a is not None]  # [n1]
-        table = np.array([[verifier(a, b, relation) for b in keys_x2] for a in keys_x], dtype=np.float64)  # [u0, u1]
+        table = np.array([[verifier(a, b, relation) for b in keys_x2] for a in keys_x])  # [u0, u1], cast into V
         V[np.ix_(valid_x, valid_x2)] = table[np.ix_(code_x, code_x2)]
     return V, valid_x, valid_x2
 
@@ -209,7 +205,7 @@ def minimal_coupling(V: np.ndarray) -> np.ndarray:
     import ot  # imported on first use: it takes ~0.6 s
 
     a, b = np.full(n0, 1.0 / n0), np.full(n1, 1.0 / n1)
-    return ot.emd(a, b, np.ascontiguousarray(V, dtype=np.float64))
+    return ot.emd(a, b, V)  # POT casts V to a C-contiguous float64 array
 
 
 def northwest_corner_coupling(n0: int, n1: int) -> np.ndarray:
@@ -218,7 +214,7 @@ def northwest_corner_coupling(n0: int, n1: int) -> np.ndarray:
     gamma = np.zeros((n0, n1))
     i = j = 0
     row_left, col_left = n1, n0  # units of 1 / (n0 * n1)
-    while i < n0 and j < n1:
+    while i < n0 and j < n1:  # pragma: no mutate (equivalent: equal total masses, so i and j reach their ends together)
         mass = min(row_left, col_left)
         gamma[i, j] = mass
         row_left, col_left = row_left - mass, col_left - mass

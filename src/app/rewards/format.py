@@ -56,14 +56,16 @@ def _is_well_formed(text: object, allowed: frozenset[str] | None, tags: tuple[st
     markers = [marker for tag in tags for marker in (f"<{tag}>", f"</{tag}>")]
     if any(text.count(marker) != 1 for marker in markers):
         return False  # missing, repeated or nested
-    pos, content = 0, ""
-    for opening, closing in zip(markers[::2], markers[1::2], strict=True):
+    pos = 0
+    content = ""  # pragma: no mutate (equivalent: the loop below runs for every tag, at least one, and sets it)
+    for tag in tags:
+        opening, closing = f"<{tag}>", f"</{tag}>"
         rest = text[pos:]
         pos += len(rest) - len(rest.lstrip())  # whitespace between blocks
         if not text.startswith(opening, pos):
             return False  # text between blocks, or blocks out of order
         end = text.find(closing, pos + len(opening))
-        if end < 0:
+        if end < 0:  # pragma: no mutate (equivalent: the search starts past index 0, so end is never 0)
             return False
         content = text[pos + len(opening) : end]
         pos = end + len(closing)

@@ -148,9 +148,8 @@ def function_sequence_reward(
     alpha, beta = _check_weights(alpha, beta)
     labels = [_label_steps(answer, i) for i, answer in enumerate(answers)]
     values = []
-    for completion, gt in zip(completions, labels, strict=True):
-        text = extract_answer(completion)
-        pred = parse_steps(text) if text is not None else None
+    for completion, gt in zip(completions, labels):  # noqa: B905 (check_labels: equal lengths)
+        pred = parse_steps(extract_answer(completion))  # None without an answer block too
         values.append(0.0 if pred is None else sequence_score(pred, gt, alpha, beta, ordered))
     return torch.tensor(values, dtype=torch.float32)
 

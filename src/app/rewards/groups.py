@@ -64,28 +64,28 @@ def pair_groups(samples: Sequence[VisualSample]) -> list[tuple[slice, slice, str
             "(e.g. dots_left_of_pairs) so the collate function keeps each pair adjacent"
         )
     pairs = []
-    for first, second in zip(groups[0::2], groups[1::2], strict=True):
+    for first, second in zip(groups[0::2], groups[1::2]):  # noqa: B905 (an even number of groups)
         x, twin = samples[first.start], samples[second.start]
-        ids = [getattr(s, "meta", {}).get("pair_id") for s in (x, twin)]
-        if ids[0] is None or ids[1] is None:
+        pair_id, twin_id = (getattr(s, "meta", {}).get("pair_id") for s in (x, twin))
+        if pair_id is None or twin_id is None:
             raise ValueError(
                 f"groups {_describe(samples, first)} and {_describe(samples, second)} should form a pair, but "
-                f"meta['pair_id'] is missing ({ids[0]!r}, {ids[1]!r}); consistency rewards need paired samples"
+                f"meta['pair_id'] is missing ({pair_id!r}, {twin_id!r}); consistency rewards need paired samples"
             )
-        if ids[0] != ids[1]:
+        if pair_id != twin_id:
             raise ValueError(
                 f"groups {_describe(samples, first)} and {_describe(samples, second)} should form a pair, but their "
-                f"pair ids differ ({ids[0]!r} != {ids[1]!r}): a group is unpaired or the pairs were reordered"
+                f"pair ids differ ({pair_id!r} != {twin_id!r}): a group is unpaired or the pairs were reordered"
             )
         if first.stop - first.start != second.stop - second.start:
             raise ValueError(
                 f"paired groups must have the same size, got {first.stop - first.start} rows for pair "
-                f"{ids[0]!r}'s original and {second.stop - second.start} for its twin"
+                f"{pair_id!r}'s original and {second.stop - second.start} for its twin"
             )
         relation = twin.meta.get("relation")
         if relation not in RELATIONS:
             raise ValueError(
-                f"unknown relation {relation!r} in meta['relation'] of pair {ids[0]!r}'s twin "
+                f"unknown relation {relation!r} in meta['relation'] of pair {pair_id!r}'s twin "
                 f"({_describe(samples, second)}); expected one of {RELATIONS}"
             )
         pairs.append((first, second, relation))

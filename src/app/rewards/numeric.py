@@ -89,9 +89,8 @@ def numeric_tolerance_reward(
     eps1, eps2, zero_scale = _check_band(eps1, eps2, zero_scale)
     labels = [_label_number(answer, i) for i, answer in enumerate(answers)]
     values = []
-    for completion, gt in zip(completions, labels, strict=True):
-        text = extract_answer(completion)
-        pred = parse_number(text) if text is not None else None
+    for completion, gt in zip(completions, labels):  # noqa: B905 (check_labels: equal lengths)
+        pred = parse_number(extract_answer(completion))  # None without an answer block too
         values.append(0.0 if pred is None else tolerance_score(pred, gt, eps1, eps2, zero_scale))
     return torch.tensor(values, dtype=torch.float32)
 
