@@ -14,10 +14,11 @@ import argparse
 
 import torch
 
-from app.data.shapes import ShapePromptDataset
 from app.models import FlowLoRASettings, FlowPolicy
 from app.modules import FlowGRPOModule
 from app.rewards.color_region import ColorRegionReward
+from app.sampling import FlowSamplingSettings
+from app.tasks.dots.shapes import ShapePromptDataset
 
 
 class _NoStep:
@@ -51,9 +52,11 @@ def main() -> None:
                 if "lora_B" in name:
                     parameter.normal_(std=1e-3)
     module = FlowGRPOModule(
-        policy, [ColorRegionReward()], num_generations=args.group, num_steps=args.steps, eta=args.eta, seed=1,
-        shared_initial_noise=args.shared_noise, advantage_scale=args.advantage_scale,
-        sde_window=tuple(args.sde_window) if args.sde_window else None, gradient_clip_val=0.0,
+        policy, [ColorRegionReward()], seed=1, advantage_scale=args.advantage_scale, gradient_clip_val=0.0,
+        sampling=FlowSamplingSettings(
+            num_generations=args.group, num_steps=args.steps, eta=args.eta, shared_initial_noise=args.shared_noise,
+            sde_window=tuple(args.sde_window) if args.sde_window else None,
+        ),
     )  # fmt: skip
     module.manual_backward = lambda loss: loss.backward()  # outside a Trainer
     data = ShapePromptDataset(num_samples=args.prompts, seed=3, image_size=64)

@@ -212,7 +212,7 @@ RECIPES = {
         "configs/flow_grpo_wan2_1_t2v_1_3b.yaml",
         [
             "--model.init_args.policy.init_args.resolution.num_frames=33",
-            "--model.init_args.num_generations=4",
+            "--model.init_args.sampling.num_generations=4",
             "--data.init_args.batch_size=1",
         ],
     ),  # fmt: skip
@@ -245,7 +245,7 @@ def main() -> None:
             ]  # fmt: skip
             if args.tiny:
                 overrides += [
-                    "--trainer.accelerator=cpu", "--trainer.precision=32-true", "--model.init_args.num_steps=4",
+                    "--trainer.accelerator=cpu", "--trainer.precision=32-true", "--model.init_args.sampling.num_steps=4",
                     "--model.init_args.policy.init_args.resolution.height=64",
                     "--model.init_args.policy.init_args.resolution.width=64", "--data.init_args.image_size=128",
                     "--model.init_args.policy.init_args.dtype=float32", "--data.init_args.num_workers=0",

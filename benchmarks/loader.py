@@ -7,9 +7,10 @@
 Writes ``--samples`` samples (``DotsDataset``, ``--size`` pixels, optionally with a noise texture) to shards in a
 temporary folder, then streams one epoch through ``ShardDataModule.train_dataloader()`` for each worker count: tar
 reading, a 1000-record shuffle buffer, PNG decoding to RGB, and a horizontally flipped twin of every sample (as in
-``app.data.pairs``), batched into lists of 2 x ``--batch-size`` prompts. The first ``--warmup`` batches (worker start-up)
-are left out of the rate. The CPU columns (per streamed sample, start-up included) do not depend on what else runs on the
-machine, unlike the rate: their sum bounds the rate on a quiet machine (two cores: ``2000 / (main + workers)``).
+``app.tasks.dots.pairs``), batched into lists of 2 x ``--batch-size`` prompts. The first ``--warmup`` batches (worker
+start-up) are left out of the rate. The CPU columns (per streamed sample, start-up included) do not depend on what else
+runs on the machine, unlike the rate: their sum bounds the rate on a quiet machine (two cores: ``2000 / (main +
+workers)``).
 Target: >= 500 samples/s with 2 workers on a 2-core machine.
 """
 
@@ -29,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from app.data import DotsDataset, ShardDataModule, write_samples  # noqa: E402
-from app.data.pairs import make_twin  # noqa: E402
+from app.data import ShardDataModule, write_samples  # noqa: E402
+from app.tasks.dots import DotsDataset  # noqa: E402
+from app.tasks.dots.pairs import make_twin  # noqa: E402
 from app.types import VisualSample  # noqa: E402
 
 

@@ -20,6 +20,7 @@ pairing at 7B scale; against a tiny model on CPU the step is far cheaper than th
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import statistics
@@ -128,6 +129,7 @@ def grpo_step_ratio(steps: int, repeats: int) -> None:
     from app.data import VisualTaskDataModule
     from app.models import SamplingSettings, VLMPolicy
     from app.modules import VLMGRPOModule
+    from app.tasks.dots import PairedDotsDataset
 
     class StepTimer(L.Callback):
         def __init__(self):
@@ -148,8 +150,8 @@ def grpo_step_ratio(steps: int, repeats: int) -> None:
         learning_rate=2e-4,
     )
     data = VisualTaskDataModule(
-        task="dots_left_of_pairs", train_size=64, val_size=2, test_size=2, batch_size=4, image_size=64,
-        task_kwargs={"dot_radius": 12},
+        functools.partial(PairedDotsDataset, dot_radius=12), train_size=64, val_size=2, test_size=2, batch_size=4,
+        image_size=64,
     )  # fmt: skip
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as root:

@@ -36,7 +36,6 @@ def main() -> None:
     parser.add_argument("--video-repeats", type=int, default=3)
     args = parser.parse_args()
     cv2.setNumThreads(1)
-    get_task("object_counting")
     print(f"{'task':<24}{'images/s':>10}{'81-frame videos/s':>20}")
     slowest = float("inf")
     for name in sorted(TASKS):

@@ -88,7 +88,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 def dots_samples(n: int, seed: int = 0):
     """``n`` labeled dots samples with 64-pixel images (the quickstart task, small)."""
-    from app.data import DotsDataset
+    from app.tasks.dots import DotsDataset
 
     dataset = DotsDataset(n, seed, image_size=64, dot_radius=12)
     return [dataset[i] for i in range(n)]
@@ -192,10 +192,13 @@ def fit():
 
 def tiny_datamodule(train_size: int = 8, batch_size: int = 2, seed: int = 0, **kwargs):
     """The quickstart's data module, tiny: 64-pixel dots images."""
+    import functools
+
     from app.data import VisualTaskDataModule
+    from app.tasks.dots import DotsDataset
 
     args = dict(
-        task="dots_left_of",
+        dataset=functools.partial(DotsDataset, dot_radius=12),
         train_size=train_size,
         val_size=4,
         test_size=4,
@@ -203,7 +206,6 @@ def tiny_datamodule(train_size: int = 8, batch_size: int = 2, seed: int = 0, **k
         val_batch_size=4,
         seed=seed,
         image_size=64,
-        task_kwargs={"dot_radius": 12},
     )
     return VisualTaskDataModule(**{**args, **kwargs})
 

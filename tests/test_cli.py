@@ -139,7 +139,7 @@ def test_fit_resumes_from_a_checkpoint_through_the_cli(cli_fit, tmp_path, monkey
     """The resumed run starts from the checkpoint's state (the state the interrupted run had): its weights, the
     optimizer's moments and step counts, and the global generators' states; then it makes one more step."""
     from app.modules import VLMGRPOModule
-    from app.modules.base import rng_states
+    from app.modules.checkpoints import rng_states
 
     _, _, saved_ckpt, _ = cli_fit
     checkpoint = torch.load(saved_ckpt, map_location="cpu", weights_only=False)

@@ -61,3 +61,15 @@ def test_tiny_fixture_instantiates(path, module_class, tmp_path):
         assert cli.model.sampling.num_generations == 4 and cli.model.sampling.max_new_tokens == 8
         assert cli.model.policy.uses_lora
         assert cli.model.rewards.names == ["accuracy", "format"]
+
+
+def test_a_misspelt_dataset_argument_fails_parsing_naming_the_key(tmp_path, capsys):
+    """Data sets come in as ``class_path`` / ``init_args``: their arguments are checked when the config is parsed."""
+    text = (ROOT / "configs" / "quickstart.yaml").read_text()
+    assert "        dot_radius: 12\n" in text
+    path = tmp_path / "typo.yaml"
+    path.write_text(text.replace("        dot_radius: 12\n", "        dot_radus: 12\n"))
+    with pytest.raises(SystemExit) as exit_info:
+        AppCLI(args=["fit", "--config", str(path), "--print_config"])
+    assert exit_info.value.code not in (0, None)
+    assert "Option 'dot_radus' is not accepted" in capsys.readouterr().err

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from app.cli import AppCLI
-from app.data.__main__ import main as data_main
 from app.data.shards import LABEL_META_KEYS
 from app.rewards.consistency import ConsistencyReward
+from app.tasks.__main__ import main as data_main
 from app.types import VisualSample
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "consistency_dots_shards.yaml"
@@ -78,7 +78,7 @@ def test_consistency_grpo_trains_on_label_free_shards_without_reading_a_label(sh
     seen: list[list[VisualSample]] = []
     score = ConsistencyReward.score
 
-    def trapped(self, completions, samples):
+    def trapped(self, completions, samples, group_size=None):
         # Rebuild every row as a LabelTrap sharing the group structure (same object per group), then score.
         traps: dict[int, LabelTrap] = {}
         for s in samples:
@@ -88,7 +88,7 @@ def test_consistency_grpo_trains_on_label_free_shards_without_reading_a_label(sh
                 traps[id(s)] = LabelTrap(s.images, s.question, s.task, None, None, s.meta)
         rows = [traps[id(s)] for s in samples]
         seen.append(rows)
-        return score(self, completions, rows)
+        return score(self, completions, rows, group_size=group_size)
 
     monkeypatch.setattr(ConsistencyReward, "score", trapped)
 
@@ -109,7 +109,7 @@ def test_consistency_grpo_trains_on_label_free_shards_without_reading_a_label(sh
 def test_spatial_label_free_shards_stream_as_scored_pairs(tmp_path):
     """The spatial recipe's data path: label-free shards -> twins on the fly -> the mixed-type consistency reward."""
     from app.data import ShardDataModule
-    from app.data.spatial import SpatialPairAugmenter
+    from app.tasks.spatial import SpatialPairAugmenter
 
     data_main(["spatial", "--out", str(tmp_path), "--num", "8", "--seed", "0", "--image-size", "96", "--strip-labels",
                "--tasks", "orientation", "depth", "counting"])  # fmt: skip

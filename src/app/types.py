@@ -106,6 +106,7 @@ class GRPOBatch:
         advantages: ``[N]`` group-relative advantages.
         loss_mask: ``[N, L]`` tokens that enter the loss (completion mask, minus dropped groups / truncated rows).
         rewards: the reward output used for the advantages.
+        group_size: K, completions per prompt (rows ``b * K .. b * K + K - 1`` are prompt ``b``'s group).
     """
 
     prompt_inputs: PromptInputs
@@ -115,6 +116,7 @@ class GRPOBatch:
     advantages: torch.Tensor
     loss_mask: torch.Tensor
     rewards: RewardOutput
+    group_size: int
 
 
 @dataclass
@@ -151,6 +153,7 @@ class FlowTrajectory:
         rewards: the reward output of the N samples.
         advantages: ``[N]`` group-relative advantages.
         loss_mask: ``[N]`` bool, False for samples left out of the loss (dropped zero-std groups).
+        group_size: K, trajectories per prompt.
     """
 
     conditioning: dict[str, torch.Tensor]
@@ -164,3 +167,4 @@ class FlowTrajectory:
     rewards: RewardOutput
     advantages: torch.Tensor
     loss_mask: torch.Tensor
+    group_size: int

@@ -1,7 +1,11 @@
+import functools
+import io
+
 import pytest
 import torch
 
-from app.data.datamodule import TASKS, VisualTaskDataModule, collate_visual_samples
+from app.data.datamodule import VisualTaskDataModule, collate_visual_samples, split_seed
+from app.tasks.dots import DotsDataset
 from app.types import VisualSample
 
 
@@ -10,7 +14,9 @@ def image_bytes(sample: VisualSample) -> bytes:
 
 
 def small_datamodule(**kwargs) -> VisualTaskDataModule:
-    args = dict(train_size=20, val_size=10, test_size=10, batch_size=4, val_batch_size=6, image_size=48)
+    args = dict(
+        dataset=DotsDataset, train_size=20, val_size=10, test_size=10, batch_size=4, val_batch_size=6, image_size=48
+    )
     dm = VisualTaskDataModule(**{**args, **kwargs})
     dm.setup("fit")
     return dm
@@ -49,18 +55,50 @@ def test_splits_are_disjoint():
     assert not (splits[0] & splits[1]) and not (splits[0] & splits[2]) and not (splits[1] & splits[2])
 
 
-def test_task_kwargs_reach_the_dataset():
-    dm = small_datamodule(task_kwargs={"labeled": False})
+def test_dataset_arguments_reach_the_dataset():
+    dm = small_datamodule(dataset=functools.partial(DotsDataset, labeled=False))
     assert all(s.answer is None for s in next(iter(dm.val_dataloader())))
 
 
-def test_unknown_task_lists_known_tasks():
-    with pytest.raises(ValueError, match="unknown task 'nope'.*dots_left_of"):
-        VisualTaskDataModule(task="nope")
-    assert "dots_left_of" in TASKS
+def test_each_split_calls_the_factory_with_its_size_seed_and_image_size():
+    calls = []
+
+    def factory(num_samples, seed, image_size):
+        calls.append((num_samples, seed, image_size))
+        return DotsDataset(num_samples, seed, image_size)
+
+    dm = small_datamodule(dataset=factory, seed=5, train_size=20, val_size=10, test_size=6)
+    assert calls == [(20, split_seed(5, "train"), 48), (10, split_seed(5, "val"), 48), (6, split_seed(5, "test"), 48)]
+    assert len({seed for _, seed, _ in calls}) == 3
+    dm.setup("fit")
+    assert len(calls) == 3  # built once
+
+
+def test_dataset_must_be_a_factory():
+    with pytest.raises(TypeError, match="dataset must be a data set class or factory"):
+        VisualTaskDataModule(dataset="dots_left_of")
 
 
 def test_collate_keeps_samples():
     samples = [VisualSample(images=[], question="q", task="t"), VisualSample(images=[], question="r", task="t")]
     assert collate_visual_samples(samples) == samples
     assert not any(isinstance(x, torch.Tensor) for x in collate_visual_samples(samples))
+
+
+def test_hyperparameters_hold_the_dataset_as_plain_data_that_checkpoints_load():
+    dm = small_datamodule(dataset=functools.partial(DotsDataset, dot_radius=3))
+    assert dm.hparams["dataset"] == {"class_path": "app.tasks.dots.dots.DotsDataset", "init_args": {"dot_radius": 3}}
+    assert small_datamodule().hparams["dataset"] == {"class_path": "app.tasks.dots.dots.DotsDataset"}
+    buffer = io.BytesIO()
+    torch.save(dict(dm.hparams), buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True)["dataset"] == dm.hparams["dataset"]
+
+
+def test_resume_state_continues_the_epoch_where_it_stopped():
+    full = [image_bytes(s) for b in small_datamodule(seed=2).train_dataloader() for s in b]
+    dm = small_datamodule(seed=2)
+    dm.load_state_dict({"epoch": 0, "batches_done": 2})
+    resumed = [image_bytes(s) for b in dm.train_dataloader() for s in b]
+    assert resumed == full[2 * 4 :]
+    assert [image_bytes(s) for b in dm.train_dataloader() for s in b] == full  # the next pass starts the epoch over

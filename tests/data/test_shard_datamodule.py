@@ -20,9 +20,10 @@ from lightning import LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
 from PIL import Image
 
-from app.data import DotsDataset, ShardDataModule
+from app.data import ShardDataModule
 from app.data.shard_stream import ShardLoader, ShardStream, SkipCounts, derive_seed, epoch_share
 from app.data.shards import encode_sample, write_samples
+from app.tasks.dots import DotsDataset
 from app.types import VisualSample
 
 NUM_SHARDS, PER_SHARD = 4, 4

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.data import DotsDataset
 from app.data.shards import (
     LABEL_META_KEYS,
     SCHEMA_VERSION,
@@ -16,7 +15,8 @@ from app.data.shards import (
     read_samples,
     write_samples,
 )
-from app.data.triplets import TripletDotsDataset
+from app.tasks.dots import DotsDataset
+from app.tasks.dots.triplets import TripletDotsDataset
 from app.types import VisualSample
 
 

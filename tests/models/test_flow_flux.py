@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from app.models import FlowLoRASettings, FlowPolicy
 from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RewardComponent
+from app.sampling import FlowSampler, FlowSamplingSettings
 from app.types import VisualSample
 
 PROMPTS = ["a red circle on the left", "a blue square on the top"]
@@ -71,11 +72,7 @@ def test_true_cfg_mixes_in_the_empty_prompt(policy):
             policy.velocity(latents, sigma, cond),
             policy.velocity(latents, sigma, policy.encode_prompts(["", ""])),
         )
-        policy.guidance_scale = 2.0
-        try:
-            guided = policy.velocity(latents, sigma, cond)
-        finally:
-            policy.guidance_scale = 1.0
+        guided = FlowSampler(policy, FlowSamplingSettings(guidance_scale=2.0)).velocity(latents, sigma, cond)
     torch.testing.assert_close(guided, v_uncond + 2.0 * (v_cond - v_uncond), atol=1e-5, rtol=1e-5)
 
 
@@ -127,7 +124,9 @@ class RednessReward(RewardComponent):
 
 def test_short_flow_grpo_fit_moves_every_lora_weight(fit):
     policy = make()
-    module = FlowGRPOModule(policy, [RednessReward()], num_generations=2, num_steps=3, learning_rate=1e-3)
+    module = FlowGRPOModule(
+        policy, [RednessReward()], sampling=FlowSamplingSettings(num_generations=2, num_steps=3), learning_rate=1e-3
+    )
     prompts = [VisualSample(images=[], question=f"a red square, number {i}", task="red") for i in range(2)]
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
     trainer, _ = fit(module, DataLoader(prompts, batch_size=1, collate_fn=list), max_steps=2)

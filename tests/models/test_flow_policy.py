@@ -5,6 +5,7 @@ import torch
 from peft import PeftModel
 
 from app.models import FlowLoRASettings, FlowPolicy
+from app.sampling import FlowSampler, FlowSamplingSettings
 from app.sampling.flow import ode_step
 
 NAMES = ["tiny-sd3", "tiny-wan"]
@@ -76,16 +77,13 @@ def test_prompt_conditioning_is_cached(policy, monkeypatch):
     assert torch.equal(again["encoder_hidden_states"][2], first["encoder_hidden_states"][0])
 
 
-def test_guidance_mixes_in_the_empty_prompt(policy):
+def test_the_sampler_guidance_mixes_in_the_empty_prompt(policy):
     latents, sigma, cond = inputs(policy)
     v_cond = policy.velocity(latents, sigma, cond)
     with torch.no_grad():
         v_uncond = policy.velocity(latents, sigma, policy.encode_prompts(["", ""]))
-    policy.guidance_scale = 3.0
-    try:
-        guided = policy.velocity(latents, sigma, cond)
-    finally:
-        policy.guidance_scale = 1.0
+    with torch.no_grad():
+        guided = FlowSampler(policy, FlowSamplingSettings(guidance_scale=3.0)).velocity(latents, sigma, cond)
     torch.testing.assert_close(guided, v_uncond + 3.0 * (v_cond - v_uncond), atol=1e-5, rtol=1e-5)
 
 
@@ -131,9 +129,14 @@ def test_lora_reference_and_export(name, tmp_path):
     assert (v_reloaded - trained).abs().max() < 1e-5
 
 
-def test_full_fine_tuning_keeps_a_frozen_reference():
+def test_full_fine_tuning_keeps_a_frozen_reference_only_once_enabled():
     policy = make("tiny-wan", lora=None)
     assert len(policy.trainable_parameters()) == len(list(policy.transformer.parameters()))
+    assert policy.frozen_reference is None, "no second copy of the transformer unless a KL term needs it"
+    with pytest.raises(RuntimeError, match="enable_reference"), policy.reference():
+        pass
+    policy.enable_reference()
+    assert not any(p.requires_grad for p in policy.frozen_reference.parameters())
     latents, sigma, cond = inputs(policy)
     with torch.no_grad():
         before = policy.velocity(latents, sigma, cond)

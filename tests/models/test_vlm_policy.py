@@ -274,7 +274,7 @@ def test_lora_reference_is_the_untrained_policy_and_differs_after_an_update(new_
     ref_after = policy.reference_logprobs(prompts, c.completion_ids, c.completion_mask)
     assert (after - before)[mask].abs().max() > 1e-3
     torch.testing.assert_close(ref_after[mask], before[mask], atol=1e-6, rtol=0)
-    assert policy.reference is None, "LoRA needs no copy of the model"
+    assert policy.frozen_reference is None, "LoRA needs no copy of the model"
 
 
 def test_full_fine_tuning_reference_needs_enable_reference_and_stays_frozen(new_policy, new_samples):
@@ -284,8 +284,8 @@ def test_full_fine_tuning_reference_needs_enable_reference_and_stays_frozen(new_
     with pytest.raises(RuntimeError, match="enable_reference"):
         policy.reference_logprobs(prompts, c.completion_ids, c.completion_mask)
     policy.enable_reference()
-    assert not any(p.requires_grad for p in policy.reference.parameters())
-    assert not {id(p) for p in policy.reference.parameters()} & {id(p) for p in policy.trainable_parameters()}
+    assert not any(p.requires_grad for p in policy.frozen_reference.parameters())
+    assert not {id(p) for p in policy.frozen_reference.parameters()} & {id(p) for p in policy.trainable_parameters()}
     with torch.no_grad():
         before = policy.sequence_logprobs(prompts, c.completion_ids, c.completion_mask)
     perturb(policy.trainable_parameters(), scale=0.02)

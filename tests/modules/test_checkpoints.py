@@ -14,6 +14,7 @@ from app.models.flow import FlowLoRASettings, FlowPolicy
 from app.modules import FlowGRPOModule, FlowMatchingModule
 from app.modules.checkpoints import OMITTED
 from app.rewards.color_region import ColorRegionReward
+from app.sampling import FlowSamplingSettings
 from app.types import VisualSample
 
 
@@ -27,10 +28,11 @@ def prompts(n: int = 2) -> DataLoader:
     return DataLoader(samples, batch_size=1, collate_fn=list, generator=torch.Generator().manual_seed(0))
 
 
-def grpo(lora: FlowLoRASettings | None) -> FlowGRPOModule:
+def grpo(lora: FlowLoRASettings | None, beta: float = 0.0) -> FlowGRPOModule:
     torch.manual_seed(0)
     policy = FlowPolicy("tiny-sd3", lora=lora)
-    return FlowGRPOModule(policy, [ColorRegionReward()], num_generations=2, num_steps=3, learning_rate=1e-3)
+    sampling = FlowSamplingSettings(num_generations=2, num_steps=3)
+    return FlowGRPOModule(policy, [ColorRegionReward()], sampling, beta=beta, learning_rate=1e-3)
 
 
 def fit_and_save(fit, module, data, tmp_path, max_steps=1) -> dict:
@@ -111,7 +113,7 @@ def generator_states(module: FlowGRPOModule) -> dict:
 
 
 def test_full_fine_tuning_saves_the_transformer_but_not_its_frozen_reference_copy(fit, tmp_path):
-    module = grpo(lora=None)
+    module = grpo(lora=None, beta=0.01)
     checkpoint = fit_and_save(fit, module, prompts(), tmp_path)
     keys = set(checkpoint["state_dict"])
     assert any(k.startswith("policy.model.") for k in keys)
@@ -122,12 +124,13 @@ def test_full_fine_tuning_saves_the_transformer_but_not_its_frozen_reference_cop
 
 def test_a_vae_frozen_after_its_training_steps_stays_in_the_checkpoint(fit, tmp_path):
     from app.data import VisualTaskDataModule
+    from app.tasks.dots import ShapePromptDataset
 
     torch.manual_seed(0)
     module = FlowMatchingModule(
         FlowPolicy("tiny-sd3", lora=None), train_vae=True, vae_warmup_steps=1, vae_train_steps=1, num_steps=2
     )
-    data = VisualTaskDataModule(task="shape_prompts", train_size=8, val_size=2, batch_size=2, image_size=64)
+    data = VisualTaskDataModule(ShapePromptDataset, train_size=8, val_size=2, batch_size=2, image_size=64)
     checkpoint = fit_and_save(fit, module, data, tmp_path, max_steps=3)
     assert not any(p.requires_grad for p in module.policy.vae.parameters()), "the VAE should be frozen by now"
     vae_keys = [k for k in checkpoint["state_dict"] if k.startswith("policy.vae.")]

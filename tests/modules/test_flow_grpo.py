@@ -8,9 +8,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from app.algorithms import group_advantages
-from app.modules.flow_grpo import FlowGRPOModule, stochastic_steps, train_steps
+from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RewardComponent
 from app.sampling.flow import flow_sigmas
+from app.sampling.flow_rollout import FlowSamplingSettings
 from app.types import VisualSample
 
 K = 4
@@ -62,6 +63,12 @@ class StandInPolicy(nn.Module):
     def trainable_parameters(self):
         return [self.lora_A, self.lora_B]
 
+    uses_lora = True  # the reference is the adapter switched off
+    frozen_reference = None
+
+    def enable_reference(self):
+        pass
+
     @contextmanager
     def reference(self):
         self.adapter = False
@@ -79,11 +86,16 @@ def loader(n: int = 4, batch_size: int = 2) -> DataLoader:
     return DataLoader(prompts(n), batch_size=batch_size, collate_fn=list)
 
 
+SAMPLING_FIELDS = {"sampler", "eta", "timestep_fraction", "sde_window", "shared_initial_noise", "guidance_scale"}
+
+
 def flow_module(policy=None, **kwargs) -> FlowGRPOModule:
+    """A module on the stand-in policy with K trajectories of T steps; sampling settings may be passed flat."""
     kwargs.setdefault("learning_rate", 1e-2)
-    return FlowGRPOModule(
-        policy if policy is not None else StandInPolicy(), [RednessReward()], num_generations=K, num_steps=T, **kwargs
+    sampling = FlowSamplingSettings(
+        num_generations=K, num_steps=T, **{key: kwargs.pop(key) for key in SAMPLING_FIELDS & set(kwargs)}
     )
+    return FlowGRPOModule(policy if policy is not None else StandInPolicy(), [RednessReward()], sampling, **kwargs)
 
 
 def trained_sigmas(module: FlowGRPOModule) -> list[list[float]]:
@@ -107,24 +119,7 @@ def trained_sigmas(module: FlowGRPOModule) -> list[list[float]]:
     return seen
 
 
-# ---------------------------------------------------------------------------------------------- step selection
-def test_the_last_step_is_never_stochastic_and_the_window_bounds_the_rest():
-    sigmas = flow_sigmas(6)
-    assert stochastic_steps(sigmas) == [0, 1, 2, 3, 4]
-    assert stochastic_steps(sigmas, (2, 4)) == [2, 3]
-    assert stochastic_steps(sigmas, (3, 6)) == [3, 4]  # the window reaches the last step; it stays an Euler step
-
-
-def test_train_steps_takes_a_random_subset_of_the_fraction():
-    candidates = [0, 1, 2, 3, 4, 5, 6, 7]
-    assert train_steps(candidates, 1.0) == candidates
-    generator = torch.Generator().manual_seed(0)
-    subsets = {tuple(train_steps(candidates, 0.5, generator)) for _ in range(20)}
-    assert all(len(s) == 4 and list(s) == sorted(s) and set(s) <= set(candidates) for s in subsets)
-    assert len(subsets) > 1  # drawn anew each time
-    assert len(train_steps(candidates, 0.01)) == 1  # at least one step
-
-
+# ---------------------------------------------------------------------------------------------- settings
 @pytest.mark.parametrize(
     "kwargs",
     [{"eta": 0.0}, {"sampler": "cps", "eta": 1.5}, {"timestep_fraction": 0.0}, {"sde_window": (3, 4)},
@@ -149,8 +144,10 @@ def test_rescoring_a_stored_transition_reproduces_its_log_prob_exactly(sampler):
     sigmas = trajectory.sigmas
     for j, i in enumerate(trajectory.step_indices):
         x = trajectory.latents[:, j]
-        v = module._velocity(x, sigmas[i], trajectory.conditioning)
-        out = module._step(x, v, float(sigmas[i]), float(sigmas[i + 1]), prev_sample=trajectory.next_latents[:, j])
+        v = module.sampler.velocity(x, sigmas[i], trajectory.conditioning)
+        out = module.sampler.step(
+            x, v, float(sigmas[i]), float(sigmas[i + 1]), prev_sample=trajectory.next_latents[:, j]
+        )
         assert torch.equal(out.log_prob, trajectory.old_logprobs[:, j])  # ratio exactly 1
     # consecutive stored steps chain: x_{t+1} of step i is x_t of step i + 1
     assert torch.equal(trajectory.next_latents[:, 0], trajectory.latents[:, 1])
@@ -274,8 +271,10 @@ def test_tiny_sd3_rescored_log_probs_match_the_rollout(sd3_fit):
     sigmas = trajectory.sigmas
     for j, i in enumerate(trajectory.step_indices):
         x = trajectory.latents[:, j]
-        v = module._velocity(x, sigmas[i], trajectory.conditioning)
-        out = module._step(x, v, float(sigmas[i]), float(sigmas[i + 1]), prev_sample=trajectory.next_latents[:, j])
+        v = module.sampler.velocity(x, sigmas[i], trajectory.conditioning)
+        out = module.sampler.step(
+            x, v, float(sigmas[i]), float(sigmas[i + 1]), prev_sample=trajectory.next_latents[:, j]
+        )
         assert torch.equal(out.log_prob, trajectory.old_logprobs[:, j])
 
 
@@ -299,7 +298,7 @@ def test_a_small_step_along_the_loss_gradient_favours_above_average_trajectories
     def logprobs():
         with torch.no_grad():
             return torch.stack([
-                module._step(trajectory.latents[:, j], module._velocity(trajectory.latents[:, j], trajectory.sigmas[i],
+                module.sampler.step(trajectory.latents[:, j], module.sampler.velocity(trajectory.latents[:, j], trajectory.sigmas[i],
                              trajectory.conditioning), float(trajectory.sigmas[i]), float(trajectory.sigmas[i + 1]),
                              prev_sample=trajectory.next_latents[:, j]).log_prob
                 for j, i in enumerate(trajectory.step_indices)

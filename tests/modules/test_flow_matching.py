@@ -10,6 +10,7 @@ from app.data import VisualTaskDataModule
 from app.models.flow import FlowPolicy
 from app.modules import FlowMatchingModule
 from app.rewards.color_region import ColorRegionReward
+from app.tasks.dots import ShapePromptDataset
 
 
 def test_two_steps_train_transformer_and_vae(tmp_path):
@@ -17,7 +18,7 @@ def test_two_steps_train_transformer_and_vae(tmp_path):
     before = {k: v.detach().clone() for k, v in policy.model.named_parameters()}
     vae_before = {k: v.detach().clone() for k, v in policy.vae.named_parameters()}
     module = FlowMatchingModule(policy, eval_rewards=[ColorRegionReward()], num_steps=2)
-    data = VisualTaskDataModule(task="shape_prompts", train_size=8, val_size=4, batch_size=4, val_batch_size=4,
+    data = VisualTaskDataModule(ShapePromptDataset, train_size=8, val_size=4, batch_size=4, val_batch_size=4,
                                 image_size=64)  # fmt: skip
     trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -85,8 +86,8 @@ def test_video_decode_follows_the_wan_pipeline():
 
 
 def test_foreground_mask_marks_the_shape_not_the_background():
-    from app.data.shapes import render_shape
     from app.modules.flow_matching import foreground_mask, images_to_tensor
+    from app.tasks.dots.shapes import render_shape
     from app.types import VisualSample
 
     image = render_shape("red", "square", "left", image_size=64)
@@ -107,7 +108,7 @@ def test_the_vae_freezes_after_vae_train_steps(tmp_path):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             snapshots.append(torch.cat([p.detach().flatten().clone() for p in policy.vae.parameters()]))
 
-    data = VisualTaskDataModule(task="shape_prompts", train_size=8, val_size=2, batch_size=2, image_size=64)
+    data = VisualTaskDataModule(ShapePromptDataset, train_size=8, val_size=2, batch_size=2, image_size=64)
     trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         limit_val_batches=0, callbacks=[Snapshot()], default_root_dir=tmp_path)  # fmt: skip

@@ -63,7 +63,9 @@ def likely_eos(policy, bias: float = 4.5):
         output[..., eos] += bias
         return output
 
-    heads = [policy.hf_model.lm_head] + ([policy.reference.lm_head] if policy.reference is not None else [])
+    heads = [policy.hf_model.lm_head] + (
+        [policy.frozen_reference.lm_head] if policy.frozen_reference is not None else []
+    )
     handles = [head.register_forward_hook(hook) for head in heads]  # a full fine-tuning reference gets it too
     try:
         yield
@@ -244,7 +246,7 @@ def flat_rows(rewards: torch.Tensor) -> torch.Tensor:
 def reference_loss(
     logprobs, old, ref, advantages, mask, aggregation, beta, max_length, eps=(EPS, EPS)
 ) -> dict[str, torch.Tensor]:
-    """The GRPO objective in float64 (ALGORITHMS.md, "GRPO"): per token ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high)
+    """The GRPO objective in float64 (docs/algorithms.md, "GRPO"): per token ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high)
     A) + beta k3`` with ``r = exp(logp - old)`` and ``k3 = exp(ref - logp) - (ref - logp) - 1``, aggregated over the tokens
     of ``mask``: ``token_mean`` (over tokens), ``sequence_mean`` (per completion, then over completions with a token)
     or ``constant`` (sum / (N * max_length)). Clip fraction and mean ratio are plain means over the masked tokens."""
@@ -416,7 +418,7 @@ def option_run(new_policy, new_datamodule, new_samples, fit, params_snapshot):
             module.keep_rows = lambda rollout: ~rollout.completions.truncated
         # one "yes" and one "no" prompt per batch for the flat-group run, the dots data module otherwise
         data = DataLoader(new_samples(2) * 2, batch_size=2, collate_fn=list) if flat_for_yes else new_datamodule()
-        frozen_reference = params_snapshot(policy.reference) if policy.reference is not None else None
+        frozen_reference = params_snapshot(policy.frozen_reference) if policy.frozen_reference is not None else None
         before = params_snapshot(policy.model)
         with likely_eos(policy):  # completions of unequal lengths, some truncated, some not
             logger = RecordingLogger()
@@ -657,7 +659,7 @@ def test_the_loss_aggregation_option_picks_its_normaliser(name, option_run):
 
 def test_full_fine_tuning_with_beta_keeps_the_reference_copy_frozen_while_the_policy_moves(option_run):
     run = option_run("full_fine_tuning_beta")
-    policy, reference = run.policy, run.policy.reference
+    policy, reference = run.policy, run.policy.frozen_reference
     assert reference is not None and run.frozen_reference
     assert not {id(p) for p in reference.parameters()} & {id(p) for p in policy.model.parameters()}
     assert not any(p.requires_grad for p in reference.parameters())

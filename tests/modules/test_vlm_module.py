@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from app.models import SamplingSettings
 from app.modules import VLMSFTModule
-from app.modules.base import restore_rng_states, rng_states
+from app.modules.checkpoints import restore_rng_states, rng_states
 from app.rewards import AccuracyReward, RewardComponent
 
 

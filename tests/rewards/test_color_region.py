@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.data.shapes import COLORS, POSITIONS, ShapePromptDataset, render_shape
 from app.rewards.color_region import ColorRegionReward, color_region_reward, parse_shape_prompt
+from app.tasks.dots.shapes import COLORS, POSITIONS, ShapePromptDataset, render_shape
 from app.types import VisualSample
 
 OPPOSITE = {"left": "right", "right": "left", "top": "bottom", "bottom": "top"}
@@ -56,10 +56,7 @@ def test_functional_twin_reads_prompt_text():
     assert parse_shape_prompt("A Blue square on the left") == dict(color="blue", shape="square", position="left")
 
 
-def test_dataset_is_balanced_deterministic_and_registered():
-    from app.data import TASKS
-
-    assert TASKS["shape_prompts"] is ShapePromptDataset
+def test_dataset_is_balanced_and_deterministic():
     a, b = ShapePromptDataset(64, seed=1), ShapePromptDataset(64, seed=1)
     assert [s.question for s in a] == [s.question for s in b]
     assert len({s.question for s in a}) == 32

@@ -1,4 +1,4 @@
-"""Consistency verifiers and pairing (ALGORITHMS.md, "Consistency verifiers and pairing") on fresh random inputs:
+"""Consistency verifiers and pairing (docs/algorithms.md, "Consistency verifiers and pairing") on fresh random inputs:
 minimal pairing against brute force and POT, unequal valid counts, negation, unparseable answers, and the reward class."""
 
 import itertools

@@ -31,7 +31,8 @@ def test_two_consistency_grpo_steps_from_the_config(tmp_path, monkeypatch):
     )
     assert cli.model.rewards.names == ["consistency", "format"]
     assert cli.model.rewards.components[0].pairing == "minimal"
-    assert cli.datamodule.task == "dots_left_of_pairs"
+    cli.datamodule.setup("fit")
+    assert all(x.task == "dots_left_of_pairs" for x in cli.datamodule.train_dataset[0])
 
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 

@@ -1,4 +1,4 @@
-"""FunctionSequenceReward against ALGORITHMS.md: paper settings, one-to-one pairing, duplicates, order."""
+"""FunctionSequenceReward against docs/algorithms.md: paper settings, one-to-one pairing, duplicates, order."""
 
 import itertools
 import random

@@ -1,4 +1,4 @@
-"""NumericToleranceReward against ALGORITHMS.md (Reason-RFT numeric accuracy), on fresh random inputs."""
+"""NumericToleranceReward against docs/algorithms.md (Reason-RFT numeric accuracy), on fresh random inputs."""
 
 import math
 import random
@@ -13,7 +13,7 @@ from app.types import VisualSample
 
 
 def reference(pred, gt, eps1=0.05, eps2=0.20, zero_scale=1.0):
-    """ALGORITHMS.md, written out again; |gt| replaced by zero_scale when gt == 0 (the documented choice)."""
+    """docs/algorithms.md, written out again; |gt| replaced by zero_scale when gt == 0 (the documented choice)."""
     a = abs(gt) if gt != 0 else zero_scale
     d = abs(pred - gt)
     if d <= eps1 * a:

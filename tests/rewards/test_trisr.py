@@ -1,4 +1,4 @@
-"""TriSR rewards against the ALGORITHMS.md formulas (independent reference computations on fresh random triplets),
+"""TriSR rewards against the docs/algorithms.md formulas (independent reference computations on fresh random triplets),
 hand-worked triplets, the evaluation metrics, and untrusted completions."""
 
 import itertools
@@ -164,7 +164,7 @@ def test_rewards_match_the_reference_formulas_on_random_triplets(seed):
 
 
 def test_reference_implication_table():
-    """The ALGORITHMS.md rule, spelled out: same sign, or one 0 and the other decides; opposite signs imply nothing."""
+    """The docs/algorithms.md rule, spelled out: same sign, or one 0 and the other decides; opposite signs imply nothing."""
     for s12, s23 in itertools.product((-1, 0, 1), repeat=2):
         rule = None if s12 * s23 < 0 else (s12 if s23 == 0 else s23)
         assert ref_implied_s13(s12, s23) == rule

@@ -42,7 +42,8 @@ def test_two_grpo_steps_log_the_trisr_reward(tmp_path):
         "triplet_partial_accuracy",
         "format",
     ]
-    assert cli.datamodule.task == "dots_count_triplets"
+    cli.datamodule.setup("fit")
+    assert cli.datamodule.train_dataset[0].task == "dots_count_triplets"
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 2
     metrics = cli.trainer.callback_metrics

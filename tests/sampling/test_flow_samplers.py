@@ -1,4 +1,4 @@
-"""Flow-matching step functions against the reference equations (ALGORITHMS.md), on fresh random inputs."""
+"""Flow-matching step functions against the reference equations (docs/algorithms.md), on fresh random inputs."""
 
 from __future__ import annotations
 

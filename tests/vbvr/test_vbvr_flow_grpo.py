@@ -5,9 +5,10 @@ from torch.utils.data import DataLoader
 
 from app.models.flow import FlowLoRASettings, FlowPolicy
 from app.modules.flow_grpo import FlowGRPOModule
+from app.rewards.vbvr import VBVRScorerReward
+from app.sampling import FlowSamplingSettings
 from app.types import VisualSample
 from app.vbvr import get_task
-from app.vbvr.reward import VBVRScorerReward
 
 
 def vbvr_samples(n: int) -> list[VisualSample]:
@@ -26,7 +27,9 @@ def test_two_flow_grpo_steps_with_vbvr_scorer_rewards(fit):
     torch.manual_seed(0)
     policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
     reward = VBVRScorerReward()
-    module = FlowGRPOModule(policy, [reward], num_generations=2, num_steps=3, learning_rate=1e-3)
+    module = FlowGRPOModule(
+        policy, [reward], sampling=FlowSamplingSettings(num_generations=2, num_steps=3), learning_rate=1e-3
+    )
     data = DataLoader(vbvr_samples(2), batch_size=2, shuffle=False, collate_fn=list)
 
     trainer, recorder = fit(module, data, max_steps=2)

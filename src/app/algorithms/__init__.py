@@ -1,4 +1,4 @@
-"""RL objectives as pure tensor math: group advantages and the token-level GRPO loss (see ALGORITHMS.md, "GRPO")."""
+"""RL objectives as pure tensor math: group advantages and the token-level GRPO loss (see docs/algorithms.md#grpo)."""
 
 from app.algorithms.advantages import AdvantageScale, group_advantages, zero_std_groups
 from app.algorithms.loss import Aggregation, GRPOLossOutput, aggregate, clipped_surrogate, grpo_loss, k3_kl

@@ -2,7 +2,7 @@
 
 Rows are group-major: ``N = B * K`` completions, row ``b * K + k`` is completion ``k`` of prompt ``b``. Standard
 deviations are population ones (``unbiased=False``): a group of K rewards is the whole population being normalised,
-and K = 2 would otherwise inflate the scale by sqrt(2).
+and K = 2 would otherwise inflate the scale by sqrt(2). Equations: docs/algorithms.md#grpo-advantages.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 Shapes: N completions (B prompts x K, group-major), L completion tokens. Log-probs are of the sampled tokens. The loss
 works in at least float32 (bf16/fp16 inputs are upcast); with ``old_logprobs = logprobs.detach()`` the ratio is exactly 1.
+Equations: docs/algorithms.md#grpo-loss.
 """
 
 from __future__ import annotations

@@ -1,33 +1,22 @@
-"""Data: task generators and the data module that serves them as lists of ``VisualSample``."""
+"""Data plumbing: the shard schema, writing and streaming shards, samplers, and the data modules that serve samples as
+lists of ``VisualSample``.
 
-from app.data.counting import CountingDataset
-from app.data.datamodule import TASKS, VisualTaskDataModule, collate_visual_samples
-from app.data.dots import DotsDataset, make_dots_sample
-from app.data.pairs import PairedDotsDataset
-from app.data.transforms import TransformDataset
-from app.data.triplets import TripletDotsDataset, make_dots_triplet_sample
+The task generators themselves live in :mod:`app.tasks`; a data module receives one as a data set factory
+(:class:`VisualTaskDataModule`) or reads what a generator wrote to shards (:class:`ShardDataModule`).
+"""
+
+from app.data.datamodule import DatasetFactory, VisualTaskDataModule, collate_visual_samples, split_seed
+from app.data.shard_datamodule import ShardDataModule
+from app.data.shards import LABEL_META_KEYS, expand_urls, read_samples, write_samples
 
 __all__ = [
-    "TASKS",
-    "CountingDataset",
-    "DotsDataset",
-    "PairedDotsDataset",
-    "TransformDataset",
-    "TripletDotsDataset",
+    "LABEL_META_KEYS",
+    "DatasetFactory",
+    "ShardDataModule",
     "VisualTaskDataModule",
     "collate_visual_samples",
-    "make_dots_sample",
-    "make_dots_triplet_sample",
+    "expand_urls",
+    "read_samples",
+    "split_seed",
+    "write_samples",
 ]
-
-from app.data.shapes import ShapePromptDataset  # noqa: E402
-
-__all__ += ["ShapePromptDataset"]
-
-from app.data.shards import LABEL_META_KEYS, expand_urls, read_samples, write_samples  # noqa: E402
-
-__all__ += ["LABEL_META_KEYS", "expand_urls", "read_samples", "write_samples"]
-
-from app.data.shard_datamodule import ShardDataModule  # noqa: E402
-
-__all__ += ["ShardDataModule"]

@@ -1,11 +1,29 @@
 """A LightningDataModule that serves a procedurally generated visual task as lists of ``VisualSample``.
 
+The task comes in as a data set factory (dependency injection, like Lightning's ``OptimizerCallable``): in a config it
+is a ``class_path`` with the data set's own ``init_args``, and the data module calls it once per split with the split's
+size, seed and image size. LightningCLI checks the ``init_args`` against the data set's signature when it parses the
+config, so a misspelt argument fails ``--print_config`` naming the key. Example
+(``python -m app fit --config X.yaml``)::
+
+    data:
+      class_path: app.data.VisualTaskDataModule
+      init_args:
+        dataset:
+          class_path: app.tasks.dots.DotsDataset
+          init_args:
+            dot_radius: 12
+        train_size: 4000
+        seed: 0
+        image_size: 64
+
 Batches stay Python lists: the policy's processor tokenises prompts and images itself, so the data module knows nothing
 about tokenizers or image resolutions of a model.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from typing import Any
@@ -14,38 +32,42 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from app.data.core import CoreTripletDataset
-from app.data.counting import CountingDataset
-from app.data.dots import DotsDataset
-from app.data.pairs import PairedDotsDataset
-from app.data.reason_rft.counting import VisualCountingDataset
-from app.data.reason_rft.structure import StructurePerceptionDataset
-from app.data.reason_rft.transformation import SpatialTransformationDataset
 from app.data.sampler import ResumableShuffleSampler
-from app.data.shapes import ShapePromptDataset
-from app.data.spatial import SpatialVQADataset
-from app.data.transforms import TransformDataset
-from app.data.triplets import TripletDotsDataset
-from app.data.vbvr_prompts import VBVRPromptDataset
 from app.types import VisualSample
 
-TaskFactory = Callable[..., Dataset]
-"""Builds a task's data set: ``factory(num_samples=..., seed=..., image_size=..., **task_kwargs)``."""
+DatasetFactory = Callable[[int, int, int], Dataset]
+"""Builds one split of a task: ``factory(num_samples, seed, image_size)``, positionally.
 
-TASKS: dict[str, TaskFactory] = {
-    "dots_left_of": DotsDataset,
-    "dots_left_of_pairs": PairedDotsDataset,
-    "dots_count_triplets": TripletDotsDataset,
-    "core_triplets": CoreTripletDataset,
-    "dots_count": CountingDataset,
-    "vbvr_prompts": VBVRPromptDataset,
-    "shape_prompts": ShapePromptDataset,
-    "dots_transform": TransformDataset,
-    "spatial_vqa": SpatialVQADataset,
-    "rrft_structure": StructurePerceptionDataset,
-    "rrft_counting": VisualCountingDataset,
-    "rrft_transformation": SpatialTransformationDataset,
-}
+A data set class whose first three parameters are those (every data set of :mod:`app.tasks`) is one, and so is a
+``functools.partial`` of it with its other arguments; in a config, ``class_path`` + ``init_args`` without those three.
+"""
+
+
+def factory_config(factory: DatasetFactory) -> dict[str, Any] | str:
+    """A data set factory as plain data: ``{"class_path": ..., "init_args": {...}}`` as a config writes it, for a class
+    or function and a ``functools.partial`` of one with plain keyword arguments; otherwise its ``repr``.
+
+    >>> from app.data.sampler import ResumableShuffleSampler as Cls
+    >>> factory_config(functools.partial(Cls, seed=3))
+    {'class_path': 'app.data.sampler.ResumableShuffleSampler', 'init_args': {'seed': 3}}
+    """
+    target, kwargs = factory, {}
+    if isinstance(factory, functools.partial) and not factory.args:
+        target, kwargs = factory.func, dict(factory.keywords)
+    if not hasattr(target, "__qualname__"):  # an instance of a callable class, say
+        return repr(factory)
+    config: dict[str, Any] = {"class_path": f"{target.__module__}.{target.__qualname__}"}
+    if kwargs:
+        config["init_args"] = kwargs
+    return config if _is_plain(config) else repr(factory)
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))
 
 
 def collate_visual_samples(batch: list[VisualSample | tuple[VisualSample, ...]]) -> list[VisualSample]:
@@ -72,7 +94,9 @@ class VisualTaskDataModule(LightningDataModule):
     """Train, validation and test splits of one procedurally generated task, each from its own seed.
 
     Args:
-        task: name of the task; one of ``TASKS``.
+        dataset: the task's data set factory, called as ``dataset(num_samples, seed, image_size)`` for each split (see
+            :data:`DatasetFactory`), e.g. ``functools.partial(DotsDataset, dot_radius=12)`` or, in a config,
+            ``class_path: app.tasks.dots.DotsDataset`` with ``init_args: {dot_radius: 12}``.
         train_size: number of training samples.
         val_size: number of validation samples.
         test_size: number of test samples.
@@ -83,13 +107,11 @@ class VisualTaskDataModule(LightningDataModule):
             shuffled with it.
         image_size: side of the square images in pixels.
         num_workers: data loader worker processes.
-        task_kwargs: extra keyword arguments for the task's data set, e.g. ``{"num_distractors": 2}`` or
-            ``{"labeled": False}`` for the dots task.
     """
 
     def __init__(
         self,
-        task: str = "dots_left_of",
+        dataset: DatasetFactory,
         train_size: int = 2000,
         val_size: int = 200,
         test_size: int = 200,
@@ -98,27 +120,28 @@ class VisualTaskDataModule(LightningDataModule):
         seed: int = 0,
         image_size: int = 112,
         num_workers: int = 0,
-        task_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if task not in TASKS:
-            raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(sorted(TASKS))}")
+        if not callable(dataset):
+            raise TypeError(f"dataset must be a data set class or factory, got {dataset!r}")
+        self.dataset = dataset
+        # Hyper-parameters go into checkpoints, which load with weights_only=True: plain data only, so the data set
+        # is recorded as its class path and arguments (save_hyperparameters reads the local variables of __init__;
+        # under LightningCLI it records the parsed config, where the data set is that already).
+        dataset = factory_config(dataset)
         self.save_hyperparameters()
-        self.task = task
         self.train_size, self.val_size, self.test_size = train_size, val_size, test_size
         self.batch_size, self.val_batch_size = batch_size, val_batch_size
         self.seed = seed
         self.image_size = image_size
         self.num_workers = num_workers
-        self.task_kwargs = dict(task_kwargs or {})
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self.test_dataset: Dataset | None = None
         self._resume_state: dict[str, int] = {}
 
     def _build(self, split: str, size: int) -> Dataset:
-        seed = split_seed(self.seed, split)
-        return TASKS[self.task](num_samples=size, seed=seed, image_size=self.image_size, **self.task_kwargs)
+        return self.dataset(size, split_seed(self.seed, split), self.image_size)
 
     def setup(self, stage: str | None = None) -> None:
         # Samples render lazily, so building every split is cheap whatever the stage.

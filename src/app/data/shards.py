@@ -18,8 +18,8 @@ Label-free shards (``strip_labels=True``) carry no answers at all: no ``answer``
 ``LABEL_META_KEYS`` among the top-level keys of ``meta`` (nested dicts are not searched: generators keep labels at
 the top level). A reader that sees a ``schema`` newer than ``SCHEMA_VERSION`` refuses the sample.
 
->>> from app.data import DotsDataset
->>> sample = DotsDataset(num_samples=1, seed=0, image_size=32)[0]
+>>> from PIL import Image
+>>> sample = VisualSample([Image.new("RGB", (8, 8))], "Is the red dot left of the blue dot?", "dots_left_of", "yes")
 >>> record = encode_sample(sample, "dots-000000000")
 >>> sorted(record)
 ['__key__', 'img0.png', 'json']

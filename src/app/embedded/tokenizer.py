@@ -12,6 +12,8 @@ import random
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from app.formats import REASONING_TOKENS
+
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -21,7 +23,6 @@ SPECIAL_TOKENS = [
     "<|image_pad|>",
     "<|video_pad|>",
 ]
-REASONING_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
 
 # Qwen2-VL's chat layout without the default system prompt: images become <|vision_start|><|image_pad|><|vision_end|>,
 # which the processor expands to one pad token per merged vision patch.

@@ -1,8 +1,9 @@
-"""Model builders: the VLM policy (+LoRA, kernels)."""
+"""Policies: the VLM policy (+LoRA, kernels), the flow-matching policy, and the protocol both satisfy."""
 
+from app.models.policy import Policy
 from app.models.vlm import LoRASettings, SamplingSettings, VLMPolicy
 
-__all__ = ["LoRASettings", "SamplingSettings", "VLMPolicy"]
+__all__ = ["LoRASettings", "Policy", "SamplingSettings", "VLMPolicy"]
 
 from app.models.flow import FlowLoRASettings, FlowPolicy  # noqa: E402
 

@@ -80,9 +80,8 @@ class FlowPolicy(nn.Module):
         model: an embedded name (``tiny-sd3``, ``tiny-wan``, ``tiny-flux``), a diffusers pipeline folder or hub id (its
             ``transformer/``, ``vae/``, ``scheduler/`` and every ``text_encoder*/`` with its ``tokenizer*/`` are
             loaded), or a folder written by :meth:`export`.
-        lora: LoRA settings; None trains the whole transformer (and keeps a frozen copy as the KL reference).
-        guidance_scale: classifier-free guidance weight; > 1 runs the empty prompt alongside (twice the compute).
-            Allowed on a guidance-distilled FLUX (``FluxPipeline``'s ``true_cfg_scale``), on top of ``flux_guidance``.
+        lora: LoRA settings; None trains the whole transformer (and :meth:`enable_reference` keeps a frozen copy as
+            the KL reference).
         dtype: weight dtype of every component: float32, bfloat16 or float16. Velocities are returned in float32.
         seed: seed of the embedded model's random weights (ignored for real checkpoints).
         max_sequence_length: token limit of T5-like text encoders; None: 512 for Wan and FLUX, else 256 (SD3).
@@ -101,7 +100,6 @@ class FlowPolicy(nn.Module):
         self,
         model: str = "tiny-sd3",
         lora: FlowLoRASettings | None = FlowLoRASettings(),  # noqa: B008 (read only, never mutated)
-        guidance_scale: float = 1.0,
         dtype: str = "float32",
         seed: int = 0,
         max_sequence_length: int | None = None,
@@ -112,13 +110,10 @@ class FlowPolicy(nn.Module):
         super().__init__()
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-        if guidance_scale < 1.0:
-            raise ValueError(f"guidance_scale must be >= 1 (1 disables guidance), got {guidance_scale}")
         _quiet_progress_bars()
         components = load_flow_components(model, dtype=_DTYPES[dtype], seed=seed)
         self.model_name = model
         self.source_path = components["path"]
-        self.guidance_scale = float(guidance_scale)
         self.uses_lora = lora is not None
         self.scheduler = components["scheduler"]
         unknown = sorted(set(resolution or {}) - {"height", "width", "num_frames"})
@@ -132,13 +127,7 @@ class FlowPolicy(nn.Module):
         self.is_video: bool = "temperal_downsample" in self.vae.config  # Wan-style causal video VAE
         self.is_flux: bool = _pipeline_class(transformer) == "FluxPipeline"  # packed 2x2-patch latent tokens
         self.flux_guidance = float(flux_guidance)
-        if self.is_flux and transformer.config.guidance_embeds and self.guidance_scale > 1.0:
-            log.warning(
-                "guidance_scale=%s runs true CFG on a guidance-distilled FLUX (twice the compute per step) on top of "
-                "flux_guidance=%s",
-                self.guidance_scale,
-                self.flux_guidance,
-            )
+        self.guidance_distilled: bool = self.is_flux and bool(transformer.config.guidance_embeds)
         if max_sequence_length is None:
             long_text = self.is_video or self.is_flux  # WanPipeline and FluxPipeline encode 512 tokens
             max_sequence_length = _LONG_TEXT_LENGTH if long_text else DEFAULT_MAX_SEQUENCE_LENGTH
@@ -151,9 +140,7 @@ class FlowPolicy(nn.Module):
         )
         self.latent_shape: tuple[int, ...] = self._latent_shape(transformer)
         self.model = self._wrap(transformer, lora)  # PeftModel with LoRA, the diffusers model otherwise
-        self.frozen_reference: nn.Module | None = None
-        if not self.uses_lora:  # full fine-tuning: the KL reference is a frozen copy of the starting weights
-            self.frozen_reference = copy.deepcopy(transformer).requires_grad_(False).eval()
+        self.frozen_reference: nn.Module | None = None  # full fine-tuning's KL reference, see enable_reference
         self._use_reference = False
         self._prompt_cache: OrderedDict[str, dict[str, Tensor]] = OrderedDict()
 
@@ -258,28 +245,21 @@ class FlowPolicy(nn.Module):
     def velocity(self, latents: Tensor, sigma: Tensor, conditioning: dict[str, Tensor]) -> Tensor:
         """The transformer's velocity ``[B, *latent_shape]`` in float32 at noise level ``sigma`` (``[B]`` or a scalar).
 
-        The timestep is ``sigma * num_train_timesteps`` as in diffusers. With ``guidance_scale > 1`` the empty prompt
-        runs in the same batch and ``v = v_uncond + g (v_cond - v_uncond)``. A conditioning batch of 1 is broadcast.
-        FLUX runs on the packed tokens (see :meth:`_flux_forward`).
+        The timestep is ``sigma * num_train_timesteps`` as in diffusers. A conditioning batch of 1 is broadcast. FLUX
+        runs on the packed tokens (see :meth:`_flux_forward`). Classifier-free guidance is the sampler's
+        (:class:`app.sampling.FlowSampler`); inside :meth:`reference` this is the reference policy's velocity.
         """
         batch = latents.shape[0]
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1).expand(batch)  # [B]
         timestep = sigma * self.scheduler.config.num_train_timesteps  # [B]
         conditioning = {k: v.expand(batch, *v.shape[1:]) if v.shape[0] == 1 else v for k, v in conditioning.items()}
-        if self.guidance_scale > 1.0:
-            empty = self.encode_prompts([""])
-            conditioning = {k: torch.cat([empty[k].expand_as(v), v]) for k, v in conditioning.items()}
-            latents, timestep = torch.cat([latents, latents]), torch.cat([timestep, timestep])
         dtype = self.transformer.dtype
         kwargs = {k: v.to(dtype) for k, v in conditioning.items()}
-        model = self.frozen_reference if self._use_reference and not self.uses_lora else self.model
+        model = self.frozen_reference if self._use_reference else self.model
         if self.is_flux:
             out = self._flux_forward(model, latents.to(dtype), timestep, kwargs).float()
         else:
             out = model(hidden_states=latents.to(dtype), timestep=timestep, return_dict=False, **kwargs)[0].float()
-        if self.guidance_scale > 1.0:
-            uncond, cond = out.chunk(2)
-            out = uncond + self.guidance_scale * (cond - uncond)
         return out  # [B, *latent_shape]
 
     def _flux_forward(self, model: nn.Module, latents: Tensor, timestep: Tensor, kwargs: dict[str, Tensor]) -> Tensor:
@@ -333,6 +313,12 @@ class FlowPolicy(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def enable_reference(self) -> None:
+        """Prepare the KL reference. With LoRA it is the adapter-disabled model (free); with full fine-tuning a frozen
+        copy of the starting transformer, made here once (modules call this only when beta > 0)."""
+        if not self.uses_lora and self.frozen_reference is None:
+            self.frozen_reference = copy.deepcopy(self.transformer).requires_grad_(False).eval()
+
     @contextlib.contextmanager
     def reference(self):
         """Inside, :meth:`velocity` is the reference policy's: the adapter disabled (LoRA) or the frozen copy."""
@@ -340,6 +326,8 @@ class FlowPolicy(nn.Module):
             with self.model.disable_adapter():
                 yield
             return
+        if self.frozen_reference is None:
+            raise RuntimeError("the reference needs enable_reference() first (done by modules with beta > 0)")
         previous, self._use_reference = self._use_reference, True
         try:
             yield

@@ -6,6 +6,7 @@ log-prob tensors. Group layout: completion row ``b * K + k`` belongs to prompt `
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from app.embedded.models import load_vlm
+from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_optional_kernels
 from app.sampling.logprobs import chunked_token_logprobs
 from app.types import CompletionBatch, PromptInputs, VisualSample
@@ -23,9 +25,6 @@ from app.types import CompletionBatch, PromptInputs, VisualSample
 log = logging.getLogger(__name__)
 
 LANGUAGE_MODEL_PROJECTIONS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
-REASONING_INSTRUCTION = (
-    " Output the thinking process in <think> </think> and the final answer in <answer> </answer> tags."
-)
 _VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -119,7 +118,8 @@ class VLMPolicy(nn.Module):
             hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = self._wrap(hf_model, lora, freeze_vision)  # PeftModel with LoRA, the HF model otherwise
         self.model.train()  # from_pretrained returns eval mode; generation switches to eval and back itself
-        self.reference: nn.Module | None = None
+        self.frozen_reference: nn.Module | None = None  # full fine-tuning's KL reference, see enable_reference
+        self._use_reference = False
         tokenizer = self.processor.tokenizer
         self.pad_token_id = tokenizer.pad_token_id
         self.eos_token_ids = _as_list(hf_model.generation_config.eos_token_id) or [tokenizer.eos_token_id]
@@ -232,7 +232,7 @@ class VLMPolicy(nn.Module):
             inputs["mm_token_type_ids"] = torch.cat(
                 [prompt["mm_token_type_ids"], torch.zeros_like(completion_ids)], dim=1
             )
-        hf_model = hf_model or self.hf_model
+        hf_model = hf_model or (self.frozen_reference if self._use_reference else self.hf_model)
         hidden = hf_model.model(**inputs, use_cache=False).last_hidden_state  # [N, P+L, H]
         hidden = hidden[:, prompt_length - 1 : -1]  # [N, L, H] states that predict the completion tokens
         return chunked_token_logprobs(
@@ -242,18 +242,29 @@ class VLMPolicy(nn.Module):
     def enable_reference(self) -> None:
         """Prepare the KL reference. With LoRA it is the adapter-disabled model (free); with full fine-tuning a frozen
         copy of the starting weights is kept (and saved in checkpoints, so a resumed run keeps the same reference)."""
-        if not self.uses_lora and self.reference is None:
-            self.reference = copy.deepcopy(self.hf_model).requires_grad_(False).eval()
+        if not self.uses_lora and self.frozen_reference is None:
+            self.frozen_reference = copy.deepcopy(self.hf_model).requires_grad_(False).eval()
+
+    @contextlib.contextmanager
+    def reference(self):
+        """Inside, :meth:`sequence_logprobs` is the reference policy's: the adapter disabled (LoRA) or the frozen copy."""
+        if self.uses_lora:
+            with self.model.disable_adapter():
+                yield
+            return
+        if self.frozen_reference is None:
+            raise RuntimeError("the reference needs enable_reference() first (done by modules with beta > 0)")
+        previous, self._use_reference = self._use_reference, True
+        try:
+            yield
+        finally:
+            self._use_reference = previous
 
     @torch.no_grad()
     def reference_logprobs(self, prompt_inputs, completion_ids, completion_mask, temperature: float = 1.0):
         """Log-probs ``[N, L]`` under the reference policy."""
-        if self.uses_lora:
-            with self.model.disable_adapter():
-                return self.sequence_logprobs(prompt_inputs, completion_ids, completion_mask, temperature)
-        if self.reference is None:
-            raise RuntimeError("reference_logprobs needs enable_reference() first (done by modules with beta > 0)")
-        return self.sequence_logprobs(prompt_inputs, completion_ids, completion_mask, temperature, self.reference)
+        with self.reference():
+            return self.sequence_logprobs(prompt_inputs, completion_ids, completion_mask, temperature)
 
     # --------------------------------------------------------------------------------------------------- export
     def export(self, output_dir: str | Path) -> Path:

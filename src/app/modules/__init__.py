@@ -1,12 +1,11 @@
-"""LightningModules: VLM supervised fine-tuning (Reason-RFT stage 1), VLM GRPO and flow-matching GRPO."""
+"""LightningModules: VLM supervised fine-tuning (Reason-RFT stage 1), the GRPO skeleton with its VLM and flow-matching
+families, and flow-matching pretraining."""
 
-from app.modules.base import VLMModule
 from app.modules.flow_grpo import FlowGRPOModule
-from app.modules.grpo import VLMGRPOModule
+from app.modules.flow_matching import FlowMatchingModule
+from app.modules.grpo import GRPOModule
+from app.modules.policy_module import PolicyModule
 from app.modules.sft import VLMSFTModule
+from app.modules.vlm_grpo import VLMGRPOModule
 
-__all__ = ["FlowGRPOModule", "VLMGRPOModule", "VLMModule", "VLMSFTModule"]
-
-from app.modules.flow_matching import FlowMatchingModule  # noqa: E402
-
-__all__ += ["FlowMatchingModule"]
+__all__ = ["FlowGRPOModule", "FlowMatchingModule", "GRPOModule", "PolicyModule", "VLMGRPOModule", "VLMSFTModule"]

@@ -8,12 +8,17 @@ model's own values back before Lightning loads the state strictly, so resuming (
 ``python -m app export`` need the config the run was started with. A parameter that was trained for a while and then
 frozen (the VAE after ``vae_train_steps``) stays in the optimizer, so it stays in the checkpoint. A buffer of a frozen
 module that training changes (a BatchNorm's running statistics in train mode) would be lost: no policy here has one.
+
+Checkpoints also carry the global random generators' states (:func:`rng_states`), so a resumed run samples what an
+uninterrupted one would.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -76,3 +81,22 @@ def restore_frozen_parameters(module: nn.Module, checkpoint: dict) -> None:
     state = checkpoint["state_dict"]
     for key in omitted:
         state[key] = current[key]
+
+
+def rng_states() -> dict:
+    """The global generators' states, as plain types and tensors (checkpoints load with ``weights_only=True``)."""
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    numpy_state = [name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached]
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    name, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, keys.numpy(), position, has_gauss, cached))  # numpy casts the keys back to uint32
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])

@@ -21,17 +21,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from app.models.flow import FlowPolicy
-from app.modules.checkpoints import fit_optimizers, omit_frozen_parameters, restore_frozen_parameters
+from app.modules.flow_evaluation import FlowEvaluation
 from app.modules.optim import adamw_with_warmup
+from app.modules.policy_module import PolicyModule
 from app.rewards import RewardComponent, WeightedReward
-from app.sampling.flow import ode_step
+from app.sampling.flow_rollout import FlowSampler, FlowSamplingSettings
 from app.types import VisualSample
 
 __all__ = ["FlowMatchingModule", "foreground_mask", "images_to_tensor"]
@@ -51,7 +51,7 @@ def foreground_mask(images: Tensor, threshold: float = 0.1) -> Tensor:
     return ((images - background).abs().sum(dim=1, keepdim=True) > threshold).float()
 
 
-class FlowMatchingModule(L.LightningModule):
+class FlowMatchingModule(FlowEvaluation, PolicyModule):
     """Flow-matching (rectified flow) pretraining, usually of the whole transformer (``policy.lora = None``).
 
     Args:
@@ -90,16 +90,16 @@ class FlowMatchingModule(L.LightningModule):
         num_steps: int = 10,
         eval_rewards: Sequence[RewardComponent] | None = None,
         seed: int = 0,
-    ):
-        super().__init__()
+    ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         if sigma_sampling not in ("logit_normal", "uniform"):
             raise ValueError(f"sigma_sampling must be 'logit_normal' or 'uniform', got {sigma_sampling!r}")
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         if vae_train_steps is not None and vae_train_steps < 1:
             raise ValueError(f"vae_train_steps must be >= 1 or null, got {vae_train_steps}")
-        self.save_hyperparameters(ignore=["policy", "eval_rewards"])
-        self.policy = policy
+        super().__init__(policy, learning_rate, weight_decay, warmup_steps)
+        # validation samples: Euler steps only (the sampler's stochastic settings are unused), no guidance
+        self.sampler = FlowSampler(policy, FlowSamplingSettings(num_generations=1, num_steps=num_steps))
         if train_vae:
             policy.vae.requires_grad_(True)
         self.eval_rewards = WeightedReward(eval_rewards) if eval_rewards else None
@@ -171,42 +171,9 @@ class FlowMatchingModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def generate(self, samples: list[VisualSample], batch_idx: int = 0) -> Tensor:
-        """One Euler sample per prompt from noise seeded by ``seed + batch_idx``: ``[B, 3, H, W]`` in [0, 1]."""
-        generator = torch.Generator(device=self.device).manual_seed(self.hparams.seed + batch_idx)
-        x = self.policy.initial_noise(len(samples), generator=generator).to(self.device)
-        conditioning = self.policy.encode_prompts([s.question for s in samples])
-        sigmas = self.policy.sigmas(self.hparams.num_steps).float().cpu()
-        for i in range(sigmas.shape[0] - 1):
-            v = self.policy.velocity(x, sigmas[i].to(self.device).expand(x.shape[0]), conditioning)
-            x = ode_step(x, v, float(sigmas[i]), float(sigmas[i + 1])).sample
-        return self.policy.decode(x)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        omit_frozen_parameters(self, checkpoint, fit_optimizers(self))
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        restore_frozen_parameters(self, checkpoint)
-
-    def validation_step(self, batch: list[VisualSample], batch_idx: int) -> None:
-        self._evaluate(batch, batch_idx, "val")
-
-    def test_step(self, batch: list[VisualSample], batch_idx: int) -> None:
-        self._evaluate(batch, batch_idx, "test")
-
-    @torch.no_grad()
     def _evaluate(self, samples: list[VisualSample], batch_idx: int, stage: str) -> None:
         if samples and samples[0].images:
             images = images_to_tensor(samples).to(self.device)
             recon = self.policy.decode(self.policy.encode(images))
             self.log(f"{stage}/loss/reconstruction", F.l1_loss(recon, images), batch_size=len(samples), sync_dist=True)
-        if self.eval_rewards is None:
-            return
-        rewards = self.eval_rewards(list(self.generate(samples, batch_idx)), samples)
-        self.log(f"{stage}/reward/total", rewards.total.mean().to(self.device), batch_size=len(samples), sync_dist=True)
-        for name, values in rewards.components.items():
-            self.log(f"{stage}/reward/{name}", values.mean().to(self.device), batch_size=len(samples), sync_dist=True)
-
-    def predict_step(self, batch: list[VisualSample], batch_idx: int) -> list[dict]:
-        images = self.generate(batch, batch_idx).cpu()
-        return [{"task": s.task, "question": s.question, "image": im} for s, im in zip(batch, images, strict=True)]
+        super()._evaluate(samples, batch_idx, stage)

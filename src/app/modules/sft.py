@@ -7,19 +7,45 @@ exported policy (``ExportPolicy`` callback or ``python -m app export``) is what 
 
 from __future__ import annotations
 
-from app.modules.base import VLMModule
+from collections.abc import Sequence
+
+from app.formats import format_response
+from app.models.vlm import VLMPolicy
+from app.modules.policy_module import PolicyModule
+from app.modules.vlm_evaluation import GreedyEvaluation, default_eval_rewards
+from app.rewards import RewardComponent
 from app.types import VisualSample
 
 
 def sft_target(sample: VisualSample) -> str:
     if sample.answer is None:
         raise ValueError(f"SFT needs labeled samples; a {sample.task!r} sample has no answer")
-    reasoning = sample.reasoning or ""
-    return f"<think>{reasoning}</think><answer>{sample.answer}</answer>"
+    return format_response(sample.reasoning or "", sample.answer)
 
 
-class VLMSFTModule(VLMModule):
-    """CoT supervised fine-tuning of a :class:`~app.models.VLMPolicy` (arguments as :class:`VLMModule`)."""
+class VLMSFTModule(GreedyEvaluation, PolicyModule):
+    """CoT supervised fine-tuning of a :class:`~app.models.VLMPolicy`, evaluated by greedy decoding.
+
+    Args:
+        policy: the model to train.
+        learning_rate, weight_decay, warmup_steps: AdamW and its linear warm-up (in optimizer steps).
+        eval_max_new_tokens: generation budget for greedy evaluation.
+        eval_rewards: rewards scored on greedy completions in validation / test, logged as ``val/<name>/<task>``
+            (``accuracy`` is logged as ``val/acc/<task>``, ``format`` as the format rate). Default: accuracy and format.
+    """
+
+    def __init__(
+        self,
+        policy: VLMPolicy,
+        learning_rate: float = 1e-6,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        eval_max_new_tokens: int = 256,
+        eval_rewards: Sequence[RewardComponent] | None = None,
+    ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
+        super().__init__(policy, learning_rate, weight_decay, warmup_steps)
+        self.eval_rewards = default_eval_rewards(eval_rewards)
+        self.eval_results = {}
 
     def training_step(self, batch: list[VisualSample], batch_idx: int):
         prompts = self.policy.encode_prompts(batch)

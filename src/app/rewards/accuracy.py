@@ -1,5 +1,5 @@
 """Discrete accuracy reward (Reason-RFT "discrete-valued type"): exact match of the ``<answer>`` block with the label,
-after normalisation."""
+after normalisation (docs/algorithms.md#discrete-accuracy)."""
 
 from __future__ import annotations
 

@@ -45,8 +45,9 @@ class RewardComponent(Metric):
     """Base class of every reward: one float per completion, accumulated as a mean.
 
     Subclasses implement :meth:`score`. ``samples[i]`` is the prompt of ``completions[i]``: the trainer repeats each
-    sample K times, group-major (row ``b * K + k``), so a reward that compares completions of one prompt finds the
-    group as consecutive rows holding the same sample. Completions are untrusted model text: ``score`` must map
+    sample K times, group-major (row ``b * K + k``), and passes K as ``group_size`` to rewards of scope
+    ``"group_pair"`` (their ``score`` takes it as a keyword; without it they find a group as the consecutive rows
+    holding the same sample object). Completions are untrusted model text: ``score`` must map
     anything malformed to a value in :attr:`value_range` (usually its lower end) and never raise on it; raising is for
     misconfiguration (for example labels missing for a reward that needs them).
 
@@ -110,8 +111,12 @@ class RewardComponent(Metric):
     def score(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> Tensor:
         """One value per completion, ``[N]`` float32, each within :attr:`value_range`."""
 
-    def checked_score(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> tuple[Tensor, int]:
+    def checked_score(
+        self, completions: Sequence[str], samples: Sequence[VisualSample], group_size: int | None = None
+    ) -> tuple[Tensor, int]:
         """:meth:`score` with its contract enforced: ``([N] float32 values, number of non-finite values)``.
+
+        ``group_size`` (K) reaches :meth:`score` for rewards of scope ``"group_pair"``, the ones that compare groups.
 
         Non-finite values (NaN, inf) are replaced by 0 and counted; the caller decides how to report them.
         A wrong length or shape is a bug in the reward and raises ``ValueError``.
@@ -121,7 +126,8 @@ class RewardComponent(Metric):
                 f"reward {self.name!r}: got {len(completions)} completions but {len(samples)} samples; "
                 "pass one sample per completion (repeat each prompt's sample K times)"
             )
-        values = torch.as_tensor(self.score(completions, samples), dtype=torch.float32)
+        grouping = {"group_size": group_size} if group_size is not None and self.scope == "group_pair" else {}
+        values = torch.as_tensor(self.score(completions, samples, **grouping), dtype=torch.float32)
         if values.shape != (len(completions),):
             raise ValueError(
                 f"reward {self.name!r}: score must return shape [{len(completions)}] (one value per completion), "

@@ -3,13 +3,13 @@
 The score is the mean of three checks (each in [0, 1]):
 
 - colour: a connected blob of at least ``min_pixels`` pixels of the named palette colour (HSV,
-  :func:`app.vbvr.cv.color_mask`); scattered pixels of it (noise) do not count;
+  :func:`app.cv.color_mask`); scattered pixels of it (noise) do not count;
 - position: the largest such blob's centroid lies in the named half (left / right / top / bottom);
 - shape (soft): the largest blob's fill of its bounding box against the shape's (square 1.0, circle pi / 4), full
   credit within ``shape_tolerance / 2``, falling linearly to 0 at ``shape_tolerance``.
 
 Position and shape score 0 when the colour is absent. Images are float tensors ``[3, H, W]`` in [0, 1] or uint8 arrays
-``[H, W, 3]`` (as :class:`app.vbvr.reward.VBVRScorerReward` reads them); a video scores its last frame. The prompt's
+``[H, W, 3]`` (as :class:`app.rewards.vbvr.VBVRScorerReward` reads them); a video scores its last frame. The prompt's
 parts come from ``sample.meta`` (``color``, ``shape``, ``position``) or, without them, from the prompt text.
 """
 
@@ -24,10 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from app.cv import PALETTE, blobs, color_mask, to_uint8_frames
 from app.rewards.base import RewardComponent
 from app.types import VisualSample
-from app.vbvr.cv import PALETTE, blobs, color_mask
-from app.vbvr.reward import to_uint8_frames
 
 _PROMPT = re.compile(r"\ba (\w+) (circle|square) on the (left|right|top|bottom)\b")
 _FILL = {"square": 1.0, "circle": math.pi / 4}

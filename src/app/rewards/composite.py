@@ -64,19 +64,25 @@ class WeightedReward(torch.nn.Module):
         return {c.name: c.weight for c in self.components}
 
     def forward(
-        self, completions: Sequence[str], samples: Sequence[VisualSample], *, accumulate: bool = False
+        self,
+        completions: Sequence[str],
+        samples: Sequence[VisualSample],
+        *,
+        group_size: int | None = None,
+        accumulate: bool = False,
     ) -> RewardOutput:
         """Score a batch: ``total`` ``[N]`` and every unweighted component ``[N]``.
 
         Args:
             completions: N completion texts.
             samples: N samples, ``samples[i]`` the prompt of ``completions[i]``.
+            group_size: K, when the rows are groups of K outputs per prompt (handed to group-level rewards).
             accumulate: also add the values to each component's metric state (as :meth:`update` would), without
                 scoring twice.
         """
         values: dict[str, Tensor] = {}
         for component in self.components:
-            scores, num_nonfinite = component.checked_score(completions, samples)
+            scores, num_nonfinite = component.checked_score(completions, samples, group_size)
             if num_nonfinite:
                 self.num_nonfinite += num_nonfinite
                 self.nonfinite_counts[component.name] += num_nonfinite

@@ -1,19 +1,20 @@
-"""Label-free consistency rewards (papers/000, OT-GRPO): verifiers, pairing strategies, and the reward.
+"""Label-free consistency rewards (OT-GRPO, docs/algorithms.md#papers): verifiers, pairing strategies, and the reward.
 
 A prompt ``x`` and its augmented twin ``x'`` (a transform with a known answer effect, ``identity`` or ``negation``) are
 each sampled K times. The verifier scores every cross pair, ``V_ij = verif(y_i, y'_j)`` in {0, 1}, and a pairing
-strategy turns the ``[K, K]`` matrix into one reward per completion (../shared/ALGORITHMS.md, "Consistency verifiers
-and pairing"). Every strategy is written as a coupling ``gamma`` ``[n0, n1]`` of the valid completions, with marginals
-``1/n0`` and ``1/n1``; a completion's reward is its transport-weighted verifier value, ``r_i = n0 sum_j gamma_ij V_ij``
-and ``r'_j = n1 sum_i gamma_ij V_ij`` (for a permutation, simply ``V_{i, sigma(i)}``):
+strategy turns the ``[K, K]`` matrix into one reward per completion (docs/algorithms.md#consistency-verifiers and
+docs/algorithms.md#consistency-pairing). Every strategy is written as a coupling ``gamma`` ``[n0, n1]`` of the valid
+completions, with marginals ``1/n0`` and ``1/n1``; a completion's reward is its transport-weighted verifier value,
+``r_i = n0 sum_j gamma_ij V_ij`` and ``r'_j = n1 sum_i gamma_ij V_ij`` (for a permutation, simply ``V_{i, sigma(i)}``):
 
 - ``minimal`` (OT-GRPO): the coupling of least total consistency, ``argmin_gamma sum gamma_ij V_ij``. With
   ``n0 == n1`` it is a permutation (Birkhoff-von Neumann) found by ``scipy.optimize.linear_sum_assignment``, the same
   optimum as POT's network simplex at a tenth of the cost; with ``n0 != n1``, POT's ``ot.emd`` (as in the paper).
 - ``one_to_all``: the independent coupling, so ``r_i = mean_j V_ij`` over the valid j (and ``r'_j`` likewise).
 - ``random``: ``r_i = V_{i, pi(i)}``. Without a generator ``pi`` is the identity, ``r_i = V_ii`` as in
-  ALGORITHMS.md and the paper's "by generation order" (the K samples are exchangeable, so that is already a uniformly
-  random pairing); with a ``torch.Generator`` ``pi`` is drawn from it for every pair of groups.
+  docs/algorithms.md#consistency-pairing and the paper's "by generation order" (the K samples are exchangeable, so
+  that is already a uniformly random pairing); with a ``torch.Generator`` ``pi`` is drawn from it for every pair of
+  groups.
 
 Unparseable completions (no ``<answer>`` block, or an answer the answer type cannot read) get reward 0 and are left out
 of the coupling (paper, Appendix B.2-B.3); when one side has no valid completion, every reward of the pair is 0.
@@ -319,12 +320,14 @@ def consistency_rewards(
     pairing: Pairing = "minimal",
     distance_tolerance: float = 0.1,
     generator: torch.Generator | None = None,
+    group_size: int | None = None,
 ) -> Tensor:
     """``[N]`` float32 consistency rewards of a whole step's batch (the functional twin of :class:`ConsistencyReward`).
 
-    ``samples`` is laid out as the trainer lays it out: each prompt's sample object repeated K times, a prompt's group
-    followed by its twin's (see :func:`~app.rewards.groups.pair_groups`, which raises ``ValueError`` on any other
-    layout). Labels (``sample.answer``) are never read.
+    ``samples`` is laid out as the trainer lays it out: each prompt's sample repeated K times (``group_size``; without
+    it the groups are found as runs of the same sample object), a prompt's group followed by its twin's (see
+    :func:`~app.rewards.groups.pair_groups`, which raises ``ValueError`` on any other layout). Labels
+    (``sample.answer``) are never read.
 
     >>> from app.types import VisualSample
     >>> x = VisualSample(images=[], question="Is red left of blue?", task="t", meta={"pair_id": 0})
@@ -338,7 +341,7 @@ def consistency_rewards(
     check_pairing(pairing)
     if answer_type != FROM_META:
         answer_spec(answer_type, distance_tolerance)
-    pairs = pair_groups(samples)
+    pairs = pair_groups(samples, group_size)
     out = np.zeros(len(completions))  # [N]
     for rows_x, rows_x2, relation in pairs:
         kind = _pair_answer_type(samples, rows_x) if answer_type == FROM_META else answer_type
@@ -375,7 +378,7 @@ class ConsistencyReward(RewardComponent):
     Args:
         answer_type: ``bool`` (identity and negation transforms), ``count`` (exact equality) or ``distance``
             (relative tolerance); the last two accept only invariant (``identity``) transforms. ``from_meta``: each
-            pair's type is its prompt's ``meta["answer_type"]`` (mixed-task data such as ``app.data.spatial``).
+            pair's type is its prompt's ``meta["answer_type"]`` (mixed-task data such as ``app.tasks.spatial``).
         pairing: ``minimal`` (OT-GRPO, the paper's choice), ``one_to_all`` or ``random``.
         distance_tolerance: relative tolerance of ``distance`` answers.
         seed: for ``random`` pairing: seeds the generator of the permutations; None pairs in generation order.
@@ -417,9 +420,11 @@ class ConsistencyReward(RewardComponent):
         self.seed = seed
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
 
-    def score(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> Tensor:
+    def score(
+        self, completions: Sequence[str], samples: Sequence[VisualSample], group_size: int | None = None
+    ) -> Tensor:
         return consistency_rewards(
-            completions, samples, self.answer_type, self.pairing, self.distance_tolerance, self.generator
+            completions, samples, self.answer_type, self.pairing, self.distance_tolerance, self.generator, group_size
         )
 
     def extra_repr(self) -> str:

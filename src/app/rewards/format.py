@@ -1,8 +1,9 @@
 """Reason-RFT format reward: 1 iff the completion is exactly ``<think>...</think><answer>...</answer>``.
 
-The tag sequence is configurable. Reason-RFT's format ablation (papers/001, Tab. 2 and Fig. 12) adds ``<summary>`` and
+The tag sequence is configurable. Reason-RFT's format ablation (its Tab. 2 and Fig. 12) adds ``<summary>`` and
 ``<caption>`` blocks; the paper's text does not give their order, and its public reward code checks
 ``<summary>..</summary><caption>..</caption><think>..</think><answer>..</answer>``, which :data:`CAPTION_TAGS` follows.
+See docs/algorithms.md#format-reward; Reason-RFT is listed in docs/algorithms.md#papers.
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
+from app.formats import CAPTION_TAGS as CAPTION_TAGS  # re-exported: Reason-RFT's summary / caption variant
+from app.formats import REASONING_TAGS, close_tag, open_tag
 from app.rewards.base import RewardComponent
 from app.rewards.parsing import _TAG_NAME, MAX_PARSE_CHARS, normalize_answer
 from app.types import VisualSample
 
-DEFAULT_TAGS = ("think", "answer")
-"""Reason-RFT / DeepSeek-R1 form: reasoning, then the answer."""
-
-CAPTION_TAGS = ("summary", "caption", "think", "answer")
-"""Reason-RFT's format variant with a summary of the question and a caption of the image before the reasoning."""
+DEFAULT_TAGS = REASONING_TAGS
+"""Reason-RFT / DeepSeek-R1 form: reasoning, then the answer (``("think", "answer")``, :mod:`app.formats`)."""
 
 
 def _allowed_set(allowed_answers: Iterable[str] | None) -> frozenset[str] | None:
@@ -53,13 +53,13 @@ def _is_well_formed(text: object, allowed: frozenset[str] | None, tags: tuple[st
     if not isinstance(text, str) or len(text) > MAX_PARSE_CHARS:
         return False
     text = text.strip()
-    markers = [marker for tag in tags for marker in (f"<{tag}>", f"</{tag}>")]
+    markers = [marker for tag in tags for marker in (open_tag(tag), close_tag(tag))]
     if any(text.count(marker) != 1 for marker in markers):
         return False  # missing, repeated or nested
     pos = 0
     content = ""  # pragma: no mutate (equivalent: the loop below runs for every tag, at least one, and sets it)
     for tag in tags:
-        opening, closing = f"<{tag}>", f"</{tag}>"
+        opening, closing = open_tag(tag), close_tag(tag)
         rest = text[pos:]
         pos += len(rest) - len(rest.lstrip())  # whitespace between blocks
         if not text.startswith(opening, pos):

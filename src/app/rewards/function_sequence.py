@@ -19,6 +19,8 @@ Decisions where the paper is silent:
   de-duplicates the prediction and multiplies by ``unique/total``; both give 1/2 in the first case.)
 - A completion without an ``<answer>`` block or whose steps do not parse scores 0, the value of no match; with negative
   ``alpha``/``beta`` that is more than a badly wrong but well-formed answer can get, so pair it with a format reward.
+
+See docs/algorithms.md#function-sequence.
 """
 
 from __future__ import annotations

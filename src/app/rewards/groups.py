@@ -5,7 +5,7 @@ sample object K times, group-major. A group is therefore a maximal run of consec
 (``is``, not ``==``: two prompts may be equal as data and still be two groups). Rewards of scope ``"group_pair"``
 (consistency rewards) further need the groups paired: a prompt ``x`` and its augmented twin ``x'`` are consecutive
 groups ``(2j, 2j + 1)`` whose samples share ``meta["pair_id"]``, and the twin's ``meta["relation"]`` says how its
-answer relates to the original's (see :data:`RELATIONS`). The paired data sets (``app.data.pairs``) and the data
+answer relates to the original's (see :data:`RELATIONS`). The paired data sets (``app.tasks.dots.pairs``) and the data
 module's collate function lay batches out that way.
 
 >>> from app.types import VisualSample
@@ -28,11 +28,19 @@ RELATIONS = ("identity", "negation")
 opposite; only for boolean answers). Composed transforms multiply: an odd number of negations gives ``negation``."""
 
 
-def split_groups(samples: Sequence[VisualSample]) -> list[slice]:
-    """The groups of ``samples`` in order: maximal runs of consecutive rows whose sample is the same object.
+def split_groups(samples: Sequence[VisualSample], group_size: int | None = None) -> list[slice]:
+    """The groups of ``samples`` in order, one ``slice`` of rows per group (``[]`` for no rows).
 
-    Returns one ``slice`` of rows per group (``[]`` for no rows).
+    With ``group_size`` (K, which the trainer passes) the groups are the consecutive runs of K rows. Without it (a
+    direct call on a hand-made batch) they are the maximal runs of consecutive rows whose sample is the same object.
+
+    >>> split_groups(["a", "a", "b", "b"], group_size=2)
+    [slice(0, 2, None), slice(2, 4, None)]
     """
+    if group_size is not None:
+        if group_size < 1 or len(samples) % group_size:
+            raise ValueError(f"{len(samples)} rows do not split into groups of group_size={group_size}")
+        return [slice(start, start + group_size) for start in range(0, len(samples), group_size)]
     groups: list[slice] = []
     start = 0
     for i in range(1, len(samples) + 1):
@@ -47,8 +55,9 @@ def _describe(samples: Sequence[VisualSample], group: slice) -> str:
     return f"rows {group.start}:{group.stop} (task {getattr(sample, 'task', '?')!r})"
 
 
-def pair_groups(samples: Sequence[VisualSample]) -> list[tuple[slice, slice, str]]:
-    """Pair consecutive groups ``(2j, 2j + 1)`` as ``(rows of x, rows of x', relation)``.
+def pair_groups(samples: Sequence[VisualSample], group_size: int | None = None) -> list[tuple[slice, slice, str]]:
+    """Pair consecutive groups ``(2j, 2j + 1)`` as ``(rows of x, rows of x', relation)``; the groups are those of
+    :func:`split_groups` (runs of ``group_size`` rows when it is given).
 
     Raises:
         ValueError: the number of groups is odd (a group without its twin), the two samples of a pair lack
@@ -56,7 +65,7 @@ def pair_groups(samples: Sequence[VisualSample]) -> list[tuple[slice, slice, str
             ``meta["relation"]`` is missing or not one of :data:`RELATIONS`. Each is a data-layout bug, not bad model
             output, so it raises instead of scoring 0.
     """
-    groups = split_groups(samples)
+    groups = split_groups(samples, group_size)
     if len(groups) % 2:
         raise ValueError(
             f"consistency rewards need groups in pairs (a prompt, then its augmented twin), but the batch has "

@@ -10,6 +10,7 @@ With ``d = |pred - gt|`` and ``s = |gt|``::
 The paper's band is relative, so it is empty when ``gt == 0`` (any error would score 0, and the ramp divides by 0).
 Here ``s = zero_scale`` (default 1.0) when ``gt == 0``: the band becomes absolute, ``|pred| <= eps1 * zero_scale``
 scores 1 and ``|pred| >= eps2 * zero_scale`` scores 0. Set ``zero_scale`` to the typical size of the quantity.
+See docs/algorithms.md#numeric-tolerance; Reason-RFT is listed in docs/algorithms.md#papers.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from app.formats import ANSWER, close_tag, open_tag
+
 MAX_PARSE_CHARS = 20_000
 """Characters of a completion that parsing looks at; the rest is ignored (about 5k tokens, far above a usual answer)."""
 
@@ -59,12 +61,12 @@ def extract_tag(text: str, tag: str) -> str | None:
     text = bounded(text)
     if text is None:
         return None
-    open_tag, close_tag = f"<{tag}>", f"</{tag}>"
-    start = text.find(open_tag)
+    opening, closing = open_tag(tag), close_tag(tag)
+    start = text.find(opening)
     if start < 0:
         return None
-    start += len(open_tag)
-    end = text.find(close_tag, start)
+    start += len(opening)
+    end = text.find(closing, start)
     if end < 0:  # pragma: no mutate (equivalent: the search starts past index 0, so end is never 0)
         return None
     return text[start:end].strip()
@@ -76,7 +78,7 @@ def extract_answer(text: str) -> str | None:
     >>> extract_answer("<think>2 + 2</think><answer>4</answer>")
     '4'
     """
-    return extract_tag(text, "answer")
+    return extract_tag(text, ANSWER)
 
 
 def normalize_answer(s: str) -> str:

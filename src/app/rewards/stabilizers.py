@@ -1,5 +1,5 @@
-"""Training stabilisers used beside TriSR (CoRe, papers/002): cosine length reward, n-gram repetition penalty, soft
-overlong penalty.
+"""Training stabilisers used beside TriSR (CoRe): cosine length reward, n-gram repetition penalty, soft overlong
+penalty (docs/algorithms.md#training-stabilisers).
 
 The paper takes the first two from ms-swift ("a cosine CoT length reward that penalizes excessively verbose reasoning
 chains, and a repetition penalty that discourages degenerate token repetition ... we therefore omit their

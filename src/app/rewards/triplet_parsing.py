@@ -1,10 +1,11 @@
-"""Safe parsing of the structured response to a triplet question (CoRe / TriSR, papers/002).
+"""Safe parsing of the structured response to a triplet question (CoRe / TriSR, docs/algorithms.md#trisr-rewards).
 
 A triplet sample shows three images, numbered 1, 2 and 3, and asks one comparison question for each pair
 ``"1-2"``, ``"1-3"`` and ``"2-3"``. TriSR scores the intermediate structure of the response, so the prompt asks for it
 explicitly (the paper: "per-image attribute estimates, pairwise comparative judgments inferred in the reasoning trace,
 and final predicted answers", in the ``<think>...</think> <answer>...</answer>`` form). The format the triplet prompts
-ask for (:data:`TRIPLET_RESPONSE_INSTRUCTION`), here for "which image has more dots?"::
+ask for (:data:`app.formats.TRIPLET_RESPONSE_INSTRUCTION`, written by :func:`app.formats.format_triplet_response`), here
+for "which image has more dots?"::
 
     <think>
     I count the dots in each image.
@@ -46,21 +47,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from app.formats import PAIRS, THINK, close_tag, open_tag
+from app.formats import TRIPLET_RESPONSE_INSTRUCTION as TRIPLET_RESPONSE_INSTRUCTION  # re-exported
+from app.formats import format_triplet_response as format_triplet_response  # re-exported
 from app.rewards.parsing import bounded, extract_answer, extract_tag, normalize_answer
-
-PAIRS: tuple[str, str, str] = ("1-2", "1-3", "2-3")
-"""The three image pairs of a triplet, as the keys of judgments, answers and ``meta["pair_answers"]``."""
 
 MAX_VALUE_CHARS = 64
 """Longest answer or judgment value read; a longer one is malformed (``None``)."""
-
-TRIPLET_RESPONSE_INSTRUCTION = (
-    " Think step by step inside <think> </think>. In your thinking, first write one line per image with your estimate"
-    " of the quantity, as 'Image 1: <number>', 'Image 2: <number>' and 'Image 3: <number>', then one line per pair"
-    " with your judgment, as 'Compare 1-2: <answer>', 'Compare 1-3: <answer>' and 'Compare 2-3: <answer>'."
-    " Then give the final answers inside <answer> </answer> as '1-2: <answer>; 1-3: <answer>; 2-3: <answer>'."
-)
-"""Appended to a triplet question (after the question says what an ``<answer>`` is); asks for the format above."""
 
 _MARKERS = "-*#>•· \t"
 _REAL = re.compile(r"[+-]?(?:\d{1,32}(?:\.\d{0,32})?|\.\d{1,32})(?:e[+-]?\d{1,3})?", re.IGNORECASE)
@@ -136,9 +129,9 @@ def _pair_key(match: re.Match) -> str | None:
 
 def _reasoning(text: str) -> str | None:
     """First ``<think>`` block, or what precedes the first ``</think>`` when there is no ``<think>``."""
-    if "<think>" in text:
-        return extract_tag(text, "think")
-    end = text.find("</think>")
+    if open_tag(THINK) in text:
+        return extract_tag(text, THINK)
+    end = text.find(close_tag(THINK))
     return text[:end] if end >= 0 else None
 
 
@@ -186,31 +179,6 @@ def parse_triplet_response(text: object) -> TripletResponse:
         judgments={pair: judgments.get(pair) for pair in PAIRS},
         answers={pair: answers.get(pair) for pair in PAIRS},
     )
-
-
-def format_triplet_response(
-    attributes: tuple[float, float, float] | list[float], judgments: dict[str, str], answers: dict[str, str]
-) -> tuple[str, str]:
-    """``(reasoning, answer)`` texts in the documented format: the ``<think>`` content and the ``<answer>`` content.
-
-    Used by data generators for SFT targets and ``sample.answer``; :func:`parse_triplet_response` reads them back.
-
-    >>> reasoning, answer = format_triplet_response([4, 7, 2], {"1-2": "2", "1-3": "1", "2-3": "2"},
-    ...                                             {"1-2": "2", "1-3": "1", "2-3": "2"})
-    >>> answer
-    '1-2: 2; 1-3: 1; 2-3: 2'
-    >>> parse_triplet_response(f"<think>{reasoning}</think><answer>{answer}</answer>").attributes
-    (4.0, 7.0, 2.0)
-    """
-    lines = [f"Image {k}: {_number_text(v)}" for k, v in enumerate(attributes, start=1)]
-    lines += [f"Compare {pair}: {judgments[pair]}" for pair in PAIRS]
-    reasoning = "\n" + "\n".join(lines) + "\n"
-    return reasoning, "; ".join(f"{pair}: {answers[pair]}" for pair in PAIRS)
-
-
-def _number_text(value: float) -> str:
-    value = float(value)
-    return str(int(value)) if value.is_integer() else repr(value)
 
 
 # ------------------------------------------------------------------------------------------------ canonical answers

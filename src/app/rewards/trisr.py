@@ -1,5 +1,5 @@
-"""TriSR reward classes (CoRe, papers/002): one TorchMetrics component per term, the weighted total, and the
-triplet accuracy metrics. The math, the ground-truth schema and the answer types are documented in
+"""TriSR reward classes (CoRe, docs/algorithms.md#trisr-rewards): one TorchMetrics component per term, the weighted
+total, and the triplet accuracy metrics. The math, the ground-truth schema and the answer types are documented in
 :mod:`app.rewards.trisr_scores`.
 """
 

@@ -1,4 +1,4 @@
-"""TriSR math (CoRe, papers/002; ALGORITHMS.md): the four terms, the total and their functional twins.
+"""TriSR math (CoRe, docs/algorithms.md#trisr-rewards): the four terms, the total and their functional twins.
 
 The reward classes are in :mod:`app.rewards.trisr`.
 

@@ -8,6 +8,7 @@ temperature is the sampler's, so the log-probs are those of the distribution the
 :func:`chunked_token_logprobs` gives the same values and gradients while holding only ``[chunk_size, V]`` logits at a
 time: each chunk runs under activation checkpointing (its logits are recomputed in backward, not saved), and its
 softmax gradient is written in place (two ``[chunk_size, V]`` buffers in backward instead of about four).
+See docs/algorithms.md#token-log-probabilities.
 """
 
 from __future__ import annotations

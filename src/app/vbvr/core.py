@@ -1,11 +1,12 @@
 """The task contract: sample a configuration from a seed, solve it, render it, score a generated rendering.
 
-Every task subclasses :class:`VisualTask` and registers itself with :func:`register`. A :class:`TaskInstance` is what a
-generator writes to shards and what a scorer compares against: the configuration (the spec the scorer checks), the
-solver's solution, the rendered frames of the problem and its solution, and the prompt the generator model receives.
+Every task subclasses :class:`VisualTask`; :mod:`app.vbvr.registry` names the built-in ones. A :class:`TaskInstance`
+is what a generator writes to shards and what a scorer compares against: the configuration (the spec the scorer
+checks), the solver's solution, the rendered frames of the problem and its solution, and the prompt the generator model
+receives.
 
-Image regimes (papers/003): **Last-Frame** is the solved state (one image), **Key-Frame** the frames at the task's
-key steps, **Multi-Frame** every frame of the video.
+Image regimes (VBVR-Pro, docs/algorithms.md#papers): **Last-Frame** is the solved state (one image), **Key-Frame** the
+frames at the task's key steps, **Multi-Frame** every frame of the video.
 """
 
 from __future__ import annotations
@@ -19,27 +20,7 @@ import numpy as np
 
 from app.vbvr.scoring import ScoreResult
 
-TASKS: dict[str, type[VisualTask]] = {}
 FACULTIES = ("perception", "spatial", "transformation", "physics", "abstraction", "planning")
-
-
-def register(cls: type[VisualTask]) -> type[VisualTask]:
-    """Class decorator: make a task available by its ``name``."""
-    if cls.name in TASKS and TASKS[cls.name] is not cls:
-        raise ValueError(f"task name {cls.name!r} is registered twice")
-    if cls.faculty not in FACULTIES:
-        raise ValueError(f"{cls.__name__}.faculty must be one of {FACULTIES}, got {cls.faculty!r}")
-    TASKS[cls.name] = cls
-    return cls
-
-
-def get_task(name: str, **params: Any) -> VisualTask:
-    """An instance of the registered task ``name`` with its parameters (grid size, object count, ...)."""
-    import app.vbvr.tasks  # noqa: F401  (registers the built-in tasks)
-
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known: {sorted(TASKS)}")
-    return TASKS[name](**params)
 
 
 @dataclass

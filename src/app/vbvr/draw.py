@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
-from app.vbvr.cv import BACKGROUND, PALETTE
+from app.cv import BACKGROUND, PALETTE
 
 
 def canvas(size: int) -> tuple[Image.Image, ImageDraw.ImageDraw]:

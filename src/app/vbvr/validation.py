@@ -12,7 +12,8 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from app.vbvr.core import TASKS, VisualTask, get_task
+from app.vbvr.core import VisualTask
+from app.vbvr.registry import TASKS, get_task
 
 PERTURBED_MAX = 0.6  # a wrong rendering must score at most this
 DEGRADED_MIN = 0.8  # a blurred / noisy / compressed correct rendering must score at least this
@@ -81,8 +82,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=10, help="instances per task")
     args = parser.parse_args()
-    import app.vbvr.tasks  # noqa: F401  (registers the built-in tasks)
-
     rows = [validate(get_task(name), range(args.seeds)) for name in sorted(TASKS)]
     print(report(rows))
 

@@ -17,8 +17,8 @@ from collections import deque
 import cv2
 import numpy as np
 
+from app.cv import PALETTE, WALL, blobs, color_mask
 from app.vbvr.core import VisualTask, as_frames
-from app.vbvr.cv import PALETTE, WALL, blobs, color_mask
 from app.vbvr.draw import canvas, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 

@@ -3,7 +3,7 @@ image region by nearest palette hue (so purple, violet and magenta are told apar
 tolerances overlap), and draw / read square grid cells.
 
 >>> import numpy as np
->>> from app.vbvr.cv import PALETTE
+>>> from app.cv import PALETTE
 >>> image = np.full((8, 8, 3), PALETTE["violet"], dtype=np.uint8)
 >>> dominant_color(image, np.ones((8, 8), bool))
 ('violet', 1.0)
@@ -14,7 +14,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from app.vbvr.cv import BACKGROUND, PALETTE, palette_hue
+from app.cv import BACKGROUND, PALETTE, palette_hue
 
 _NAMES = tuple(PALETTE)
 _MIN_SATURATION, _MIN_VALUE, _MAX_HUE_DISTANCE = 90, 70, 12

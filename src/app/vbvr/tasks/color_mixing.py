@@ -4,7 +4,7 @@ Problem: two filled source circles of paint colours (red, blue, yellow; green in
 outlined target circle, on cells of a ``grid`` x ``grid`` board. Solution: the target filled with the mixed colour
 (red + blue = purple, red + yellow = orange, blue + yellow = green, blue + green = cyan), each a palette colour.
 Scorer: the dominant palette colour of the target's centre is the mixed colour (hard; nearest palette hue, so violet
-or magenta where purple was required fails, papers/003's example), the mixed colour covers the target (soft), the
+or magenta where purple was required fails, VBVR-Pro's example), the mixed colour covers the target (soft), the
 source circles keep their colours (soft).
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import PALETTE, WALL
+from app.cv import PALETTE, WALL
+from app.vbvr.core import VisualTask, as_frames
 from app.vbvr.draw import canvas, cell_center, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 from app.vbvr.tasks._regions import disk_window, dominant_color, palette_labels
@@ -27,7 +27,7 @@ MIXES = {
     ("blue", "yellow"): "green",
 }
 EXTENDED_MIXES = {**MIXES, ("blue", "green"): "cyan"}
-# The wrong-but-close colour of each mix: its palette neighbour in hue (violet for purple, as in papers/003).
+# The wrong-but-close colour of each mix: its palette neighbour in hue (violet for purple, as in VBVR-Pro).
 NEIGHBOUR = {"purple": "violet", "orange": "yellow", "green": "cyan", "cyan": "blue"}
 
 
@@ -40,7 +40,6 @@ def mix(a: str, b: str) -> str:
     return EXTENDED_MIXES[tuple(sorted((a, b)))]
 
 
-@register
 class ColorMixingTask(VisualTask):
     name = "color_mixing"
     faculty = "transformation"

@@ -24,8 +24,8 @@ import cv2
 import numpy as np
 from PIL import ImageDraw
 
-from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import PALETTE, WALL, blobs, color_mask
+from app.cv import PALETTE, WALL, blobs, color_mask
+from app.vbvr.core import VisualTask, as_frames
 from app.vbvr.draw import canvas, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 
@@ -51,7 +51,6 @@ def segment_samples(a, b, skip_a: float, skip_b: float, spacing: float = 2.0) ->
     ]
 
 
-@register
 class ConnectTheDotsTask(VisualTask):
     name = "connect_the_dots"
     faculty = "spatial"

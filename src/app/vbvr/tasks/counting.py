@@ -12,13 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import blobs, color_mask
+from app.cv import blobs, color_mask
+from app.vbvr.core import VisualTask, as_frames
 from app.vbvr.draw import canvas, cell_center, draw_shape, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 
 
-@register
 class CountingTask(VisualTask):
     name = "object_counting"
     faculty = "perception"

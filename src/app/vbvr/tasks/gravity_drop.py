@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import WALL, blobs, color_mask
+from app.cv import WALL, blobs, color_mask
+from app.vbvr.core import VisualTask, as_frames
 from app.vbvr.draw import canvas, cell_center, draw_shape, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 
@@ -37,7 +37,6 @@ def drop(config: dict[str, Any], balls: list[dict[str, Any]] | None = None) -> l
     return rest
 
 
-@register
 class GravityDropTask(VisualTask):
     name = "gravity_drop"
     faculty = "physics"

@@ -13,11 +13,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from app.vbvr.core import register
 from app.vbvr.tasks._grid_path import STEPS, GridPathTask, bfs
 
 
-@register
 class MazePathTask(GridPathTask):
     name = "maze_path"
     faculty = "planning"

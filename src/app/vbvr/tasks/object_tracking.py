@@ -26,8 +26,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import PALETTE, blobs, color_mask
+from app.cv import PALETTE, blobs, color_mask
+from app.vbvr.core import VisualTask, as_frames
 from app.vbvr.draw import canvas, draw_shape, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 
@@ -40,7 +40,6 @@ def saturated_mask(image: np.ndarray, min_saturation: int = 90, min_value: int =
     return (hsv[..., 1] >= min_saturation) & (hsv[..., 2] >= min_value)
 
 
-@register
 class ObjectTrackingTask(VisualTask):
     name = "object_tracking"
     faculty = "spatial"

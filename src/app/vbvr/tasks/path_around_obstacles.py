@@ -13,11 +13,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from app.vbvr.core import register
 from app.vbvr.tasks._grid_path import GridPathTask, shortest_path
 
 
-@register
 class PathAroundObstaclesTask(GridPathTask):
     name = "path_around_obstacles"
     faculty = "planning"

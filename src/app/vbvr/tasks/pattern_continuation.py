@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import PALETTE, WALL
+from app.cv import PALETTE, WALL
+from app.vbvr.core import VisualTask, as_frames
 from app.vbvr.draw import canvas, draw_shape, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 from app.vbvr.tasks._regions import box_label_counts, box_slices, shape_in_box
@@ -28,7 +28,6 @@ GRID_LINE = (200, 200, 200)
 _NAMES = tuple(PALETTE)
 
 
-@register
 class PatternContinuationTask(VisualTask):
     name = "pattern_continuation"
     faculty = "abstraction"

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import PALETTE, WALL
+from app.cv import PALETTE, WALL
+from app.vbvr.core import VisualTask, as_frames
 from app.vbvr.draw import canvas, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 from app.vbvr.tasks._regions import box_label_counts, box_slices, dominant_from_counts
@@ -47,7 +47,6 @@ def iou(a: Cells, b: Cells) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
-@register
 class RotationTask(VisualTask):
     name = "rotation"
     faculty = "spatial"

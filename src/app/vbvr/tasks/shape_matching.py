@@ -20,8 +20,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import PALETTE, WALL, blobs, color_mask, palette_hue
+from app.cv import PALETTE, WALL, blobs, color_mask, palette_hue
+from app.vbvr.core import VisualTask, as_frames
 from app.vbvr.draw import canvas, draw_shape, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 from app.vbvr.tasks.object_tracking import saturated_mask
@@ -45,7 +45,6 @@ def shape_area(shape: str, radius: float) -> float:
     return {"circle": math.pi * (radius + 0.5) ** 2, "square": side * side, "triangle": side * side / 2}[shape]
 
 
-@register
 class ShapeMatchingTask(VisualTask):
     name = "shape_matching"
     faculty = "perception"

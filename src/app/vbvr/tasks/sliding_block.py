@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import PALETTE, WALL, blobs, color_mask
+from app.cv import PALETTE, WALL, blobs, color_mask
+from app.vbvr.core import VisualTask, as_frames
 from app.vbvr.draw import canvas, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 
@@ -39,7 +39,6 @@ def slide(config: dict[str, Any], mover: int | None = None, direction: str | Non
     return [list(c) for c in cells]
 
 
-@register
 class SlidingBlockTask(VisualTask):
     name = "sliding_block"
     faculty = "planning"

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import PALETTE, blobs, color_mask
+from app.cv import PALETTE, blobs, color_mask
+from app.vbvr.core import VisualTask, as_frames
 from app.vbvr.draw import canvas, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 
@@ -40,7 +40,6 @@ def bubble_sort_swaps(heights: list[int]) -> list[int]:
     return swaps
 
 
-@register
 class SortingBySizeTask(VisualTask):
     name = "sorting_by_size"
     faculty = "transformation"

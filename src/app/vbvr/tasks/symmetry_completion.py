@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from app.vbvr.core import VisualTask, as_frames, register
-from app.vbvr.cv import PALETTE, WALL
+from app.cv import PALETTE, WALL
+from app.vbvr.core import VisualTask, as_frames
 from app.vbvr.draw import canvas, to_array
 from app.vbvr.scoring import Check, ScoreResult, combine
 from app.vbvr.tasks._regions import box_label_counts, box_slices, dominant_from_counts
@@ -37,7 +37,6 @@ def agreement(observed: Cells, expected: Cells) -> float:
     return sum(observed.get(k) == expected.get(k) for k in union) / len(union) if union else 1.0
 
 
-@register
 class SymmetryCompletionTask(VisualTask):
     name = "symmetry_completion"
     faculty = "abstraction"

@@ -1,0 +1,109 @@
+"""The VBVR-Pro task scorers (:mod:`app.vbvr`) as a TorchMetrics-style reward for generated images and videos,
+optionally in a process pool.
+
+A sample names its task in ``sample.meta["vbvr"] = {"task": name, "params": {...}, "config": {...}}`` (what the shard
+writer stores); ``completions[i]`` is the generated rendering: a uint8 ``[H, W, 3]`` image or ``[T, H, W, 3]`` video
+(numpy), a PIL image, or a float tensor in [0, 1] shaped ``[3, H, W]`` or ``[T, 3, H, W]`` (what a diffusers VAE decodes
+to). Scoring is pure CPU work, so with ``num_workers > 0`` it runs in a process pool and :meth:`score_async` lets the
+trainer overlap it with model work.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from app.cv import to_uint8_frames as to_uint8_frames  # re-exported: how renderings are read
+from app.rewards.base import RewardComponent
+from app.types import VisualSample
+from app.vbvr.registry import get_task
+
+log = logging.getLogger(__name__)
+
+
+@lru_cache(maxsize=256)
+def _task(name: str, params_key: tuple):
+    return get_task(name, **dict(params_key))
+
+
+def score_one(job: tuple[str, dict, dict, np.ndarray]) -> float:
+    """Score one rendering (a module-level function so a process pool can run it)."""
+    name, params, config, frames = job
+    return _task(name, tuple(sorted(params.items()))).score(frames, config).score
+
+
+class VBVRScorerReward(RewardComponent):
+    """Deterministic classical-CV score of a generated image or video against its task's configuration; in [0, 1].
+
+    Args:
+        num_workers: processes for scoring (0: in this process).
+        weight, name: see :class:`~app.rewards.RewardComponent`.
+    """
+
+    def __init__(self, num_workers: int = 0, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
+        super().__init__(weight=weight, name=name, **kwargs)
+        self.num_workers = num_workers
+        self._pool: ProcessPoolExecutor | None = None
+        self.num_malformed = 0
+
+    def _jobs(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> list[tuple | None]:
+        jobs = []
+        for i, (rendering, sample) in enumerate(zip(completions, samples, strict=True)):
+            spec = sample.meta.get("vbvr")
+            if not spec or "task" not in spec or "config" not in spec:
+                raise ValueError(f"sample {i} ({sample.task!r}) has no meta['vbvr'] with task and config")
+            try:
+                frames = to_uint8_frames(rendering)
+            except ValueError as error:  # a malformed generation scores 0; counted and logged, never a crash
+                self.num_malformed += 1
+                log.warning("vbvr reward: completion %d scored 0: %s", i, error)
+                jobs.append(None)
+                continue
+            jobs.append((spec["task"], dict(spec.get("params", {})), spec["config"], frames))
+        return jobs
+
+    def score(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> Tensor:
+        return self.score_async(completions, samples).result()
+
+    def score_async(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> Future:
+        """Start scoring and return a future of the ``[N]`` scores (resolved at once without a pool)."""
+        jobs = self._jobs(completions, samples)
+        result: Future = Future()
+        if self.num_workers <= 0:
+            result.set_result(torch.tensor([score_one(j) if j else 0.0 for j in jobs], dtype=torch.float32))
+            return result
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.num_workers)
+        futures = [self._pool.submit(score_one, j) if j else None for j in jobs]
+        pending = [f for f in futures if f is not None]
+        remaining = [len(pending)]
+
+        def done(_):
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                values = [f.result() if f is not None else 0.0 for f in futures]
+                result.set_result(torch.tensor(values, dtype=torch.float32))
+
+        if not pending:
+            result.set_result(torch.zeros(len(jobs)))
+        for f in pending:
+            f.add_done_callback(done)
+        return result
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __getstate__(self):
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state["_pool"] = None
+        return state

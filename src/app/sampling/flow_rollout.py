@@ -1,0 +1,269 @@
+"""The denoising loop of a flow-matching policy: settings, step selection, rollouts and deterministic samples.
+
+Which steps are stochastic and which are trained (see docs/algorithms.md#training-steps):
+
+- The step onto ``s' = 0`` (the last one) is deterministic for every sampler: it is an Euler step and never trained.
+- Without ``sde_window`` every other step uses the sampler (``cps`` or ``sde``). With ``sde_window = (start, end)``
+  (MixGRPO / "ODE prefix then a short SDE window") only steps ``start <= i < end`` do; the rest are Euler steps.
+- ``timestep_fraction`` trains on ``max(1, int(fraction * S))`` of those S stochastic steps (Flow-GRPO's rounding):
+  a RANDOM subset, drawn anew every rollout from the rollout generator and shared by all N trajectories of the batch
+  (one sigma per forward pass). With 1.0 (default) every stochastic step is trained.
+
+All step math runs in float32 on float32 latents, and the log-probs a rollout stores are the ones computed while
+sampling, so re-scoring a stored transition with unchanged weights reproduces them exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from app.sampling.batching import micro_batches
+from app.sampling.flow import StepOutput, cps_step, is_trainable_step, ode_step, sde_step
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FlowSampler", "FlowSamplingSettings", "Transitions", "rows_of", "stochastic_steps", "train_steps"]
+
+
+@dataclass
+class FlowSamplingSettings:
+    """How a flow policy's trajectories are drawn. ``num_generations`` is the group size K.
+
+    Attributes:
+        num_generations: trajectories per prompt (K).
+        num_steps: denoising steps T of a rollout (and of deterministic evaluation samples).
+        sampler: ``cps`` (coefficients-preserving) or ``sde`` (Flow-GRPO) for the stochastic steps.
+        eta: the sampler's noise level, > 0 (``cps``: at most 1).
+        timestep_fraction: fraction of the stochastic steps trained per rollout (a random subset); 1.0 trains all.
+        sde_window: ``(start, end)``: only steps ``start <= i < end`` are stochastic (and trained), the others are
+            Euler steps; None: every step but the last.
+        shared_initial_noise: the K trajectories of a prompt start from the same noise (DanceGRPO), so the rewards within
+            a group differ only through the sampler's noise, which the policy gradient can credit; False (Flow-GRPO)
+            draws one starting noise per trajectory, whose effect on the reward the gradient cannot credit.
+        guidance_scale: classifier-free guidance weight; > 1 runs the empty prompt alongside (twice the compute):
+            ``v = v_uncond + g (v_cond - v_uncond)``. On a guidance-distilled FLUX it comes on top of the policy's
+            ``flux_guidance``.
+    """
+
+    num_generations: int = 8
+    num_steps: int = 10
+    sampler: Literal["sde", "cps"] = "cps"
+    eta: float = 0.7
+    timestep_fraction: float = 1.0
+    sde_window: tuple[int, int] | None = None
+    shared_initial_noise: bool = False
+    guidance_scale: float = 1.0
+
+    def __post_init__(self):
+        if self.num_generations < 1 or self.num_steps < 1:
+            raise ValueError(
+                f"need num_generations >= 1 and num_steps >= 1, got {self.num_generations} and {self.num_steps}"
+            )
+        if self.sampler not in ("sde", "cps"):
+            raise ValueError(f"sampler must be 'sde' or 'cps', got {self.sampler!r}")
+        if not (self.eta > 0 and (self.sampler == "sde" or self.eta <= 1)):
+            raise ValueError(
+                f"eta must be > 0 (and <= 1 for cps): eta = 0 makes every step deterministic, got {self.eta}"
+            )
+        if not 0 < self.timestep_fraction <= 1:
+            raise ValueError(f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        if self.guidance_scale < 1.0:
+            raise ValueError(f"guidance_scale must be >= 1 (1 disables guidance), got {self.guidance_scale}")
+        if self.sde_window is not None:
+            window = tuple(int(i) for i in self.sde_window)
+            if len(window) != 2 or not 0 <= window[0] < min(window[1], self.num_steps - 1):
+                raise ValueError(
+                    f"sde_window must be (start, end) with 0 <= start < end and start < num_steps - 1 = "
+                    f"{self.num_steps - 1} (the last step is never trained), got {self.sde_window}"
+                )
+            self.sde_window = window
+
+
+def stochastic_steps(sigmas: Tensor, sde_window: tuple[int, int] | None = None) -> list[int]:
+    """The steps ``i`` (``sigmas[i] -> sigmas[i + 1]``) sampled with the SDE / CPS sampler, in order.
+
+    Every step whose next sigma is > 0, restricted to ``[start, end)`` with an ``sde_window``; the step onto 0 is
+    always an Euler step.
+    """
+    num_steps = sigmas.shape[0] - 1
+    start, end = sde_window if sde_window is not None else (0, num_steps)
+    return [i for i in range(start, min(end, num_steps)) if is_trainable_step(float(sigmas[i + 1]))]
+
+
+def train_steps(candidates: list[int], fraction: float, generator: torch.Generator | None = None) -> list[int]:
+    """``max(1, int(fraction * S))`` of the S ``candidates``: all of them at 1.0, else a random subset (sorted)."""
+    count = max(1, int(fraction * len(candidates)))
+    if count >= len(candidates):
+        return list(candidates)
+    device = generator.device if generator is not None else "cpu"
+    order = torch.randperm(len(candidates), generator=generator, device=device)[:count]
+    return sorted(candidates[j] for j in order.tolist())
+
+
+def rows_of(conditioning: dict[str, Tensor], rows: slice) -> dict[str, Tensor]:
+    """The conditioning of rows ``rows``; a one-row conditioning (broadcast to every row) is kept whole."""
+    return {k: v if v.shape[0] == 1 else v[rows] for k, v in conditioning.items()}
+
+
+@dataclass
+class Transitions:
+    """The kept transitions of N trajectories, stacked over the S kept steps.
+
+    Attributes:
+        final: ``[N, ...]`` float32 final latents.
+        latents: ``[N, S, ...]`` float32 ``x_t`` before each kept step.
+        next_latents: ``[N, S, ...]`` float32 ``x_{t+1}`` sampled by each kept step.
+        logprobs: ``[N, S]`` float32 log-density of each sampled transition (mean over latent elements).
+    """
+
+    final: Tensor
+    latents: Tensor
+    next_latents: Tensor
+    logprobs: Tensor
+
+
+class FlowSampler:
+    """Runs a flow policy's denoising loop with the configured sampler, ``micro_batch_size`` rows per forward pass.
+
+    The policy needs ``sigmas(num_steps)``, ``initial_noise(batch, generator)``, ``encode_prompts(prompts)``,
+    ``velocity(latents, sigma, conditioning)``, ``decode(latents)`` and a ``reference()`` context (for the KL).
+
+    Args:
+        policy: the generator (a :class:`~app.models.flow.FlowPolicy` or anything shaped like it).
+        settings: how trajectories are drawn.
+        micro_batch_size: rows per forward pass without gradients (rollout, reference, decoding); None: all at once.
+    """
+
+    def __init__(self, policy, settings: FlowSamplingSettings, micro_batch_size: int | None = None):
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
+        self.policy = policy
+        self.settings = settings
+        self.micro_batch_size = micro_batch_size
+        if settings.guidance_scale > 1.0 and getattr(policy, "guidance_distilled", False):
+            log.warning(
+                "guidance_scale=%s runs true CFG on a guidance-distilled FLUX (twice the compute per step) on top of "
+                "flux_guidance=%s",
+                settings.guidance_scale,
+                policy.flux_guidance,
+            )
+
+    # ------------------------------------------------------------------------------------------------ one step
+    def step(self, x: Tensor, v: Tensor, s: float, s_next: float, **kwargs) -> StepOutput:
+        """One stochastic step of the configured sampler (``prev_sample=`` scores a stored transition)."""
+        step = cps_step if self.settings.sampler == "cps" else sde_step
+        return step(x, v, s, s_next, self.settings.eta, **kwargs)
+
+    def velocity(self, x: Tensor, sigma: Tensor, conditioning: dict[str, Tensor]) -> Tensor:
+        """``[N, ...]`` float32 (guided) velocities at one noise level; without gradients ``micro_batch_size`` rows at
+        a time, with gradients all rows at once (the caller micro-batches the backward pass)."""
+        sigma = sigma.to(x.device).expand(x.shape[0])
+        if torch.is_grad_enabled():
+            return self._guided_velocity(x, sigma, conditioning)
+        parts = [
+            self._guided_velocity(x[rows], sigma[rows], rows_of(conditioning, rows))
+            for rows in micro_batches(len(x), self.micro_batch_size)
+        ]
+        return torch.cat(parts)
+
+    def _guided_velocity(self, x: Tensor, sigma: Tensor, conditioning: dict[str, Tensor]) -> Tensor:
+        scale = self.settings.guidance_scale
+        if scale <= 1.0:
+            return self.policy.velocity(x, sigma, conditioning)
+        batch = x.shape[0]
+        conditioning = {k: v.expand(batch, *v.shape[1:]) if v.shape[0] == 1 else v for k, v in conditioning.items()}
+        empty = self.policy.encode_prompts([""])
+        both = {k: torch.cat([empty[k].expand_as(v), v]) for k, v in conditioning.items()}
+        uncond, cond = self.policy.velocity(torch.cat([x, x]), torch.cat([sigma, sigma]), both).chunk(2)
+        return uncond + scale * (cond - uncond)
+
+    # ------------------------------------------------------------------------------------------------ the loop
+    def conditioning(self, prompts: Sequence[str], repeats: int = 1) -> dict[str, Tensor]:
+        """The text conditioning of each prompt, repeated ``repeats`` times (group-major rows)."""
+        with torch.no_grad():
+            return self.policy.encode_prompts([p for p in prompts for _ in range(repeats)])
+
+    @torch.no_grad()
+    def denoise(
+        self,
+        conditioning: dict[str, Tensor],
+        noise: Tensor,
+        sigmas: Tensor,
+        stochastic: Sequence[int] = (),
+        keep: Sequence[int] = (),
+        generator: torch.Generator | None = None,
+    ) -> Transitions:
+        """Run the T steps from ``noise`` ``[N, ...]``: sampler steps at ``stochastic``, Euler steps elsewhere; keep the
+        transitions of the steps in ``keep`` (a subset of ``stochastic``)."""
+        stochastic, keep = set(stochastic), set(keep)
+        if not keep <= stochastic:
+            raise ValueError(f"kept steps {sorted(keep - stochastic)} are not stochastic")
+        x = noise.float()  # [N, ...]
+        kept = []
+        for i in range(sigmas.shape[0] - 1):
+            s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+            v = self.velocity(x, sigmas[i], conditioning)  # [N, ...]
+            out = self.step(x, v, s, s_next, generator=generator) if i in stochastic else ode_step(x, v, s, s_next)
+            if i in keep:
+                kept.append((x, out.sample, out.log_prob))
+            x = out.sample
+        if not kept:
+            empty = x.new_zeros((x.shape[0], 0, *x.shape[1:]))
+            return Transitions(x, empty, empty, x.new_zeros((x.shape[0], 0)))
+        return Transitions(
+            final=x,
+            latents=torch.stack([a for a, _, _ in kept], dim=1),  # [N, S, ...]
+            next_latents=torch.stack([b for _, b, _ in kept], dim=1),  # [N, S, ...]
+            logprobs=torch.stack([lp for _, _, lp in kept], dim=1),  # [N, S]
+        )
+
+    def initial_noise(self, num_prompts: int, generator: torch.Generator) -> Tensor:
+        """``[N, ...]`` starting noise of K trajectories per prompt (shared within a group if the settings say so)."""
+        k = self.settings.num_generations
+        if self.settings.shared_initial_noise:
+            return self.policy.initial_noise(num_prompts, generator=generator).repeat_interleave(k, dim=0)
+        return self.policy.initial_noise(num_prompts * k, generator=generator)
+
+    def transition_logprobs(
+        self,
+        conditioning: dict[str, Tensor],
+        sigmas: Tensor,
+        steps: Sequence[int],
+        latents: Tensor,
+        next_latents: Tensor,
+    ) -> Tensor:
+        """``[N, S]`` log-densities of stored transitions (``latents[:, j] -> next_latents[:, j]`` at step
+        ``steps[j]``) under the current velocity; inside ``policy.reference()`` under the reference."""
+        values = []
+        for j, i in enumerate(steps):
+            v = self.velocity(latents[:, j], sigmas[i], conditioning)  # [N, ...]
+            out = self.step(latents[:, j], v, float(sigmas[i]), float(sigmas[i + 1]), prev_sample=next_latents[:, j])
+            values.append(out.log_prob)  # [N]
+        return torch.stack(values, dim=1)  # [N, S]
+
+    @torch.no_grad()
+    def reference_logprobs(self, conditioning, sigmas, steps, latents, next_latents) -> Tensor:
+        """``[N, S]`` log-densities of the stored transitions under the reference policy."""
+        with self.policy.reference():
+            return self.transition_logprobs(conditioning, sigmas, steps, latents, next_latents)
+
+    @torch.no_grad()
+    def decode(self, latents: Tensor) -> Tensor:
+        """Pixels in [0, 1] of ``[N, ...]`` latents, ``micro_batch_size`` rows at a time."""
+        return torch.cat(
+            [self.policy.decode(latents[rows]) for rows in micro_batches(len(latents), self.micro_batch_size)]
+        )
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[str], seed: int, device: torch.device | str = "cpu") -> Tensor:
+        """One deterministic (Euler) sample per prompt from noise seeded by ``seed``: ``[B, 3, H, W]`` (or video)."""
+        generator = torch.Generator(device=device).manual_seed(seed)
+        noise = self.policy.initial_noise(len(prompts), generator=generator).to(device)
+        sigmas = self.policy.sigmas(self.settings.num_steps).float().cpu()
+        return self.decode(self.denoise(self.conditioning(prompts), noise, sigmas).final)

@@ -1,0 +1,189 @@
+"""The GRPO skeleton both families share: scoring into group advantages, share-weighted gradient accumulation, logging
+and records; and that each family supplies only what differs."""
+
+import contextlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from app.algorithms import grpo_loss
+from app.models import Policy
+from app.modules import FlowGRPOModule, GRPOModule, VLMGRPOModule
+from app.rewards import RewardComponent
+from app.types import RewardOutput, VisualSample
+
+K = 3
+
+
+class ValueReward(RewardComponent):
+    """The completion text read as a number."""
+
+    value_range = (-10.0, 10.0)
+
+    def score(self, completions, samples):
+        return torch.tensor([float(c) for c in completions])
+
+
+class LinearPolicy(nn.Module):
+    """A policy whose log-prob of output ``i`` is ``w . features[i]``."""
+
+    uses_lora = True
+    frozen_reference = None
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.tensor([0.5, -0.25]))
+
+    @property
+    def device(self):
+        return self.weight.device
+
+    def trainable_parameters(self):
+        return [self.weight]
+
+    def enable_reference(self):
+        pass
+
+    @contextlib.contextmanager
+    def reference(self):
+        yield
+
+    def export(self, output_dir):
+        return output_dir
+
+
+@dataclass
+class Settings:
+    num_generations: int = K
+
+
+@dataclass
+class ToyRollout:
+    features: torch.Tensor  # [N, 2]
+    rewards: RewardOutput
+    advantages: torch.Tensor
+    keep: torch.Tensor
+    group_size: int
+
+
+class ToyGRPO(GRPOModule):
+    """Outputs are fixed numbers; the loss parts are rows in pairs, each weighted by its share of kept rows."""
+
+    def __init__(self, policy, drop_zero_std_groups=False, part_size=2):
+        super().__init__(
+            policy, [ValueReward()], Settings(), eps_low=0.2, eps_high=0.2, beta=0.0, num_iterations=1,
+            advantage_scale="group", drop_zero_std_groups=drop_zero_std_groups, micro_batch_size=part_size,
+            gradient_clip_val=0.0, records_per_step=4, learning_rate=0.1, weight_decay=0.0, warmup_steps=0,
+        )  # fmt: skip
+        self.outputs = ["1", "2", "6", "5", "5", "5"]  # two groups of K = 3; the second has equal rewards
+
+    def rollout(self, samples):
+        scored = self.score(self.outputs, samples)
+        features = torch.arange(12.0).reshape(6, 2) / 10
+        return ToyRollout(features, scored.rewards, scored.advantages, scored.keep, self.group_size)
+
+    def loss_terms(self, rollout, rows):
+        logprobs = (rollout.features[rows] @ self.policy.weight)[:, None]  # [n, 1]
+        return grpo_loss(logprobs, logprobs.detach(), rollout.advantages[rows], rollout.keep[rows, None])
+
+    def weighted_losses(self, rollout):
+        total = rollout.keep.sum()
+        for start in range(0, 6, self.hparams.micro_batch_size):
+            rows = slice(start, start + self.hparams.micro_batch_size)
+            yield self.loss_terms(rollout, rows), rollout.keep[rows].sum() / total
+
+    def completion_text(self, rollout, row):
+        return self.outputs[row]
+
+
+def samples():
+    return [VisualSample([], f"prompt {i}", "toy", answer=str(i)) for i in range(2)]
+
+
+class Recorder:
+    def __init__(self):
+        self.steps = 0
+
+    def step(self):
+        self.steps += 1
+
+    def zero_grad(self, set_to_none=True):
+        pass
+
+
+def test_score_gives_group_advantages_and_drops_equal_groups_only_when_asked():
+    module = ToyGRPO(LinearPolicy())
+    scored = module.score(module.outputs, samples())
+    assert scored.rewards.total.tolist() == [1, 2, 6, 5, 5, 5]
+    first = torch.tensor([1.0, 2.0, 6.0])
+    torch.testing.assert_close(scored.advantages[:3], (first - first.mean()) / (first.std(unbiased=False) + 1e-4))
+    assert scored.advantages[3:].abs().max() == 0 and scored.keep.all()
+    dropped = ToyGRPO(LinearPolicy(), drop_zero_std_groups=True).score(module.outputs, samples())
+    assert dropped.keep.tolist() == [True, True, True, False, False, False]
+
+
+@pytest.mark.parametrize("part_size", [1, 2, 6])
+def test_the_update_accumulates_the_full_rollout_gradient_whatever_the_parts(part_size):
+    module = ToyGRPO(LinearPolicy(), drop_zero_std_groups=True, part_size=part_size)
+    module.manual_backward = lambda loss: loss.backward()
+    rollout = module.rollout(samples())
+    optimizer = Recorder()
+    stats = module._update(rollout, optimizer)
+    expected_policy = LinearPolicy()
+    logprobs = (rollout.features @ expected_policy.weight)[:, None]
+    full = grpo_loss(logprobs, logprobs.detach(), rollout.advantages, rollout.keep[:, None])
+    full.loss.backward()
+    torch.testing.assert_close(module.policy.weight.grad, expected_policy.weight.grad)
+    torch.testing.assert_close(stats["loss"], full.loss.detach())
+    assert stats["ratio_mean"] == pytest.approx(1.0) and optimizer.steps == 1
+    assert "grad_norm" not in stats  # gradient_clip_val = 0 disables clipping
+
+
+def test_records_show_each_output_with_its_prompt_reward_and_advantage():
+    module = ToyGRPO(LinearPolicy())
+    rollout = module.rollout(samples())
+    records = module._records(samples(), rollout)
+    assert len(records) == 4  # records_per_step
+    assert [r.completion for r in records] == ["1", "2", "6", "5"]
+    assert [r.question for r in records] == ["prompt 0"] * 3 + ["prompt 1"]
+    assert [r.reward for r in records] == [1.0, 2.0, 6.0, 5.0]
+    assert records[2].advantage == pytest.approx(float(rollout.advantages[2]))
+    assert records[0].components == {"value": 1.0}
+
+
+def test_hyper_parameters_hold_the_whole_chain_and_the_sampling_settings_as_data():
+    module = ToyGRPO(LinearPolicy(), part_size=2)
+    assert module.hparams.micro_batch_size == 2 and module.hparams.learning_rate == 0.1
+    assert module.hparams.sampling == {"num_generations": K}
+    assert "policy" not in module.hparams and "rewards" not in module.hparams
+    assert module.group_size == K
+
+
+def test_the_skeleton_refuses_bad_iteration_and_micro_batch_settings():
+    with pytest.raises(ValueError, match="num_iterations must be >= 1"):
+        GRPOModule(LinearPolicy(), [ValueReward()], Settings(), 0.2, 0.2, 0.0, 0, "group", False, None, 1.0, 4, 0.1,
+                   0.0, 0)  # fmt: skip
+    with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
+        GRPOModule(LinearPolicy(), [ValueReward()], Settings(), 0.2, 0.2, 0.0, 1, "group", False, 0, 1.0, 4, 0.1,
+                   0.0, 0)  # fmt: skip
+
+
+SKELETON = ("training_step", "_update", "_log_step", "_records", "score", "configure_optimizers")
+
+
+@pytest.mark.parametrize("family", [VLMGRPOModule, FlowGRPOModule])
+def test_each_family_supplies_only_what_differs(family):
+    assert issubclass(family, GRPOModule)
+    assert not set(SKELETON) & set(vars(family)), "a family re-implements part of the shared skeleton"
+    for hook in ("rollout", "weighted_losses", "completion_text"):
+        assert hook in vars(family), hook
+
+
+def test_both_policies_satisfy_the_policy_protocol():
+    from app.models import FlowLoRASettings, FlowPolicy, LoRASettings, VLMPolicy
+
+    assert isinstance(LinearPolicy(), Policy)
+    assert isinstance(VLMPolicy("tiny-qwen2-vl", lora=LoRASettings(r=2, alpha=4)), Policy)
+    assert isinstance(FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=2, alpha=4)), Policy)

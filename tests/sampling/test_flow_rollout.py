@@ -1,0 +1,126 @@
+"""The flow denoising loop: settings validation, step selection, micro-batched and guided velocities, kept transitions,
+deterministic samples. On the tiny SD3 policy (real diffusers transformer) unless a stand-in is enough."""
+
+import pytest
+import torch
+
+from app.models import FlowLoRASettings, FlowPolicy
+from app.sampling import FlowSampler, FlowSamplingSettings, stochastic_steps, train_steps
+from app.sampling.flow import flow_sigmas
+
+PROMPTS = ["a red dot left of a blue dot", "three squares", "a green circle"]
+
+
+@pytest.fixture(scope="module")
+def policy() -> FlowPolicy:
+    torch.manual_seed(0)
+    return FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
+
+
+# ---------------------------------------------------------------------------------------------- settings
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"eta": 0.0}, "eta must be > 0"), ({"sampler": "cps", "eta": 1.5}, "<= 1 for cps"),
+     ({"sampler": "ode"}, "sampler must be 'sde' or 'cps'"), ({"timestep_fraction": 0.0}, "timestep_fraction"),
+     ({"sde_window": (3, 4), "num_steps": 4}, "sde_window must be"), ({"sde_window": (2, 1)}, "sde_window must be"),
+     ({"guidance_scale": 0.5}, "guidance_scale must be >= 1"), ({"num_generations": 0}, "num_generations >= 1")],
+)  # fmt: skip
+def test_bad_settings_are_refused_with_a_message_naming_them(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FlowSamplingSettings(**kwargs)
+
+
+def test_the_sde_window_becomes_a_tuple_of_ints():
+    assert FlowSamplingSettings(sde_window=[0, 2]).sde_window == (0, 2)
+
+
+# ---------------------------------------------------------------------------------------------- step selection
+def test_the_last_step_is_never_stochastic_and_the_window_bounds_the_rest():
+    sigmas = flow_sigmas(6)
+    assert stochastic_steps(sigmas) == [0, 1, 2, 3, 4]
+    assert stochastic_steps(sigmas, (2, 4)) == [2, 3]
+    assert stochastic_steps(sigmas, (3, 6)) == [3, 4]  # the window reaches the last step; it stays an Euler step
+
+
+def test_train_steps_takes_a_random_subset_of_the_fraction():
+    candidates = [0, 1, 2, 3, 4, 5, 6, 7]
+    assert train_steps(candidates, 1.0) == candidates
+    generator = torch.Generator().manual_seed(0)
+    subsets = {tuple(train_steps(candidates, 0.5, generator)) for _ in range(20)}
+    assert all(len(s) == 4 and list(s) == sorted(s) and set(s) <= set(candidates) for s in subsets)
+    assert len(subsets) > 1  # drawn anew each time
+    assert len(train_steps(candidates, 0.01)) == 1  # at least one step
+
+
+# ---------------------------------------------------------------------------------------------- velocities
+def test_micro_batched_velocities_equal_the_full_batch(policy):
+    x = policy.initial_noise(3, torch.Generator().manual_seed(1))
+    conditioning = policy.encode_prompts(PROMPTS)
+    full, micro = FlowSampler(policy, FlowSamplingSettings()), FlowSampler(policy, FlowSamplingSettings(), 2)
+    with torch.no_grad():
+        expected = full.velocity(x, torch.tensor(0.7), conditioning)
+        torch.testing.assert_close(micro.velocity(x, torch.tensor(0.7), conditioning), expected, rtol=1e-5, atol=1e-6)
+        one_row = {k: v[:1] for k, v in conditioning.items()}  # broadcast to every row
+        broadcast = micro.velocity(x, torch.tensor(0.7), one_row)
+    torch.testing.assert_close(broadcast[0], expected[0], rtol=1e-5, atol=1e-6)
+
+
+def test_guidance_mixes_in_the_empty_prompt_and_keeps_the_gradient(policy):
+    x = policy.initial_noise(2, torch.Generator().manual_seed(2))
+    sigma, conditioning = torch.full((2,), 0.6), policy.encode_prompts(PROMPTS[:2])
+    with torch.no_grad():
+        v_cond = policy.velocity(x, sigma, conditioning)
+        v_uncond = policy.velocity(x, sigma, policy.encode_prompts(["", ""]))
+    guided = FlowSampler(policy, FlowSamplingSettings(guidance_scale=4.0)).velocity(x, sigma, conditioning)
+    torch.testing.assert_close(guided, v_uncond + 4.0 * (v_cond - v_uncond), atol=1e-5, rtol=1e-5)
+    assert guided.requires_grad  # trained steps differentiate through both passes
+
+
+def test_micro_batch_size_must_be_positive(policy):
+    with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
+        FlowSampler(policy, FlowSamplingSettings(), micro_batch_size=0)
+
+
+# ---------------------------------------------------------------------------------------------- the loop
+def test_denoise_keeps_chained_transitions_whose_log_probs_rescore_exactly(policy):
+    sampler = FlowSampler(policy, FlowSamplingSettings(num_steps=4, eta=0.7))
+    sigmas = policy.sigmas(4).float()
+    conditioning = sampler.conditioning(PROMPTS[:2], repeats=2)  # 4 rows
+    noise = policy.initial_noise(4, torch.Generator().manual_seed(3))
+    kept = sampler.denoise(conditioning, noise, sigmas, [0, 1, 2], [0, 1, 2], torch.Generator().manual_seed(4))
+    assert kept.latents.shape == kept.next_latents.shape == (4, 3, 4, 16, 16) and kept.logprobs.shape == (4, 3)
+    assert torch.equal(kept.latents[:, 0], noise) and torch.equal(kept.next_latents[:, 1], kept.latents[:, 2])
+    with torch.no_grad():
+        rescored = sampler.transition_logprobs(conditioning, sigmas, [0, 1, 2], kept.latents, kept.next_latents)
+    assert torch.equal(rescored, kept.logprobs)
+    with pytest.raises(ValueError, match=r"kept steps \[3\] are not stochastic"):
+        sampler.denoise(conditioning, noise, sigmas, [0, 1], [1, 3])
+
+
+def test_euler_denoising_is_the_ode_and_keeps_nothing(policy):
+    sampler = FlowSampler(policy, FlowSamplingSettings(num_steps=3))
+    sigmas = policy.sigmas(3).float()
+    conditioning = sampler.conditioning(PROMPTS[:1])
+    x = policy.initial_noise(1, torch.Generator().manual_seed(5))
+    out = sampler.denoise(conditioning, x, sigmas)
+    with torch.no_grad():
+        for i in range(3):
+            x = x + (sigmas[i + 1] - sigmas[i]) * policy.velocity(x, sigmas[i : i + 1], conditioning)
+    torch.testing.assert_close(out.final, x, rtol=1e-5, atol=1e-6)
+    assert out.latents.shape[1] == 0 and out.logprobs.shape == (1, 0)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_initial_noise_is_shared_within_a_group_only_when_asked(policy, shared):
+    sampler = FlowSampler(policy, FlowSamplingSettings(num_generations=3, shared_initial_noise=shared))
+    noise = sampler.initial_noise(2, torch.Generator().manual_seed(6)).reshape(2, 3, -1)
+    assert torch.equal(noise[0, 0], noise[0, 1]) == shared
+    assert not torch.equal(noise[0, 0], noise[1, 0])
+
+
+def test_generate_is_deterministic_per_seed(policy):
+    sampler = FlowSampler(policy, FlowSamplingSettings(num_steps=2))
+    first, again = sampler.generate(PROMPTS[:2], seed=7), sampler.generate(PROMPTS[:2], seed=7)
+    assert first.shape == (2, 3, 64, 64) and torch.equal(first, again)
+    assert first.min() >= 0 and first.max() <= 1
+    assert not torch.equal(first, sampler.generate(PROMPTS[:2], seed=8))

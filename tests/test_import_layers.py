@@ -1,0 +1,154 @@
+"""The package's import structure: no import cycles among the modules of ``src/app``, and the layers import downwards.
+
+Imports are read statically from the source (``ast``), wherever they are written: at the top of a module, inside a
+function, or under ``if TYPE_CHECKING``, since each is a dependency a reader has to follow. The cycle check is the one
+of the team's ``import_cycles.py`` tool: a module depends on the modules it imports (``from a.b import c`` on ``a.b.c``
+when that is a module, else on ``a.b``), and a strongly connected component of more than one module is a cycle, except
+one that only joins a package with its own submodules (a package ``__init__`` re-exporting its submodules).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+LAYER_RULES = {
+    "app.rewards": ("app.tasks", "app.data", "app.modules"),
+    "app.data": ("app.tasks", "app.modules", "app.rewards"),
+    "app.tasks": ("app.modules",),
+    "app.vbvr": ("app.tasks", "app.data", "app.rewards", "app.modules"),
+    "app.formats": ("app",),
+    "app.cv": ("app",),
+}
+"""Package (or module) -> what none of its modules may import (a package forbids its submodules too)."""
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in sorted(SRC.rglob("*.py")):
+        name = ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    return modules
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, list[str]]]:
+    """Each import statement of a module: ``(base, candidates)``; ``base`` is the imported module (``a.b`` for ``from
+    a.b import c``), the candidates what it may name, most specific first (``a.b.c``, then ``a.b``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            found.append((base, [f"{base}.{alias.name}" for alias in node.names] + [base]))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, [alias.name]) for alias in node.names]
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ``src`` it imports."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for _, candidates in _imports(name, path):
+            for candidate in candidates:
+                if candidate in modules and candidate != name:
+                    graph[name].add(candidate)
+                    break
+    return graph
+
+
+def strongly_connected_components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative (no recursion limit); each component sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                components.append(sorted(component))
+    return components
+
+
+def is_package_with_its_submodules(component: list[str]) -> bool:
+    package = min(component, key=len)
+    return all(m == package or m.startswith(package + ".") for m in component)
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    return [c for c in strongly_connected_components(graph) if len(c) > 1 and not is_package_with_its_submodules(c)]
+
+
+def test_the_cycle_finder_finds_cycles_and_ignores_package_reexports():
+    graph = {
+        "app.a": {"app.b"},
+        "app.b": {"app.c"},
+        "app.c": {"app.a"},
+        "app.p": {"app.p.x"},
+        "app.p.x": {"app.p"},
+        "app.d": {"app.a"},
+    }
+    assert import_cycles(graph) == [["app.a", "app.b", "app.c"]]
+
+
+def test_there_are_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 50, "src/app was not found"
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+@pytest.mark.parametrize("layer", sorted(LAYER_RULES))
+def test_layers_import_downwards(layer):
+    forbidden = LAYER_RULES[layer]
+    modules = _modules()
+    assert any(_within(name, layer) for name in modules), f"no module {layer}"
+    violations = []
+    for name, path in modules.items():
+        if not _within(name, layer):
+            continue
+        for base, _ in _imports(name, path):
+            if any(_within(base, f) for f in forbidden):
+                violations.append(f"{name} imports {base}")
+    assert not violations, f"{layer} must not import {', '.join(forbidden)}:\n" + "\n".join(violations)
