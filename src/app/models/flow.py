@@ -22,7 +22,6 @@ is ``FluxPipeline``'s: base sigmas ``linspace(1, 1/T, T)``, shifted by the ``mu`
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
@@ -37,6 +36,7 @@ from torch import Tensor, nn
 
 from app.embedded.flow_models import SAMPLE_SIZE_FILE, load_flow_components
 from app.models.flow_text import DEFAULT_MAX_SEQUENCE_LENGTH, FlowTextEncoder
+from app.models.policy import SwitchableReference
 from app.sampling.flow import flow_sigmas
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class FlowLoRASettings:
             raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
 
 
-class FlowPolicy(nn.Module):
+class FlowPolicy(SwitchableReference, nn.Module):
     """A rectified-flow image or video generator loaded through ``from_pretrained``.
 
     Args:
@@ -313,27 +313,6 @@ class FlowPolicy(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def enable_reference(self) -> None:
-        """Prepare the KL reference. With LoRA it is the adapter-disabled model (free); with full fine-tuning a frozen
-        copy of the starting transformer, made here once (modules call this only when beta > 0)."""
-        if not self.uses_lora and self.frozen_reference is None:
-            self.frozen_reference = copy.deepcopy(self.transformer).requires_grad_(False).eval()
-
-    @contextlib.contextmanager
-    def reference(self):
-        """Inside, :meth:`velocity` is the reference policy's: the adapter disabled (LoRA) or the frozen copy."""
-        if self.uses_lora:
-            with self.model.disable_adapter():
-                yield
-            return
-        if self.frozen_reference is None:
-            raise RuntimeError("the reference needs enable_reference() first (done by modules with beta > 0)")
-        previous, self._use_reference = self._use_reference, True
-        try:
-            yield
-        finally:
-            self._use_reference = previous
-
     def train(self, mode: bool = True):
         super().train(mode)
         for frozen in (self.vae, self.text_encoder, self.frozen_reference):
@@ -372,6 +351,10 @@ class FlowPolicy(nn.Module):
         return output_dir
 
     # ---------------------------------------------------------------------------------------------------- utils
+    @property
+    def base_network(self) -> nn.Module:
+        return self.transformer
+
     @property
     def transformer(self) -> nn.Module:
         """The diffusers transformer (LoRA layers are injected into it in place)."""

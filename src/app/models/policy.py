@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -33,3 +36,34 @@ class Policy(Protocol):
     def reference(self) -> AbstractContextManager[None]: ...
 
     def export(self, output_dir: str | Path) -> Path: ...
+
+
+class SwitchableReference:
+    """:meth:`enable_reference` and :meth:`reference` for an ``nn.Module`` policy whose ``model`` is a PEFT model
+    (LoRA) or the plain network, and whose ``base_network`` is the network without the PEFT wrapper.
+
+    The policy sets ``uses_lora``, ``frozen_reference = None`` and ``_use_reference = False`` in its ``__init__`` and
+    runs its forward passes on ``frozen_reference`` while ``_use_reference`` is True.
+    """
+
+    def enable_reference(self) -> None:
+        """Prepare the KL reference. With LoRA it is the adapter-disabled model (free); with full fine-tuning a frozen
+        copy of the starting weights, made here once (and saved in checkpoints, so a resumed run keeps it)."""
+        if not self.uses_lora and self.frozen_reference is None:
+            self.frozen_reference = copy.deepcopy(self.base_network).requires_grad_(False).eval()
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        """Inside, the policy's forward passes are the reference policy's: the adapter disabled (LoRA) or the frozen
+        copy (full fine-tuning, after :meth:`enable_reference`)."""
+        if self.uses_lora:
+            with self.model.disable_adapter():
+                yield
+            return
+        if self.frozen_reference is None:
+            raise RuntimeError("the reference needs enable_reference() first (done by modules with beta > 0)")
+        previous, self._use_reference = self._use_reference, True
+        try:
+            yield
+        finally:
+            self._use_reference = previous

@@ -6,7 +6,6 @@ log-prob tensors. Group layout: completion row ``b * K + k`` belongs to prompt `
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from torch import nn
 from app.embedded.models import load_vlm
 from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_optional_kernels
+from app.models.policy import SwitchableReference
 from app.sampling.logprobs import chunked_token_logprobs
 from app.types import CompletionBatch, PromptInputs, VisualSample
 
@@ -73,7 +73,7 @@ class SamplingSettings:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
-class VLMPolicy(nn.Module):
+class VLMPolicy(SwitchableReference, nn.Module):
     """A vision-language policy loaded through ``from_pretrained``.
 
     Args:
@@ -239,27 +239,6 @@ class VLMPolicy(nn.Module):
             hidden, hf_model.lm_head, completion_ids, chunk_size=self.logprob_chunk_size, temperature=temperature
         )
 
-    def enable_reference(self) -> None:
-        """Prepare the KL reference. With LoRA it is the adapter-disabled model (free); with full fine-tuning a frozen
-        copy of the starting weights is kept (and saved in checkpoints, so a resumed run keeps the same reference)."""
-        if not self.uses_lora and self.frozen_reference is None:
-            self.frozen_reference = copy.deepcopy(self.hf_model).requires_grad_(False).eval()
-
-    @contextlib.contextmanager
-    def reference(self):
-        """Inside, :meth:`sequence_logprobs` is the reference policy's: the adapter disabled (LoRA) or the frozen copy."""
-        if self.uses_lora:
-            with self.model.disable_adapter():
-                yield
-            return
-        if self.frozen_reference is None:
-            raise RuntimeError("the reference needs enable_reference() first (done by modules with beta > 0)")
-        previous, self._use_reference = self._use_reference, True
-        try:
-            yield
-        finally:
-            self._use_reference = previous
-
     @torch.no_grad()
     def reference_logprobs(self, prompt_inputs, completion_ids, completion_mask, temperature: float = 1.0):
         """Log-probs ``[N, L]`` under the reference policy."""
@@ -281,6 +260,10 @@ class VLMPolicy(nn.Module):
         return output_dir
 
     # ---------------------------------------------------------------------------------------------------- utils
+    @property
+    def base_network(self) -> nn.Module:
+        return self.hf_model
+
     @property
     def hf_model(self) -> nn.Module:
         """The transformers model (LoRA layers are injected into it in place)."""
