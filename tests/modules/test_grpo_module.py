@@ -499,6 +499,7 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
             "train/completion_length": float(c.completion_mask.sum(dim=1).double().mean()),
             "train/frac_truncated": float(c.truncated.double().mean()),
             "train/nonfinite_rewards": 0.0,
+            "train/skipped_updates": 0.0,
             "epoch": 0.0,
         }
         if hp.gradient_clip_val > 0:

@@ -3,9 +3,17 @@ families, and flow-matching pretraining."""
 
 from app.modules.flow_grpo import FlowGRPOModule
 from app.modules.flow_matching import FlowMatchingModule
-from app.modules.grpo import GRPOModule
+from app.modules.grpo import GRPOModule, NonFiniteTrainingError
 from app.modules.policy_module import PolicyModule
 from app.modules.sft import VLMSFTModule
 from app.modules.vlm_grpo import VLMGRPOModule
 
-__all__ = ["FlowGRPOModule", "FlowMatchingModule", "GRPOModule", "PolicyModule", "VLMGRPOModule", "VLMSFTModule"]
+__all__ = [
+    "FlowGRPOModule",
+    "FlowMatchingModule",
+    "GRPOModule",
+    "NonFiniteTrainingError",
+    "PolicyModule",
+    "VLMGRPOModule",
+    "VLMSFTModule",
+]

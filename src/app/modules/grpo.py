@@ -17,6 +17,7 @@ A subclass supplies only what differs between families:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Protocol
 
@@ -29,8 +30,14 @@ from app.modules.policy_module import PolicyModule
 from app.rewards import RewardComponent, WeightedReward
 from app.types import CompletionRecord, RewardOutput, VisualSample
 
+log = logging.getLogger(__name__)
+
 LOSS_TERMS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")
 """The :class:`~app.algorithms.GRPOLossOutput` fields summed over a rollout's micro-batches and logged."""
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Training cannot go on: updates or rewards stayed non-finite for ``max_nonfinite_steps`` steps in a row."""
 
 
 class Rollout(Protocol):
@@ -75,6 +82,10 @@ class GRPOModule(PolicyModule):
         gradient_clip_val: clip the global gradient norm to this value before each step (0 disables).
         records_per_step: outputs handed to logging callbacks per step (``outputs["records"]``).
         learning_rate, weight_decay, warmup_steps: see :class:`~app.modules.policy_module.PolicyModule`.
+        max_nonfinite_steps: an update whose loss or gradients are not finite is skipped (no optimizer or scheduler
+            step; counted as ``train/skipped_updates``), so NaN never reaches the weights; after this many consecutive
+            skipped updates, or this many consecutive rollouts whose rewards were all non-finite, the run stops with
+            :class:`NonFiniteTrainingError`. Every rank takes the same decision.
     """
 
     def __init__(
@@ -94,7 +105,10 @@ class GRPOModule(PolicyModule):
         learning_rate: float,
         weight_decay: float,
         warmup_steps: int,
+        max_nonfinite_steps: int = 3,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
+        if max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
         if num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1, got {num_iterations}")
         if micro_batch_size is not None and micro_batch_size < 1:
@@ -106,6 +120,9 @@ class GRPOModule(PolicyModule):
         self.rewards = WeightedReward(rewards)
         if beta > 0:
             policy.enable_reference()
+        self.skipped_updates = 0  # non-finite updates skipped so far
+        self._consecutive_skips = 0
+        self._consecutive_nonfinite_rewards = 0
 
     @property
     def group_size(self) -> int:
@@ -141,7 +158,10 @@ class GRPOModule(PolicyModule):
         which rows stay in the loss."""
         hp, k = self.hparams, self.group_size
         grouped_samples = [s for s in samples for _ in range(k)]
+        nonfinite_before = self.rewards.num_nonfinite
         rewards = self.rewards(outputs, grouped_samples, group_size=k)
+        all_nonfinite = self.rewards.num_nonfinite - nonfinite_before >= len(outputs) * len(self.rewards.components)
+        self._check_rewards(all_nonfinite and len(outputs) > 0)
         total = rewards.total.float().to(self.device)  # [N]
         advantages = group_advantages(total, k, scale=hp.advantage_scale)  # [N]
         keep = torch.ones_like(advantages, dtype=torch.bool)  # [N]
@@ -155,24 +175,68 @@ class GRPOModule(PolicyModule):
         scheduler = self.lr_schedulers()
         for _ in range(self.hparams.num_iterations):
             stats = self._update(rollout, optimizer)
-            if scheduler is not None:
+            if scheduler is not None and not stats["skipped"]:
                 scheduler.step()
         self._log_step(rollout, stats, batch_size=len(batch))
         return {"loss": stats["loss"], "records": self._records(batch, rollout), **self.step_outputs(rollout)}
 
     def _update(self, rollout: Rollout, optimizer) -> dict[str, Tensor]:
-        """One optimizer step over the whole rollout, accumulating the gradients of its parts."""
+        """One optimizer step over the whole rollout, accumulating the gradients of its parts; skipped (and counted)
+        when the loss or the gradients are not finite. ``stats["skipped"]`` says which."""
         sums: dict[str, Tensor] = {}
         for out, share in self.weighted_losses(rollout):
             self.manual_backward(out.loss * share)
             for key in LOSS_TERMS:
                 sums[key] = sums.get(key, 0.0) + getattr(out, key).detach() * share
+        parameters = self.policy.trainable_parameters()
         if self.hparams.gradient_clip_val > 0:
-            parameters = self.policy.trainable_parameters()
-            sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(parameters, self.hparams.gradient_clip_val)
-        optimizer.step()
+            norm = sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(parameters, self.hparams.gradient_clip_val)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+        finite = bool(torch.isfinite(norm)) and bool(torch.isfinite(sums["loss"]))
+        skipped = self._any_rank(not finite)
+        if not skipped:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        self._count_skip(skipped)
+        sums["skipped"] = skipped
         return sums
+
+    # --------------------------------------------------------------------------------------------------- faults
+    def _any_rank(self, decision: bool) -> bool:
+        """True on every rank when ``decision`` is True on any (so all ranks skip or stop together)."""
+        trainer = self._trainer
+        return trainer.strategy.reduce_boolean_decision(decision, all=False) if trainer is not None else decision
+
+    def _count_skip(self, skipped: bool) -> None:
+        if not skipped:
+            self._consecutive_skips = 0
+            return
+        self.skipped_updates += 1
+        self._consecutive_skips += 1
+        log.warning(
+            "skipped a GRPO update with a non-finite loss or gradient (%d in a row, %d in all)",
+            self._consecutive_skips,
+            self.skipped_updates,
+        )
+        if self._consecutive_skips >= self.hparams.max_nonfinite_steps:
+            raise NonFiniteTrainingError(
+                f"{self._consecutive_skips} consecutive updates had a non-finite loss or gradient and were skipped; "
+                "stopping (the weights are unchanged since the last finite update). Lower the learning rate, check "
+                "the rewards and the model's dtype, or raise model.init_args.max_nonfinite_steps"
+            )
+
+    def _check_rewards(self, all_nonfinite: bool) -> None:
+        if not self._any_rank(all_nonfinite):
+            self._consecutive_nonfinite_rewards = 0
+            return
+        self._consecutive_nonfinite_rewards += 1
+        if self._consecutive_nonfinite_rewards >= self.hparams.max_nonfinite_steps:
+            counts = {name: n for name, n in self.rewards.nonfinite_counts.items() if n}
+            raise NonFiniteTrainingError(
+                f"every reward was non-finite (NaN or inf) in {self._consecutive_nonfinite_rewards} consecutive "
+                f"rollouts, so no update carries a signal; non-finite values per reward so far: {counts}"
+            )
 
     # --------------------------------------------------------------------------------------------------- logging
     def _log_step(self, rollout: Rollout, stats: dict[str, Tensor], batch_size: int) -> None:
@@ -189,6 +253,7 @@ class GRPOModule(PolicyModule):
         }
         if "grad_norm" in stats:
             values["train/grad_norm"] = stats["grad_norm"]
+        values["train/skipped_updates"] = torch.tensor(float(self.skipped_updates))
         for name, component in rollout.rewards.components.items():
             values[f"train/reward/{name}"] = component.float().mean()
         values = {key: value.to(self.device) for key, value in values.items()}

@@ -35,7 +35,8 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
         eval_max_new_tokens: generation budget for greedy evaluation.
         eval_rewards: rewards scored on greedy completions in validation / test (default: accuracy and format).
         eps_low, eps_high, beta, num_iterations, advantage_scale, drop_zero_std_groups, gradient_clip_val,
-            records_per_step, learning_rate, weight_decay, warmup_steps: see :class:`~app.modules.grpo.GRPOModule`.
+            records_per_step, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps: see
+            :class:`~app.modules.grpo.GRPOModule`.
     """
 
     def __init__(
@@ -59,12 +60,14 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
         warmup_steps: int = 0,
         eval_max_new_tokens: int = 256,
         eval_rewards: Sequence[RewardComponent] | None = None,
+        max_nonfinite_steps: int = 3,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         super().__init__(
             policy, rewards, sampling or SamplingSettings(), eps_low=eps_low, eps_high=eps_high, beta=beta,
             num_iterations=num_iterations, advantage_scale=advantage_scale, drop_zero_std_groups=drop_zero_std_groups,
             micro_batch_size=micro_batch_size, gradient_clip_val=gradient_clip_val, records_per_step=records_per_step,
             learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=warmup_steps,
+            max_nonfinite_steps=max_nonfinite_steps,
         )  # fmt: skip
         self.eval_rewards = default_eval_rewards(eval_rewards)
         self.eval_results = {}
