@@ -1,6 +1,7 @@
 """Classical-CV helpers of the VBVR scorers (app.cv) against independent references and hand-built masks."""
 
 import colorsys
+import re
 
 import cv2
 import numpy as np
@@ -97,3 +98,19 @@ def test_shape_thresholds_are_strict():
     rectangle[2:27, 3:15] = True  # a 12 x 25 rectangle: fill (11 * 24) / (12 * 25) = 0.88 exactly
     assert _shape(rectangle) == "circle"
     assert _shape(np.zeros((5, 5), dtype=bool)) == "unknown"
+
+
+def test_to_uint8_frames_refuses_empty_renderings_naming_the_shape():
+    import torch
+
+    from app.cv import to_uint8_frames
+
+    for rendering, shape in [
+        (np.zeros((0, 0, 3), dtype=np.uint8), (1, 0, 0, 3)),
+        (torch.zeros(3, 0, 0), (1, 0, 0, 3)),
+        (torch.zeros(0, 3, 4, 4), (0, 4, 4, 3)),
+        (np.zeros((2, 4, 0, 3), dtype=np.uint8), (2, 4, 0, 3)),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"empty rendering of shape {shape} as [T, H, W, 3]")):
+            to_uint8_frames(rendering)
+    assert to_uint8_frames(torch.ones(3, 1, 1)).tolist() == [[[[255, 255, 255]]]]

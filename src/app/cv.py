@@ -104,7 +104,8 @@ def to_uint8_frames(rendering: Any) -> np.ndarray:
     """A rendering as uint8 ``[T, H, W, 3]``; raises ``ValueError`` naming the shape it cannot read.
 
     Reads a uint8 ``[H, W, 3]`` image or ``[T, H, W, 3]`` video (numpy or PIL), or a float tensor in [0, 1] shaped
-    ``[3, H, W]`` or ``[T, 3, H, W]`` (what a diffusers VAE decodes to).
+    ``[3, H, W]`` or ``[T, 3, H, W]`` (what a diffusers VAE decodes to). Empty renderings (0 x 0 images, videos of no
+    frames) are refused here too, so that no OpenCV call downstream meets one.
     """
     if isinstance(rendering, Tensor):
         array = rendering.detach().float().cpu()
@@ -121,4 +122,6 @@ def to_uint8_frames(rendering: Any) -> np.ndarray:
         array = array[None]
     if array.ndim != 4 or array.shape[-1] != 3:
         raise ValueError(f"cannot read a rendering of shape {tuple(array.shape)}: expected [H, W, 3] or [T, H, W, 3]")
+    if 0 in array.shape:
+        raise ValueError(f"empty rendering of shape {tuple(array.shape)} as [T, H, W, 3]: no frames or no pixels")
     return np.ascontiguousarray(array)

@@ -160,3 +160,37 @@ def test_expand_urls_errors_name_the_pattern(tmp_path):
         expand_urls("")
     with pytest.raises(ValueError, match="no shard URLs"):
         expand_urls([])
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"num_images": 0}, r"'k-0': image members \['img0.png'\] beyond num_images=0"),
+        ({"answer": 3}, "'k-0': JSON field 'answer' must be a string, got int 3"),
+        ({"answer": ["yes"]}, r"'k-0': JSON field 'answer' must be a string, got list \['yes'\]"),
+        ({"reasoning": 1.5}, "'k-0': JSON field 'reasoning' must be a string, got float 1.5"),
+        ({"question": 7}, "'k-0': JSON field 'question' missing or not a string"),
+        ({"task": None}, "'k-0': JSON field 'task' missing or not a string"),
+        ({"meta": [1]}, "'k-0': JSON field 'meta' must be an object, got list"),
+        ({"num_images": True}, "'k-0': JSON field 'num_images' must be a non-negative int, got True"),
+        ({"num_images": -1}, "'k-0': JSON field 'num_images' must be a non-negative int, got -1"),
+        ({"schema": True}, "'k-0': unsupported schema True"),
+    ],
+)
+def test_records_off_the_schema_are_refused_naming_the_field(change, message):
+    record = encode_sample(_dots(1)[0], "k-0")
+    fields = {**json.loads(record["json"]), **change}
+    with pytest.raises(ValueError, match=message):
+        decode_sample({**record, "json": json.dumps(fields).encode()})
+
+
+def test_image_members_must_match_num_images_but_prompt_only_records_are_valid():
+    sample = _dots(1)[0]
+    record = encode_sample(sample, "k-0")
+    with pytest.raises(ValueError, match=r"'k-0': image members \['img1.png', 'img7.png'\] beyond num_images=1"):
+        decode_sample({**record, "img1.png": record["img0.png"], "img7.png": b""})
+    prompt = decode_sample(encode_sample(VisualSample([], "draw a red square", "shape_prompts"), "p-0"))
+    assert prompt.images == [] and prompt.question == "draw a red square"
+    absent = {k: v for k, v in json.loads(record["json"]).items() if k != "answer"}
+    assert decode_sample({**record, "json": json.dumps({**absent, "answer": None}).encode()}).answer is None
+    assert decode_sample({**record, "txt": b"an unknown member is ignored"}).answer == sample.answer

@@ -61,3 +61,46 @@ def test_dataset_is_balanced_and_deterministic():
     assert [s.question for s in a] == [s.question for s in b]
     assert len({s.question for s in a}) == 32
     assert ShapePromptDataset(4, seed=1, labeled=False)[0].images == []
+
+
+DEGENERATE = {
+    "0x0 numpy": np.zeros((0, 0, 3), dtype=np.uint8),
+    "0x0 tensor": torch.zeros(3, 0, 0),
+    "empty tensor": torch.zeros(0),
+    "video of no frames (tensor)": torch.zeros(0, 3, 8, 8),
+    "video of no frames (numpy)": np.zeros((0, 8, 8, 3), dtype=np.uint8),
+    "zero-width numpy": np.zeros((8, 0, 3), dtype=np.uint8),
+}
+
+
+def test_degenerate_renderings_score_the_low_end_and_are_counted_and_logged(caplog):
+    image = np.asarray(render_shape("red", "square", "left"))
+    degenerate = list(DEGENERATE.values())
+    reward = ColorRegionReward()
+    samples = [_sample("red", "square", "left")] * (len(degenerate) + 1)
+    with caplog.at_level("WARNING", logger="app.rewards.color_region"):
+        values = reward.score([*degenerate, image], samples)  # no cv2.error
+    assert values.tolist() == [reward.value_range[0]] * len(degenerate) + [1.0]  # the good image scores as before
+    assert reward.num_malformed == len(degenerate)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == len(degenerate)
+    assert messages[0] == (
+        "color region reward: completion 0 scored 0.0 (malformed; 1 so far): ValueError: empty rendering of shape "
+        "(1, 0, 0, 3) as [T, H, W, 3]: no frames or no pixels"
+    )
+    assert (
+        "completion 2 scored 0.0 (malformed; 3 so far): ValueError: cannot read a rendering of shape (0,)"
+        in messages[2]
+    )
+    assert "empty rendering of shape (0, 8, 8, 3)" in messages[3]
+    reward.score([DEGENERATE["0x0 numpy"]], samples[:1])
+    assert reward.num_malformed == len(degenerate) + 1  # cumulative
+    # The functional form scores them 0 too, and warns.
+    assert color_region_reward(degenerate, ["a red square on the left"] * len(degenerate)).tolist() == [0.0] * 6
+
+
+def test_unreadable_prompt_parts_score_zero_without_counting_the_rendering():
+    image = np.asarray(render_shape("red", "square", "left"))
+    reward = ColorRegionReward()
+    bad = VisualSample(images=[], question="q", task="t", meta=dict(color="red", shape="square", position="middle"))
+    assert reward.score([image], [bad]).tolist() == [0.0] and reward.num_malformed == 0

@@ -74,3 +74,51 @@ def test_to_uint8_frames_names_an_unreadable_shape():
     with pytest.raises(ValueError, match="shape"):
         to_uint8_frames(np.zeros((2, 2, 2, 2, 3), dtype=np.uint8))
     assert to_uint8_frames(np.zeros((4, 4, 3), dtype=np.uint8)).shape == (1, 4, 4, 3)
+
+
+DEGENERATE = {
+    "0x0 numpy": np.zeros((0, 0, 3), dtype=np.uint8),
+    "0x0 tensor": torch.zeros(3, 0, 0),
+    "empty tensor": torch.zeros(0),
+    "video of no frames (tensor)": torch.zeros(0, 3, 8, 8),
+    "video of no frames (numpy)": np.zeros((0, 8, 8, 3), dtype=np.uint8),
+}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_degenerate_renderings_score_the_low_end_and_are_counted(batch, caplog, num_workers):
+    renderings, samples = batch
+    degenerate = list(DEGENERATE.values())
+    reward = VBVRScorerReward(num_workers=num_workers)
+    try:
+        with caplog.at_level("WARNING", logger="app.rewards.vbvr"):
+            scores = reward.score([*degenerate, *renderings], [samples[0]] * len(degenerate) + samples)
+    finally:
+        reward.close()
+    assert scores.tolist() == [reward.value_range[0]] * len(degenerate) + [1.0, 0.0, 1.0, 1.0]  # the rest as before
+    assert reward.num_malformed == len(degenerate)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == (
+        "vbvr reward: completion 0 scored 0.0 (malformed; 1 so far): empty rendering of shape (1, 0, 0, 3) as "
+        "[T, H, W, 3]: no frames or no pixels"
+    )
+    assert len(messages) == len(degenerate)
+    for i, message in enumerate(messages):
+        assert message.startswith(f"vbvr reward: completion {i} scored 0.0 (malformed; {i + 1} so far): ")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_rendering_the_scorer_cannot_measure_scores_low_instead_of_failing_the_batch(caplog, num_workers):
+    task = get_task("shape_matching")
+    params = {"image_size": task.image_size, **task.params}
+    instance = task.generate(0)
+    sample = sample_for(instance, params)
+    tiny = np.zeros((3, 7, 3), dtype=np.uint8)  # the scorer compares against a mask of the task's image size
+    reward = VBVRScorerReward(num_workers=num_workers)
+    try:
+        with caplog.at_level("WARNING", logger="app.rewards.vbvr"):
+            scores = reward.score([tiny, instance.last_frame], [sample, sample])
+    finally:
+        reward.close()
+    assert scores.tolist() == [0.0, 1.0] and reward.num_malformed == 1
+    assert "completion 0 scored 0.0 (malformed; 1 so far): ValueError: operands could not be broadcast" in caplog.text

@@ -12,10 +12,23 @@ Two training modes:
 Validation and test are always finite, in stored order, and split between ranks by sample, so each sample is
 evaluated once however few shards there are.
 
-Streams do not resume mid-epoch: ``state_dict`` is empty and a resumed run restarts the interrupted epoch's stream
-(with that epoch's seed, since the epoch comes from the trainer). Skipped bad data is counted in ``skipped`` (and
-``skipped_by_split``), logged as a warning with the running total, and written to the trainer's loggers as
-``data/skipped_shards`` and ``data/skipped_samples`` when they change (rank zero's counts: loggers write on rank zero).
+Training resumes mid-epoch, at the sample: ``state_dict`` (which Lightning saves in every checkpoint) records where
+the training stream stood after the last batch the trainer trained on (not the batches it had fetched ahead), per rank
+and per worker, and ``load_state_dict`` makes the resumed run's first epoch continue from there, so the batches that
+follow are the ones the interrupted run would have trained on next, in the same order, with workers too. It works
+because a stream is a function of the seed and the epoch: shard order, shuffle buffer, resampling and augmentation are
+all seeded from ``(seed, epoch, rank, worker)``; each worker replays its stream up to where it stood, reading the shards
+but decoding nothing, and yields from there. The resumed run must use the same shards, seed, batch size, shuffle
+buffer, epoch size, number of workers and number of ranks; when one differs the epoch restarts from its beginning,
+with a warning (as it does from a checkpoint written before this was built, whose state is empty). With more than one
+rank, ``state_dict`` gathers every rank's position (``torch.distributed.all_gather_object``), so it must be called on
+all ranks at once, as ``Trainer.save_checkpoint`` does. Validation and test loops are not resumed (Lightning restarts
+them).
+
+Skipped bad data is counted in ``skipped`` (and ``skipped_by_split``), logged as a warning with the running total, and
+written to the trainer's loggers as ``data/skipped_shards`` and ``data/skipped_samples`` when they change (rank zero's
+counts: loggers write on rank zero). The counts are saved with the position, so a resumed run counts on from the
+checkpoint's totals without counting the replayed part twice.
 
 Example config (``python -m app fit --config X.yaml``)::
 
@@ -34,6 +47,7 @@ Example config (``python -m app fit --config X.yaml``)::
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +66,9 @@ SPLITS = ("train", "val", "test")
 
 class ShardDataModule(LightningDataModule):
     """Train, validation and test splits streamed from WebDataset shards.
+
+    Resumes training mid-epoch, exactly at the next untrained batch (``state_dict`` / ``load_state_dict``; see the
+    module docstring for how, and for what must not change between the runs).
 
     Args:
         train_urls: training shards: a brace pattern (``x-{000000..000009}.tar``), a glob, ``::``-separated patterns
@@ -107,6 +124,8 @@ class ShardDataModule(LightningDataModule):
         self.urls: dict[str, list[str]] = {}
         self.skipped = SkipCounts()
         self.skipped_by_split = {split: SkipCounts() for split in SPLITS}
+        self._train_loader: ShardLoader | None = None
+        self._resume: dict[str, Any] | None = None  # the "train" entry of a loaded state, until a train loader takes it
 
     def setup(self, stage: str | None = None) -> None:
         """Expand the URL patterns, failing at once, naming the pattern, when one matches nothing."""
@@ -153,7 +172,13 @@ class ShardDataModule(LightningDataModule):
             strip_labels=self.strip_labels and train,
         )
         epoch_fn = self._trainer_epoch if train else (lambda: 0)
-        return ShardLoader(stream, self.num_workers, epoch_fn, on_skip=lambda delta: self._record_skips(split, delta))
+        loader = ShardLoader(stream, self.num_workers, epoch_fn, on_skip=lambda delta: self._record_skips(split, delta))
+        if train:
+            self._train_loader = loader
+            if self._resume is not None:
+                loader.resume(self._rank_position(self._resume, rank, world_size))
+                self._resume = None
+        return loader
 
     def _trainer_epoch(self) -> int | None:
         return self.trainer.current_epoch if self.trainer is not None else None
@@ -191,9 +216,88 @@ class ShardDataModule(LightningDataModule):
         """``python -m app predict`` answers the test split."""
         return self._loader("test")
 
+    def _position_config(self, world_size: int) -> dict[str, Any]:
+        """What a saved position is only valid for: the stream must be the same one."""
+        urls = self.urls.get("train") or []
+        return {
+            "shards": [os.path.basename(u) for u in urls],
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "shuffle_buffer": self.shuffle_buffer,
+            "resampled": self.resampled,
+            "epoch_size": self.epoch_size,
+            "num_workers": self.num_workers,
+            "world_size": world_size,
+        }
+
+    def _batches_trained(self) -> int | None:
+        """Training batches of this epoch the trainer has run (it fetches ahead of them), or None without a fit."""
+        try:
+            return int(self.trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        except AttributeError:  # no trainer (or a stand-in without a fit loop): what the loader yielded was consumed
+            return None
+
     def state_dict(self) -> dict[str, Any]:
-        """Empty: streams restart the interrupted epoch on resume (see the module docstring)."""
-        return {}
+        """The skip counts and, once training has streamed, each rank's training stream position (JSON-serialisable).
+
+        ``{"skipped": [shards, samples], "skipped_by_split": {split: [shards, samples]}, "train": {"config": {...},
+        "positions": [position of rank 0, rank 1, ...]}}``; a position is :meth:`ShardLoader.position` after the last
+        batch trained on. With several ranks this gathers from all of them (a collective: call it on every rank).
+        """
+        skipped, by_split = self.skipped, dict(self.skipped_by_split)
+        train = None
+        if self._train_loader is not None:
+            loader = self._train_loader
+            position = loader.position(self._batches_trained())
+            ahead = loader.skipped_since(position)  # came with batches fetched ahead: the resumed run counts them
+            skipped, by_split["train"] = skipped - ahead, by_split["train"] - ahead
+            _, world_size = self._rank_and_world_size()
+            positions = [position]
+            if world_size > 1 and dist.is_available() and dist.is_initialized():
+                positions = [None] * world_size
+                dist.all_gather_object(positions, position)
+            train = {"config": self._position_config(world_size), "positions": positions}
+        elif self._resume is not None:
+            train = self._resume  # loaded but not yet used: pass it on
+        return {
+            "skipped": [skipped.shards, skipped.samples],
+            "skipped_by_split": {split: [c.shards, c.samples] for split, c in by_split.items()},
+            "train": train,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
+        """Restore the skip counts and resume training where ``state_dict`` says (see the module docstring).
+
+        An empty state (a checkpoint from before positions were saved) restarts the epoch, as those runs did.
+        """
+        if not state_dict:
+            return
+        try:
+            skipped = SkipCounts(*state_dict["skipped"])
+            by_split = {split: SkipCounts(*state_dict["skipped_by_split"][split]) for split in SPLITS}
+            train = state_dict["train"]
+            if train is not None and not (isinstance(train["config"], dict) and isinstance(train["positions"], list)):
+                raise TypeError("'train' must hold a 'config' dict and a 'positions' list")
+        except (KeyError, TypeError) as err:
+            raise ValueError(
+                f"ShardDataModule.load_state_dict: not a state this class saved ({type(err).__name__}: {err}); keys: "
+                f"{sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__}"
+            ) from None
+        self.skipped, self.skipped_by_split, self._resume = skipped, by_split, train
+        if self._resume is not None and self._train_loader is not None:
+            rank, world_size = self._rank_and_world_size()
+            self._train_loader.resume(self._rank_position(self._resume, rank, world_size))
+            self._resume = None
+
+    def _rank_position(self, saved: dict[str, Any], rank: int, world_size: int) -> dict[str, Any] | None:
+        """This rank's saved position, or None (restart the epoch, with a warning) when the stream has changed."""
+        config = self._position_config(world_size)
+        changed = sorted(k for k in config if saved["config"].get(k) != config[k])
+        if changed or len(saved["positions"]) != world_size:
+            log.warning(
+                "ShardDataModule: not resuming mid-epoch: %s changed since the checkpoint; the epoch restarts from "
+                "its first batch",
+                ", ".join(changed) or "the number of saved rank positions",
+            )
+            return None
+        return saved["positions"][rank]

@@ -14,6 +14,17 @@ One tar member group per sample, all named ``<key>.<suffix>``:
 - ``<key>.img0.png``, ``<key>.img1.png``, ...: ``num_images`` PNG images, RGB (other modes are converted on write,
   dropping alpha).
 
+A record is valid when ``task`` and ``question`` are strings, ``answer`` and ``reasoning`` are strings or absent,
+``meta`` is an object, and the ``img{i}.png`` members are exactly ``img0.png`` ... ``img{num_images - 1}.png``
+(``num_images`` 0 with no image member is a prompt-only sample, as text-to-image training reads); readers refuse
+anything else, naming the key and the field (:func:`decode_sample`).
+
+Shards are read with :func:`tar_members`, which notices what Python's ``tarfile`` passes over in silence: a corrupt
+member header in the middle of a shard (tarfile stops there as if at the end of the archive) and a shard cut short at a
+member boundary (no end-of-archive marker). It skips an unreadable region and resynchronises at the next valid member
+header, so only the members stored in the region are lost, and it reports each damage with the byte range and the
+members on either side of it.
+
 Label-free shards (``strip_labels=True``) carry no answers at all: no ``answer``, no ``reasoning`` and none of the
 ``LABEL_META_KEYS`` among the top-level keys of ``meta`` (nested dicts are not searched: generators keep labels at
 the top level). A reader that sees a ``schema`` newer than ``SCHEMA_VERSION`` refuses the sample.
@@ -36,13 +47,15 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Iterator
+import tarfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import braceexpand
 import webdataset as wds
 from PIL import Image
+from webdataset.tariterators import group_by_keys
 
 from app.types import VisualSample
 
@@ -68,6 +81,8 @@ that augmentations need (positions, boxes) stays.
 """
 
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+$")
+_IMAGE_MEMBER = re.compile(r"img(\d+)\.png")
+_META_MEMBER = re.compile(r"__[^/]*__($|/)")  # webdataset's metadata members (``__key__`` files), never sample data
 _REMOTE = ("pipe:", "http://", "https://", "gs://", "s3://")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -157,20 +172,31 @@ def decode_sample(wds_sample: dict[str, Any]) -> VisualSample:
         )
     record = _decode_record(key, wds_sample["json"])
     schema = record.get("schema")
-    if not isinstance(schema, int) or schema > SCHEMA_VERSION:
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema > SCHEMA_VERSION:
         raise ValueError(f"sample {key!r}: unsupported schema {schema!r} (this reader knows up to {SCHEMA_VERSION})")
     for field in ("task", "question"):
         if not isinstance(record.get(field), str):
             raise ValueError(f"sample {key!r}: JSON field {field!r} missing or not a string")
+    for field in ("answer", "reasoning"):  # optional: absent (or null) when the sample has none
+        if record.get(field) is not None and not isinstance(record[field], str):
+            raise ValueError(
+                f"sample {key!r}: JSON field {field!r} must be a string, got {type(record[field]).__name__} "
+                f"{record[field]!r:.80}"
+            )
     num_images = record.get("num_images")
     if not isinstance(num_images, int) or isinstance(num_images, bool) or num_images < 0:
         raise ValueError(f"sample {key!r}: JSON field 'num_images' must be a non-negative int, got {num_images!r}")
     meta = record.get("meta", {})
     if not isinstance(meta, dict):
         raise ValueError(f"sample {key!r}: JSON field 'meta' must be an object, got {type(meta).__name__}")
+    expected = [image_name(i) for i in range(num_images)]
+    extra = sorted(k for k in wds_sample if _IMAGE_MEMBER.fullmatch(k) and k not in expected)
+    if extra:
+        raise ValueError(
+            f"sample {key!r}: image members {extra} beyond num_images={num_images} (the record and its images disagree)"
+        )
     images = []
-    for i in range(num_images):
-        name = image_name(i)
+    for name in expected:
         if name not in wds_sample:
             raise ValueError(f"sample {key!r}: missing image {name!r} (num_images={num_images})")
         images.append(_decode_image(key, name, wds_sample[name]))
@@ -242,11 +268,121 @@ def write_samples(
     return written
 
 
+class ShardDamageError(tarfile.ReadError):
+    """A shard holds data that is no tar member (a corrupt header, a hole) or was cut short; the message says where."""
+
+
+class _CheckedTarInfo(tarfile.TarInfo):
+    """Tells its :class:`_CheckedTarFile` what each header block it fails to read held."""
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        if not isinstance(tar, _CheckedTarFile) or tar.in_header:  # the member header after an extended one
+            return super().fromtarfile(tar)
+        tar.in_header = True
+        try:
+            return super().fromtarfile(tar)
+        except tarfile.EOFHeaderError:
+            tar.saw_zeros = True
+            raise
+        except tarfile.InvalidHeaderError:
+            tar.saw_unreadable = True
+            raise
+        except tarfile.SubsequentHeaderError as err:
+            # A valid extended (pax / GNU long name) header whose member header is corrupt or missing: tarfile would
+            # stop with a ReadError. Scan on from where reading stopped instead (tarfile adds one block to `offset`).
+            tar.saw_unreadable = True
+            tar.offset = tar.fileobj.tell() - tarfile.BLOCKSIZE
+            raise tarfile.InvalidHeaderError(str(err)) from None
+        finally:
+            tar.in_header = False
+
+
+class _CheckedTarFile(tarfile.TarFile):
+    """``tarfile`` reading with ``ignore_zeros``: it skips blocks that are no header, one at a time, up to the next valid
+    header (its resynchronisation for concatenated or damaged archives), while :class:`_CheckedTarInfo` records what
+    it skipped."""
+
+    tarinfo = _CheckedTarInfo
+    in_header = False
+    saw_zeros = False  # zero blocks since the last member (the end-of-archive marker, or a hole)
+    saw_unreadable = False  # non-zero blocks that are no header since the last member
+
+
+def _gap_message(start: int, end: int, where: str, unreadable: bool) -> str:
+    if unreadable:
+        return (
+            f"skipped {end - start} bytes at offset {start} {where} that hold no valid member header (a corrupt "
+            "header); any members stored there are lost"
+        )
+    return (
+        f"skipped {end - start} bytes of zero blocks at offset {start} {where} (a hole, or concatenated archives); "
+        "any members stored there are lost"
+    )
+
+
+def tar_members(fileobj: Any, on_damage: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+    """``{"fname", "data"}`` of the regular members of a tar stream, in stored order, past damage.
+
+    Reads with ``tarfile`` in stream mode (compressed tars too), as webdataset does, but where tarfile would end in
+    silence it goes on and reports: data that is no valid member header (a corrupt header: the members stored there
+    are lost, reading resumes at the next valid header), zero blocks between members, and a missing end-of-archive
+    marker (the shard was cut short: whatever followed is lost). A stream with no valid member header at all is not a
+    tar: ``tarfile.ReadError``.
+
+    Args:
+        fileobj: the open shard (a binary stream; read to its end).
+        on_damage: called with a message per damage (byte range, members on either side, what is lost); None raises
+            :class:`ShardDamageError` instead.
+    """
+
+    def report(message: str) -> None:
+        if on_damage is None:
+            raise ShardDamageError(message)
+        on_damage(message)
+
+    tar = _CheckedTarFile.open(fileobj=fileobj, mode="r|*", ignore_zeros=True)
+    try:
+        expected, previous = 0, None  # where the next header should start; the last member read
+        for info in tar:
+            if info.offset > expected:
+                where = f"between {previous!r} and {info.name!r}" if previous else f"before {info.name!r}"
+                report(_gap_message(expected, info.offset, where, tar.saw_unreadable))
+            tar.saw_zeros = tar.saw_unreadable = False
+            expected, previous = tar.offset, info.name
+            if info.isreg() and not _META_MEMBER.match(info.name):
+                yield {"fname": info.name, "data": tar.extractfile(info).read()}
+            tar.members = []  # stream mode keeps every TarInfo otherwise
+        if previous is None and tar.saw_unreadable:
+            raise tarfile.ReadError(f"not a tar archive: no valid member header in its {tar.fileobj.tell()} bytes")
+        where = f"after {previous!r}" if previous else "at the start"
+        if tar.saw_unreadable:
+            report(_gap_message(expected, tar.offset, where, unreadable=True))
+        elif not tar.saw_zeros:
+            report(
+                f"no end-of-archive marker {where} (offset {expected}): the shard was cut short; any members after it "
+                "are lost"
+            )
+    finally:
+        tar.close()
+
+
 def read_samples(urls: str | list[str]) -> Iterator[VisualSample]:
-    """The samples of the shards ``urls`` (see :func:`expand_urls`), in stored order; errors are raised, not skipped."""
-    pipeline = wds.DataPipeline(wds.SimpleShardList(expand_urls(urls)), wds.tarfile_to_samples())
-    for record in pipeline:
-        yield decode_sample(record)
+    """The samples of the shards ``urls`` (see :func:`expand_urls`), in stored order; errors are raised, not skipped.
+
+    Raises:
+        ShardDamageError: naming the shard, where one is damaged (see :func:`tar_members`).
+        ValueError: naming the sample, where one does not decode (see :func:`decode_sample`).
+    """
+    for url in expand_urls(urls):
+        with wds.gopen(url) as stream:
+
+            def damaged(message: str, url: str = url) -> None:
+                raise ShardDamageError(f"shard {url}: {message}")
+
+            members = ({**member, "__url__": url} for member in tar_members(stream, damaged))
+            for record in group_by_keys(members):
+                yield decode_sample(record)
 
 
 def _is_remote(url: str) -> bool:

@@ -11,15 +11,21 @@ The score is the mean of three checks (each in [0, 1]):
 Position and shape score 0 when the colour is absent. Images are float tensors ``[3, H, W]`` in [0, 1] or uint8 arrays
 ``[H, W, 3]`` (as :class:`app.rewards.vbvr.VBVRScorerReward` reads them); a video scores its last frame. The prompt's
 parts come from ``sample.meta`` (``color``, ``shape``, ``position``) or, without them, from the prompt text.
+
+A rendering that cannot be read (wrong shape or dtype, a 0 x 0 image, an empty tensor, a video of no frames) scores the
+low end of ``value_range`` (0), is counted in ``ColorRegionReward.num_malformed`` and is logged as a warning; it never
+fails the batch. A prompt whose parts cannot be read scores 0 as well (not counted: the prompt is no generation).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 from torch import Tensor
@@ -27,6 +33,8 @@ from torch import Tensor
 from app.cv import PALETTE, blobs, color_mask, to_uint8_frames
 from app.rewards.base import RewardComponent
 from app.types import VisualSample
+
+log = logging.getLogger(__name__)
 
 _PROMPT = re.compile(r"\ba (\w+) (circle|square) on the (left|right|top|bottom)\b")
 _FILL = {"square": 1.0, "circle": math.pi / 4}
@@ -56,30 +64,53 @@ def color_region_checks(
     return {"color": 1.0, "position": float(inside[position]), "shape": shape_score}
 
 
-def color_region_reward(
-    images: Sequence[Any], prompts: Sequence[dict[str, str] | str | None], min_pixels: int = 12,
-    shape_tolerance: float = 0.2,
-) -> Tensor:  # fmt: skip
-    """``[N]`` float32: the mean of the three checks per image; 0 where the prompt cannot be read or the image is
-    malformed. ``prompts[i]`` is a ``{"color", "shape", "position"}`` dict or the prompt text."""
-    values = []
-    for image, prompt in zip(images, prompts, strict=True):
+_POSITIONS = ("left", "right", "top", "bottom")
+
+
+def _scores(
+    images: Sequence[Any], prompts: Sequence[dict[str, str] | str | None], min_pixels: int, shape_tolerance: float
+) -> tuple[list[float], list[tuple[int, str]]]:
+    """The scores, and ``(index, why)`` of each image that could not be read."""
+    values, malformed = [], []
+    for i, (image, prompt) in enumerate(zip(images, prompts, strict=True)):
         parts = parse_shape_prompt(prompt) if isinstance(prompt, str) else prompt
-        if not parts or parts.get("color") not in PALETTE or parts.get("shape") not in _FILL:
+        if (
+            not parts
+            or parts.get("color") not in PALETTE
+            or parts.get("shape") not in _FILL
+            or parts.get("position") not in _POSITIONS
+        ):
             values.append(0.0)
             continue
         try:
             checks = color_region_checks(image, parts["color"], parts["shape"], parts["position"], min_pixels,
                                          shape_tolerance)  # fmt: skip
-        except (ValueError, KeyError):
+        except (ValueError, cv2.error) as error:  # an unreadable or degenerate rendering
             values.append(0.0)
+            malformed.append((i, f"{type(error).__name__}: {error}"))
             continue
         values.append(sum(checks.values()) / len(checks))
+    return values, malformed
+
+
+def color_region_reward(
+    images: Sequence[Any], prompts: Sequence[dict[str, str] | str | None], min_pixels: int = 12,
+    shape_tolerance: float = 0.2,
+) -> Tensor:  # fmt: skip
+    """``[N]`` float32: the mean of the three checks per image; 0 where the prompt cannot be read or the image is
+    malformed (logged as a warning). ``prompts[i]`` is a ``{"color", "shape", "position"}`` dict or the prompt text."""
+    values, malformed = _scores(images, prompts, min_pixels, shape_tolerance)
+    for i, why in malformed:
+        log.warning("color region reward: image %d scored 0 (malformed): %s", i, why)
     return torch.tensor(values, dtype=torch.float32)
 
 
 class ColorRegionReward(RewardComponent):
     """Fraction of the colour / position / shape checks a generated picture passes (see the module docstring).
+
+    Attributes:
+        num_malformed: renderings scored the low end of ``value_range`` because they could not be read (cumulative;
+            each is logged as a warning).
 
     Args:
         min_pixels: area of the smallest blob of the named colour that counts as present.
@@ -90,9 +121,19 @@ class ColorRegionReward(RewardComponent):
                  name: str | None = None, **kwargs) -> None:  # fmt: skip
         super().__init__(weight=weight, name=name, **kwargs)
         self.min_pixels, self.shape_tolerance = int(min_pixels), float(shape_tolerance)
+        self.num_malformed = 0
 
     def score(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> Tensor:
         prompts = [
             s.meta if {"color", "shape", "position"} <= set(s.meta) else s.question for s in samples
         ]  # fmt: skip
-        return color_region_reward(completions, prompts, self.min_pixels, self.shape_tolerance)
+        values, malformed = _scores(completions, prompts, self.min_pixels, self.shape_tolerance)
+        low = self.value_range[0]
+        for i, why in malformed:
+            values[i] = low
+            self.num_malformed += 1
+            log.warning(
+                "color region reward: completion %d scored %s (malformed; %d so far): %s",
+                i, low, self.num_malformed, why,
+            )  # fmt: skip
+        return torch.tensor(values, dtype=torch.float32)

@@ -6,6 +6,10 @@ writer stores); ``completions[i]`` is the generated rendering: a uint8 ``[H, W, 
 (numpy), a PIL image, or a float tensor in [0, 1] shaped ``[3, H, W]`` or ``[T, 3, H, W]`` (what a diffusers VAE decodes
 to). Scoring is pure CPU work, so with ``num_workers > 0`` it runs in a process pool and :meth:`score_async` lets the
 trainer overlap it with model work.
+
+Generations are untrusted: one that cannot be read (wrong shape or dtype, a 0 x 0 image, a video of no frames) or that
+a task's scorer cannot measure (a size it does not expect) scores the low end of ``value_range``, is counted in
+``num_malformed`` and is logged as a warning; it never fails the batch.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from functools import lru_cache
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 from torch import Tensor
@@ -39,8 +44,24 @@ def score_one(job: tuple[str, dict, dict, np.ndarray]) -> float:
     return _task(name, tuple(sorted(params.items()))).score(frames, config).score
 
 
+_MEASURE_ERRORS = (ValueError, IndexError, cv2.error)
+"""What a task's scorer raises on a rendering it cannot measure (a size it does not expect, a degenerate frame)."""
+
+
+def _score_or_error(job: tuple[str, dict, dict, np.ndarray]) -> tuple[float, str | None]:
+    """``(score, None)``, or ``(nan, why)`` when the scorer cannot measure the rendering (runs in a pool too)."""
+    try:
+        return score_one(job), None
+    except _MEASURE_ERRORS as error:
+        return float("nan"), f"{type(error).__name__}: {error}"
+
+
 class VBVRScorerReward(RewardComponent):
     """Deterministic classical-CV score of a generated image or video against its task's configuration; in [0, 1].
+
+    Attributes:
+        num_malformed: renderings scored the low end of ``value_range`` because they could not be read or measured
+            (cumulative; each is logged as a warning).
 
     Args:
         num_workers: processes for scoring (0: in this process).
@@ -61,13 +82,28 @@ class VBVRScorerReward(RewardComponent):
                 raise ValueError(f"sample {i} ({sample.task!r}) has no meta['vbvr'] with task and config")
             try:
                 frames = to_uint8_frames(rendering)
-            except ValueError as error:  # a malformed generation scores 0; counted and logged, never a crash
-                self.num_malformed += 1
-                log.warning("vbvr reward: completion %d scored 0: %s", i, error)
+            except ValueError as error:  # a malformed generation scores low; counted and logged, never a crash
+                self._malformed(i, str(error))
                 jobs.append(None)
                 continue
             jobs.append((spec["task"], dict(spec.get("params", {})), spec["config"], frames))
         return jobs
+
+    def _malformed(self, index: int, why: str) -> None:
+        self.num_malformed += 1
+        log.warning(
+            "vbvr reward: completion %d scored %s (malformed; %d so far): %s",
+            index, self.value_range[0], self.num_malformed, why,
+        )  # fmt: skip
+
+    def _values(self, results: list[tuple[float, str | None] | None]) -> Tensor:
+        """Scores from ``results`` (None: unreadable, already counted); counts those the scorer could not measure."""
+        values = []
+        for i, result in enumerate(results):
+            if result is not None and result[1] is not None:
+                self._malformed(i, result[1])
+            values.append(self.value_range[0] if result is None or result[1] is not None else result[0])
+        return torch.tensor(values, dtype=torch.float32)
 
     def score(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> Tensor:
         return self.score_async(completions, samples).result()
@@ -77,22 +113,24 @@ class VBVRScorerReward(RewardComponent):
         jobs = self._jobs(completions, samples)
         result: Future = Future()
         if self.num_workers <= 0:
-            result.set_result(torch.tensor([score_one(j) if j else 0.0 for j in jobs], dtype=torch.float32))
+            result.set_result(self._values([_score_or_error(j) if j else None for j in jobs]))
             return result
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.num_workers)
-        futures = [self._pool.submit(score_one, j) if j else None for j in jobs]
+        futures = [self._pool.submit(_score_or_error, j) if j else None for j in jobs]
         pending = [f for f in futures if f is not None]
         remaining = [len(pending)]
 
         def done(_):
             remaining[0] -= 1
             if remaining[0] == 0:
-                values = [f.result() if f is not None else 0.0 for f in futures]
-                result.set_result(torch.tensor(values, dtype=torch.float32))
+                try:
+                    result.set_result(self._values([f.result() if f is not None else None for f in futures]))
+                except Exception as error:  # a scorer bug or a dead worker: the caller sees it on result()
+                    result.set_exception(error)
 
         if not pending:
-            result.set_result(torch.zeros(len(jobs)))
+            result.set_result(self._values([None] * len(jobs)))
         for f in pending:
             f.add_done_callback(done)
         return result
