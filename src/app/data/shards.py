@@ -367,12 +367,12 @@ def tar_members(fileobj: Any, on_damage: Callable[[str], None] | None = None) ->
         tar.close()
 
 
-def read_samples(urls: str | list[str]) -> Iterator[VisualSample]:
-    """The samples of the shards ``urls`` (see :func:`expand_urls`), in stored order; errors are raised, not skipped.
+def read_records(urls: str | list[str]) -> Iterator[dict[str, Any]]:
+    """The raw records of the shards ``urls`` (see :func:`expand_urls`): ``__key__``, ``__url__`` and the bytes of each
+    member, in stored order.
 
     Raises:
         ShardDamageError: naming the shard, where one is damaged (see :func:`tar_members`).
-        ValueError: naming the sample, where one does not decode (see :func:`decode_sample`).
     """
     for url in expand_urls(urls):
         with wds.gopen(url) as stream:
@@ -381,8 +381,18 @@ def read_samples(urls: str | list[str]) -> Iterator[VisualSample]:
                 raise ShardDamageError(f"shard {url}: {message}")
 
             members = ({**member, "__url__": url} for member in tar_members(stream, damaged))
-            for record in group_by_keys(members):
-                yield decode_sample(record)
+            yield from group_by_keys(members)
+
+
+def read_samples(urls: str | list[str]) -> Iterator[VisualSample]:
+    """The samples of the shards ``urls`` (see :func:`expand_urls`), in stored order; errors are raised, not skipped.
+
+    Raises:
+        ShardDamageError: naming the shard, where one is damaged (see :func:`tar_members`).
+        ValueError: naming the sample, where one does not decode (see :func:`decode_sample`).
+    """
+    for record in read_records(urls):
+        yield decode_sample(record)
 
 
 def _is_remote(url: str) -> bool:

@@ -47,3 +47,18 @@ def test_data_cli_writes_shards(tmp_path, capsys):
     data_main(["vbvr", "--out", str(tmp_path), "--num", "1", "--tasks", "object_counting"])
     assert "wrote 1 shard(s)" in capsys.readouterr().out
     assert list(tmp_path.glob("*.tar"))
+
+
+def test_a_corrupt_header_mid_shard_is_an_error_naming_the_shard(tmp_path):
+    import tarfile
+
+    from app.data.shards import ShardDamageError
+
+    (path,) = write_shards(tmp_path, num_per_task=3, seed=0, tasks=["object_counting"])
+    with tarfile.open(path) as tar:
+        offsets = [m.offset for m in tar.getmembers() if m.name.endswith(".last.png")]
+    data = bytearray(path.read_bytes())
+    data[offsets[1] + 148 : offsets[1] + 150] = b"99"  # the second sample's last-frame header: a bad checksum
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardDamageError, match=f"shard {path}"):
+        list(read_shards(str(path)))

@@ -17,6 +17,7 @@ import numpy as np
 import webdataset as wds
 from PIL import Image
 
+from app.data.shards import read_records
 from app.vbvr.core import TaskInstance
 from app.vbvr.registry import TASKS, get_task
 
@@ -100,9 +101,14 @@ def write_shards(
 
 
 def read_shards(urls: str | Sequence[str]) -> Iterator[dict]:
-    """Decoded samples: ``prompt`` str, ``record`` dict, ``first``/``last`` uint8 images, ``keyframes``/``video`` arrays."""
-    dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("rgb8")
-    for sample in dataset:
+    """Decoded samples: ``prompt`` str, ``record`` dict, ``first``/``last`` uint8 images, ``keyframes``/``video`` arrays.
+
+    A damaged shard raises :class:`~app.data.shards.ShardDamageError` naming the file and what was lost (a plain tar
+    reader would stop at a corrupt header as if the shard had ended).
+    """
+    decode = wds.autodecode.Decoder([wds.autodecode.imagehandler("rgb8")])
+    for record in read_records(list(urls) if not isinstance(urls, str) else urls):
+        sample = decode(record)
         yield {
             "key": sample["__key__"],
             "prompt": sample["prompt.txt"],
