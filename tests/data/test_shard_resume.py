@@ -2,9 +2,11 @@
 yields next, in order (workers included), and the skip counts go on from the checkpoint without counting twice."""
 
 import dataclasses
+import glob
 import json
 import logging
 import random
+import tarfile
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +16,7 @@ from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from app.data import ShardDataModule
-from app.data.shard_stream import SkipCounts
+from app.data.shard_stream import ShardStream, SkipCounts
 from app.data.shards import encode_sample, write_samples
 from app.tasks.dots import DotsDataset
 from app.types import VisualSample
@@ -256,3 +258,125 @@ def test_fit_resumed_from_a_mid_epoch_checkpoint_trains_on_what_the_uninterrupte
         trainer = _trainer(tmp_path / f"from-{step}", max_epochs=2)
         trainer.fit(resumed, datamodule=_module(shards, **kwargs), ckpt_path=tmp_path / f"step={step}.ckpt")
         assert resumed.seen == whole.seen[step:], step
+
+
+# ------------------------------------------------------------------- ShardStream's own accounting (no loader, worker 0)
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> list[str]:
+    """Eight raw records, in this order: a garbage shard, samples 0-3, another garbage shard, samples 4-7 (5 does not
+    decode). Record ``n`` (from 1) is sample ``n - 1``; the garbage shards are met while reading records 1 and 5."""
+    out = tmp_path_factory.mktemp("mixed")
+    (good,) = write_samples(_samples(4), out, "a", max_per_shard=4)
+    with wds.TarWriter(str(out / "c.tar")) as sink:
+        for i, sample in enumerate(_samples(4, start=4), start=4):
+            record = encode_sample(sample, f"c-{i}")
+            if i == 5:
+                record["json"] = b"{not json"
+            sink.write(record)
+    for name in ("g0.tar", "g1.tar"):
+        (out / name).write_bytes(random.Random(name).randbytes(3000))
+    return [str(out / "g0.tar"), str(good), str(out / "g1.tar"), str(out / "c.tar")]
+
+
+def _drain(urls: list[str], caplog, resume: tuple | None = None, worker_offset: int = 0) -> tuple[list, list[str]]:
+    """The stream's items as ``(worker, records, items, final, skipped, indices)`` and the warnings it logged."""
+    stream = ShardStream(urls, batch_size=2)
+    stream.worker_offset = worker_offset
+    if resume is not None:
+        stream.resume_from = {0: resume}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="app.data.shard_stream"):
+        items = [
+            (i.worker, i.records, i.items, i.final, i.skipped, [s.meta["index"] for s in i.samples]) for i in stream
+        ]
+    return items, [r.getMessage() for r in caplog.records if r.name == "app.data.shard_stream"]
+
+
+def _label(message: str, urls: list[str]) -> str:
+    """``g0`` / ``g1`` for a garbage shard's warning, ``c-5`` for the undecodable sample's, else the message."""
+    for name, url in zip(("g0", "g1"), (urls[0], urls[2]), strict=True):
+        if message.startswith(f"skipping the rest of shard {url}: ReadError: not a tar archive"):
+            return name
+    return "c-5" if message.startswith("skipping sample c-5 of ") else message
+
+
+def test_items_say_how_many_raw_records_and_items_the_worker_had_drawn(mixed, caplog):
+    items, messages = _drain(mixed, caplog)
+    assert items == [
+        (0, 2, 2, False, SkipCounts(shards=1), [0, 1]),  # g0 was met before record 1
+        (0, 4, 4, False, SkipCounts(), [2, 3]),
+        (0, 7, 6, False, SkipCounts(shards=1, samples=1), [4, 6]),  # g1, and record 6 (sample 5) did not decode
+        (0, 8, 7, True, SkipCounts(), [7]),
+    ]
+    assert [_label(m, mixed) for m in messages] == ["g0", "g1", "c-5"]
+
+
+@pytest.mark.parametrize("records", range(10))
+def test_a_resumed_stream_logs_and_counts_only_what_follows_its_resume_point(mixed, caplog, records):
+    """Resumed after ``records`` raw records, a worker drops them undecoded, does not log or report again the skips met
+    while reading them, and logs and reports those after; a resume point past the end is a warning, not an error."""
+    decoded_before = len([n for n in range(1, records + 1) if n <= 8 and n != 6])
+    items, messages = _drain(mixed, caplog, resume=(records, decoded_before, False))
+    assert [i for item in items for i in item[5]] == [n - 1 for n in range(records + 1, 9) if n != 6]
+    skipped = sum((item[4] for item in items), SkipCounts())
+    labels = [_label(m, mixed) for m in messages]
+    if records == 0:
+        assert (labels, skipped) == (["g0", "g1", "c-5"], SkipCounts(shards=2, samples=1))
+    elif records <= 4:  # g0 was met before record 1: logged and counted by the interrupted run
+        assert (labels, skipped) == (["g1", "c-5"], SkipCounts(shards=1, samples=1))
+    elif records == 5:  # and g1 before record 5
+        assert (labels, skipped) == (["c-5"], SkipCounts(samples=1))
+    elif records <= 8:  # and record 6 was dropped undecoded; resuming at the last record is no error
+        assert (labels, skipped) == ([], SkipCounts())
+    else:
+        assert labels == [
+            "worker 0: cannot resume at record 9: this epoch's stream ends at record 8 (the shards changed?)"
+        ]
+    if records < 8:
+        assert items[-1][1:3] == (8, 7)
+    elif records == 8:
+        assert items == []
+
+
+def test_a_stream_with_no_records_ends_without_a_resume_warning(mixed, caplog):
+    items, messages = _drain(mixed[:1], caplog)
+    assert items == [(0, 0, 0, True, SkipCounts(shards=1), [])]
+    assert [_label(m, mixed) for m in messages] == ["g0"]
+
+
+@pytest.mark.parametrize("loader_worker, offset, worker", [(0, 0, 0), (0, 2, 2), (2, 2, 1), (1, 2, 0), (1, 1, 2)])
+def test_loader_worker_i_plays_worker_i_plus_offset(shards, caplog, monkeypatch, loader_worker, offset, worker):
+    """Three workers over five shards of four samples: worker ``w`` reads shards ``w`` and ``w + 3``."""
+    info = SimpleNamespace(id=loader_worker, num_workers=3)
+    monkeypatch.setattr("app.data.shard_stream.get_worker_info", lambda: info)
+    urls = sorted(glob.glob(shards))
+    items, _ = _drain(urls, caplog, worker_offset=offset)
+    assert {item[0] for item in items} == {worker}
+    assert [i for item in items for i in item[5]] == [
+        i for s in (worker, worker + 3) if s < 5 for i in range(4 * s, 4 * s + 4)
+    ]
+
+
+def test_a_damaged_shard_that_then_fails_counts_once(tmp_path, caplog):
+    """A corrupt header (sample 1 loses its JSON), then a duplicate member that ends the shard: one shard skipped."""
+    path = tmp_path / "damaged-then-failed.tar"
+    with wds.TarWriter(str(path)) as sink:
+        for i, sample in enumerate([*_samples(4), _samples(1, start=3)[0]]):
+            sink.write(encode_sample(sample, f"d-{min(i, 3)}"))  # the fifth record repeats key d-3
+    with tarfile.open(path) as tar:
+        offset = tar.getmember("d-1.json").offset_data - tarfile.BLOCKSIZE
+    data = bytearray(path.read_bytes())
+    data[offset + 148 : offset + 150] = b"99"  # the member header's checksum
+    path.write_bytes(bytes(data))
+    items, messages = _drain([str(path)], caplog)
+    assert [i for item in items for i in item[5]] == [0, 2, 3]
+    assert sum((item[4] for item in items), SkipCounts()) == SkipCounts(shards=1, samples=1)
+    assert [m.split(" ", 2)[:2] for m in messages] == [
+        ["damaged", "shard"],
+        ["skipping", "sample"],
+        ["skipping", "the"],
+    ]
+    assert messages[-1].startswith(f"skipping the rest of shard {path}: ValueError: duplicate member 'd-3.")
+    assert messages[-1].endswith("(worker 0: 1 shards, 1 samples skipped this epoch)")

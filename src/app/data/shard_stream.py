@@ -105,9 +105,10 @@ class _WorkerCounts:
         self.worker = worker
         self.total = SkipCounts()
         self.reported = SkipCounts()
-        self.quiet = False  # while replaying what a resumed run already read (and logged)
+        # while replaying what a resumed run already read (and logged)
+        self.quiet = False  # pragma: no mutate (equivalent: _drawn sets it before a record is read)
 
-    def shard(self, url: str, err: Exception, first: bool = True) -> None:
+    def shard(self, url: str, err: Exception, first: bool) -> None:
         self.total = self.total + SkipCounts(shards=int(first))
         if self.quiet:
             return
@@ -274,16 +275,15 @@ class ShardStream(IterableDataset):
 
     def _drawn(self, records: Iterable[dict[str, Any]], drawn: list[int], skip: int, counts: _WorkerCounts):
         """Counts the raw records drawn into ``drawn[0]``, dropping the first ``skip`` (already consumed)."""
-        counts.quiet = skip > 0
+        counts.quiet = skip > 0  # quiet while reading records 1 to ``skip``, whose skips the interrupted run logged
         for record in records:
             drawn[0] += 1
+            counts.quiet = drawn[0] < skip
             if drawn[0] > skip:
                 yield record
             elif drawn[0] == skip:  # where the interrupted run stood: what it read so far was counted and logged
                 counts.unreported()
-                counts.quiet = False
         if drawn[0] < skip:
-            counts.quiet = False
             log.warning(
                 "worker %d: cannot resume at record %d: this epoch's stream ends at record %d (the shards changed?)",
                 counts.worker, skip, drawn[0],
@@ -291,7 +291,9 @@ class ShardStream(IterableDataset):
 
     def __iter__(self) -> Iterator[StreamBatch]:
         info = get_worker_info()
-        loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        loader_worker, num_workers = (
+            (info.id, info.num_workers) if info is not None else (0, 1)  # pragma: no mutate (equivalent: n % 1 == 0)
+        )
         worker = (loader_worker + self.worker_offset) % num_workers
         skip_records, skip_items, finished = self.resume_from.get(worker, (0, 0, False))
         if finished:
