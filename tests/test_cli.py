@@ -133,6 +133,13 @@ def test_fit_validates_before_and_after_and_writes_the_run_folder(cli_fit):
     rows = (root / "completions.csv").read_text().splitlines()
     assert rows[0].startswith("step,task,question,completion,answer,reward,advantage")
     assert len(rows) > 1
+    # it ends with where the artefacts are (no logger, no checkpoints in this config)
+    assert [line.split() for line in stdout.rstrip().splitlines()[-4:]] == [
+        ["Artefacts:"],
+        ["completions", str(root / "completions.csv")],
+        ["summary", str(root / "summary.json")],
+        ["config", str(root / "config.yaml")],
+    ]
 
 
 def test_fit_resumes_from_a_checkpoint_through_the_cli(cli_fit, tmp_path, monkeypatch):
@@ -238,15 +245,21 @@ def test_export_command_writes_a_folder_that_loads_with_from_pretrained(cli_fit,
     assert (got - expected)[mask].abs().max() < 1e-5
 
 
-def test_export_without_required_options_prints_usage():
-    with pytest.raises(SystemExit, match="usage: python -m app export"):
+def test_export_without_required_options_names_them(capsys):
+    with pytest.raises(SystemExit) as exit_info:
         main(["export", "--config", str(TINY_GRPO)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: export needs --output_dir\n")
 
 
-def test_export_rejects_a_checkpoint_of_another_model(cli_fit, tmp_path):
+def test_export_rejects_a_checkpoint_of_another_model(cli_fit, tmp_path, capsys):
     _, _, ckpt, _ = cli_fit
-    with pytest.raises(ValueError, match="does not match"):
+    with pytest.raises(SystemExit) as exit_info:
         main(["export", "--config", str(TINY_SFT), "--ckpt_path", str(ckpt), "--output_dir", str(tmp_path / "x")])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {ckpt}: the checkpoint does not match this model") and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
 
 
 # --------------------------------------------------------------------------------------------------------- DDP

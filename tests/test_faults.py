@@ -148,3 +148,15 @@ def test_all_nan_rewards_stop_the_run_naming_the_reward(new_policy, new_datamodu
 def test_max_nonfinite_steps_must_be_positive(new_policy):
     with pytest.raises(ValueError, match="max_nonfinite_steps must be >= 1"):
         grpo(new_policy, max_nonfinite_steps=0)
+
+
+def test_the_cli_trainer_checkpoints_on_preemption_and_writes_atomically(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from app.cli import AppCLI
+
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).parent / "fixtures" / "tiny_grpo.yaml"
+    cli = AppCLI(args=["--config", str(config)], run=False)
+    assert sum(isinstance(c, PreemptionCheckpoint) for c in cli.trainer.callbacks) == 1
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)

@@ -1,24 +1,153 @@
-"""The command line: ``python -m app fit|validate|test --config X.yaml`` and ``python -m app export``."""
+"""The command line: ``python -m app fit|validate|test|predict|export --config X.yaml`` (``python -m app --help``).
+
+Errors in a config or on the command line are reported in a few lines naming the field, the bad value and a close
+match (:mod:`app.errors`); ``APP_DEBUG=1`` or ``--debug`` shows the full traceback instead.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
+from jsonargparse import DefaultHelpFormatter
+from lightning import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
+
+import app.data  # noqa: F401  (imported so that `fit --help` lists the package's data modules as known subclasses)
+import app.modules  # noqa: F401  (and its LightningModules)
+from app.console import artefact_summary, quiet_known_noise, step_progress_bar
+from app.errors import (
+    DEBUG_ENV,
+    DEBUG_HINT,
+    ConfigError,
+    debug_enabled,
+    describe_instantiation_error,
+    describe_parse_error,
+)
+from app.faults import AtomicCheckpointIO, PreemptionCheckpoint
+
+PROG = "python -m app"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class AppTrainer(Trainer):
+    """``lightning.Trainer`` with one more method, ``export``, which LightningCLI turns into the ``export`` command."""
+
+    def export(
+        self,
+        model: LightningModule,
+        datamodule: LightningDataModule | None = None,
+        *,
+        output_dir: str,
+        ckpt_path: str | None = None,
+    ) -> Path:
+        """Write the policy of a checkpoint as a Hugging Face folder (``from_pretrained`` opens it).
+
+        Args:
+            model: the module the config describes; the checkpoint's weights are loaded into it.
+            datamodule: unused.
+            output_dir: the folder to write.
+            ckpt_path: a checkpoint file, or a folder to take the newest .ckpt file under. Default: the newest
+                checkpoint under trainer.default_root_dir, where fit writes them.
+        """
+        from app.export import export_from_checkpoint, find_checkpoint
+
+        return export_from_checkpoint(model, find_checkpoint(ckpt_path, self.default_root_dir), output_dir)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
+    """jsonargparse's help, with descriptions and epilogs kept as written (the lists of commands and recipes)."""
+
+
+def _configs_folder() -> Path | None:
+    for folder in (Path.cwd() / "configs", ROOT / "configs"):
+        if folder.is_dir():
+            return folder
+    return None
+
+
+def _first_comment(path: Path, width: int = 100) -> str:
+    with path.open(encoding="utf-8") as f:
+        first = f.readline().strip()
+    text = first.lstrip("#").strip() if first.startswith("#") else ""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _epilog() -> str:
+    lines = [
+        "examples:",
+        f"  {PROG} fit --config configs/quickstart_sft.yaml          train with a recipe",
+        f"  {PROG} fit --config X.yaml --trainer.max_steps 10 --print_config",
+        "                                            the resolved config; any field can be set on the command line",
+        f"  {PROG} fit --model.help app.modules.VLMGRPOModule        the arguments of a module",
+        f"  {PROG} export --config configs/quickstart.yaml --output_dir exported/",
+        "                                            the policy of the run's newest checkpoint, as a Hugging Face folder",
+    ]
+    folder = _configs_folder()
+    if folder is not None:
+        shown = os.path.relpath(folder) if folder.is_relative_to(Path.cwd()) else str(folder)
+        recipes = sorted(folder.glob("*.yaml"))
+        width = max((len(p.name) for p in recipes), default=0)
+        lines += ["", f"recipes ({shown}/):"]
+        lines += [f"  {p.name:<{width}}  {_first_comment(p, 116 - width)}" for p in recipes]
+    lines += ["", f"Errors name the field and suggest a fix; {DEBUG_HINT}."]
+    return "\n".join(lines)
+
+
+def _subcommand_epilog() -> str:
+    return (
+        f"recipes: configs/*.yaml ({PROG} --help lists them). The arguments of one class: --model.help CLASS_PATH,\n"
+        f"--data.help CLASS_PATH. {DEBUG_HINT}."
+    )
 
 
 class AppCLI(LightningCLI):
-    """LightningCLI with one extra top-level option.
+    """LightningCLI with the ``export`` command, short error messages and one extra top-level option.
 
     ``validate_before_and_after: true`` validates once before fit and once after it, then prints the held-out figures
-    side by side (and writes them to ``<log_dir>/summary.json``): the quickstart uses it to show accuracy rising.
+    side by side (and writes them to ``<log_dir>/summary.json``): the quickstart uses it to show accuracy rising. Every
+    ``fit``, ``validate`` and ``test`` ends with the list of where its artefacts are.
     """
 
-    def __init__(self, *args, save_config_kwargs: dict | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        save_config_kwargs: dict | None = None,
+        trainer_class: type[Trainer] = AppTrainer,
+        parser_kwargs: dict | None = None,
+        **kwargs,
+    ) -> None:
+        subcommand_kwargs = {"epilog": _subcommand_epilog()}
+        parser_kwargs = {
+            "prog": PROG,
+            "description": "Post-train vision-language and flow models from YAML recipes (a LightningCLI).",
+            "epilog": _epilog(),
+            **{name: dict(subcommand_kwargs) for name in self.subcommands()},
+            **(parser_kwargs or {}),
+        }
         # Re-running a recipe into the same folder is the normal case (the quickstart), so the saved config is replaced.
-        super().__init__(*args, save_config_kwargs={"overwrite": True, **(save_config_kwargs or {})}, **kwargs)
+        super().__init__(
+            *args,
+            save_config_kwargs={"overwrite": True, **(save_config_kwargs or {})},
+            trainer_class=trainer_class,
+            parser_kwargs=parser_kwargs,
+            **kwargs,
+        )
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
+
+    # ------------------------------------------------------------------------------------------- parsing, errors
+    def init_parser(self, **kwargs: Any):
+        kwargs.setdefault("exit_on_error", False)  # errors come back to parse_arguments, which shortens them
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        return super().init_parser(**kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -28,6 +157,60 @@ class AppCLI(LightningCLI):
             help="Validate before and after fit and print the held-out metrics side by side.",
         )
 
+    def parse_arguments(self, parser, args) -> None:
+        self._args = list(sys.argv[1:] if args is None else args) if args is None or isinstance(args, list) else []
+        try:
+            super().parse_arguments(parser, args)
+        except argparse.ArgumentError as error:
+            self._parse_failed(error)
+
+    def _parse_ckpt_path(self) -> None:
+        if self.config.get("subcommand") == "export":
+            # export loads the checkpoint into the model the config describes, as given: a checkpoint of another
+            # model is refused by the shape check (fit/validate/test read the module's arguments from the checkpoint)
+            return
+        try:
+            super()._parse_ckpt_path()
+        except argparse.ArgumentError as error:
+            self._parse_failed(error)
+
+    def _parse_failed(self, error: argparse.ArgumentError) -> None:
+        if debug_enabled():
+            raise error
+        command = next((a for a in self._args if a in self.subcommands()), None)
+        parser = getattr(self, "_subcommand_parsers", {}).get(command, self.parser)
+        message = describe_parse_error(str(error), parser._option_string_actions, command)
+        sys.stderr.write(message + "\n")
+        raise SystemExit(2) from None
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ConfigError:
+            raise
+        except Exception as error:
+            config = self.config.get(str(self.subcommand), self.config)
+            raise ConfigError(describe_instantiation_error(error, config, self.subcommand or "fit")) from error
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The configured trainer, with a progress bar that counts steps (:func:`app.console.step_progress_bar`)
+        unless the config disables the bar or brings its own, a checkpoint on preemption signals and atomic
+        checkpoint files (:mod:`app.faults`)."""
+        config = self._get(self.config_init, "trainer", default={})
+        callbacks = kwargs.pop("callbacks", None) or config.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            bar = step_progress_bar()
+            if bar is not None:
+                callbacks = [*callbacks, bar]
+        if not any(isinstance(c, PreemptionCheckpoint) for c in callbacks):
+            callbacks = [*callbacks, PreemptionCheckpoint()]  # SIGTERM / SIGUSR1: save, then exit 128 + signal
+        kwargs["callbacks"] = callbacks
+        if not config.get("plugins") and "plugins" not in kwargs:
+            kwargs["plugins"] = [AtomicCheckpointIO()]  # a kill mid-save never leaves a truncated checkpoint
+        return super().instantiate_trainer(**kwargs)
+
+    # ------------------------------------------------------------------------------------------------- commands
     def _compare(self) -> bool:
         return bool(self.config.get(self.subcommand, {}).get("validate_before_and_after", False))
 
@@ -36,52 +219,98 @@ class AppCLI(LightningCLI):
             self._before = self._validate()
 
     def after_fit(self) -> None:
+        self._check_trained()
+        summary = None
         if self._compare():
-            self._report(self._before, self._validate())
+            summary = self._report(self._before, self._validate())
+        self._print_artefacts(summary)
+
+    def after_validate(self) -> None:
+        self._print_artefacts(self._record_metrics("validate"))
+
+    def after_test(self) -> None:
+        self._print_artefacts(self._record_metrics("test"))
+
+    def export(self, **kwargs: Any) -> None:
+        path = self.trainer.export(**kwargs)
+        print(f"exported to {path}", flush=True)
+
+    def _check_trained(self) -> None:
+        """A fit that had no training batch is an error naming the data (Lightning only logs it and returns)."""
+        if self.trainer.num_training_batches != 0 or self.trainer.interrupted:
+            return
+        if self.trainer.limit_train_batches == 0:
+            raise ConfigError("trainer.limit_train_batches is 0: fit had no training batch")
+        data = self.config.get(str(self.subcommand), self.config).get("data") or {}
+        init_args = data.get("init_args") or {}
+        init_args = init_args if isinstance(init_args, dict) else vars(init_args)
+        fields = [f"data.init_args.{k} = {v!r}" for k, v in init_args.items() if "train" in k] or ["data"]
+        raise ConfigError(
+            f"the training data is empty: {data.get('class_path', 'the data module')} gave no training batch "
+            f"(check {', '.join(fields)} and its data set)"
+        )
 
     def _validate(self) -> dict[str, float]:
         results = self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
         return {k: float(v) for k, v in (results[0] if results else {}).items()}
 
-    def _report(self, before: dict[str, float], after: dict[str, float]) -> None:
-        log_dir = Path(self.trainer.log_dir or self.trainer.default_root_dir)  # a collective call: every rank makes it
-        if not self.trainer.is_global_zero:
-            return
-        keys = sorted(set(before) | set(after))
-        lines = [f"{'held-out metric':<32}{'before fit':>12}{'after fit':>12}"]
-        lines += [f"{k:<32}{before.get(k, float('nan')):>12.3f}{after.get(k, float('nan')):>12.3f}" for k in keys]
-        print("\n".join(["", *lines, ""]), flush=True)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        (log_dir / "summary.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
+    def _summary_path(self) -> Path:
+        return Path(self.trainer.log_dir or self.trainer.default_root_dir) / "summary.json"  # collective call
+
+    def _report(self, before: dict[str, float], after: dict[str, float]) -> Path:
+        path = self._summary_path()
+        if self.trainer.is_global_zero:
+            keys = sorted(set(before) | set(after))
+            lines = [f"{'held-out metric':<32}{'before fit':>12}{'after fit':>12}"]
+            lines += [f"{k:<32}{before.get(k, float('nan')):>12.3f}{after.get(k, float('nan')):>12.3f}" for k in keys]
+            print("\n".join(["", *lines, ""]), flush=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"before": before, "after": after}, indent=2))
+        return path
+
+    def _record_metrics(self, stage: str) -> Path:
+        """Add the metrics of a ``validate`` / ``test`` run to ``summary.json`` under ``stage``."""
+        path = self._summary_path()
+        if self.trainer.is_global_zero:
+            metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()}
+            summary = json.loads(path.read_text()) if path.is_file() else {}
+            summary[stage] = metrics
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(summary, indent=2))
+        return path
+
+    def _print_artefacts(self, summary: Path | None) -> None:
+        text = artefact_summary(self.trainer, [("summary", summary)])  # every rank: trainer.log_dir is collective
+        if self.trainer.is_global_zero:
+            print(text, flush=True)
 
 
-def export_main(argv: list[str]) -> None:
-    """``python -m app export --config X.yaml --ckpt_path run.ckpt --output_dir out/``."""
-    from app.export import export_from_checkpoint
-
-    usage = "usage: python -m app export --config X.yaml [overrides] --ckpt_path CKPT --output_dir DIR"
-    options = {"--ckpt_path": None, "--output_dir": None}
-    rest = []
-    args = iter(argv)
-    for arg in args:
-        key, _, value = arg.partition("=")
-        if key in options:
-            options[key] = value or next(args, None)
-        else:
-            rest.append(arg)
-    if rest[:1] in (["-h"], ["--help"]) or None in options.values():
-        raise SystemExit(usage)
-    cli = AppCLI(args=rest, run=False, save_config_callback=None)
-    path = export_from_checkpoint(cli.model, options["--ckpt_path"], options["--output_dir"])
-    print(f"exported to {path}")
+def _strip_debug_flag(argv: list[str] | None) -> list[str] | None:
+    """Remove ``--debug`` (from ``argv``, or from ``sys.argv`` when None) and set ``APP_DEBUG=1`` instead, which
+    subprocesses (DDP ranks) inherit."""
+    args = sys.argv if argv is None else argv
+    if "--debug" not in args[(1 if argv is None else 0) :]:
+        return argv
+    os.environ[DEBUG_ENV] = "1"
+    if argv is None:
+        sys.argv = [a for i, a in enumerate(sys.argv) if i == 0 or a != "--debug"]
+        return None
+    return [a for a in argv if a != "--debug"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["export"]:
-        export_main((sys.argv[1:] if argv is None else argv)[1:])
-        return
+    argv = _strip_debug_flag(argv)
+    quiet_known_noise()
     try:
         AppCLI(args=argv)
+    except ConfigError as error:
+        if debug_enabled():
+            raise
+        text = str(error)
+        if not text.startswith("error:"):
+            text = f"error: {text}\n{DEBUG_HINT}"
+        sys.stderr.write(text + "\n")
+        raise SystemExit(1) from None
     finally:
         _destroy_process_group()
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import lightning as L
 
+from app.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -35,16 +37,35 @@ def export_from_checkpoint(model: L.LightningModule, ckpt_path: str | Path, outp
     from app.modules.checkpoints import restore_frozen_parameters
 
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    restore_frozen_parameters(model, checkpoint)  # lean checkpoints leave the frozen base out
+    try:
+        restore_frozen_parameters(model, checkpoint)  # lean checkpoints leave the frozen base out
+    except ValueError as error:  # a checkpoint of another model
+        raise ConfigError(f"{ckpt_path}: {error}") from error
     state = checkpoint["state_dict"]
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     mismatched = sorted(k for k in set(state) & set(expected) if state[k].shape != expected[k].shape)
     if missing or unexpected or mismatched:
-        raise ValueError(
+        raise ConfigError(
             f"checkpoint {ckpt_path} does not match the config's model: missing {missing[:3]}, "
             f"unexpected {unexpected[:3]}, shape mismatch {mismatched[:3]} (is it a checkpoint of this config?)"
         )
     model.load_state_dict(state)
     return model.policy.export(output_dir)
+
+
+def find_checkpoint(ckpt_path: str | Path | None, root: str | Path) -> Path:
+    """The checkpoint to export: ``ckpt_path`` if it is a file, else the newest ``*.ckpt`` under the folder
+    ``ckpt_path`` (default ``root``, the run folder, where fit writes ``checkpoints/``)."""
+    folder = Path(root if ckpt_path is None else ckpt_path)
+    if folder.is_file():
+        return folder
+    found = sorted(folder.rglob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    if found:
+        return found[-1]
+    what = "no such file or folder" if not folder.exists() else "no *.ckpt file under it"
+    raise ConfigError(
+        f"ckpt_path = {str(folder)!r}: {what}; pass --ckpt_path a checkpoint file or a run folder "
+        "(fit writes checkpoints under <trainer.default_root_dir>/checkpoints unless enable_checkpointing is false)"
+    )

@@ -124,6 +124,10 @@ class VisualTaskDataModule(LightningDataModule):
         super().__init__()
         if not callable(dataset):
             raise TypeError(f"dataset must be a data set class or factory, got {dataset!r}")
+        if train_size < 1:
+            raise ValueError(f"train_size must be >= 1 (fit needs training samples), got {train_size}")
+        if min(val_size, test_size) < 0:
+            raise ValueError(f"val_size and test_size must be >= 0, got {val_size} and {test_size}")
         self.dataset = dataset
         # Hyper-parameters go into checkpoints, which load with weights_only=True: plain data only, so the data set
         # is recorded as its class path and arguments (save_hyperparameters reads the local variables of __init__;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.metadata
 import shutil
@@ -16,11 +17,22 @@ _BUILDER_LIBRARIES = ("torch", "transformers", "tokenizers", "diffusers")
 
 def check_embedded_name(name_or_path: str, known: dict, kind: str) -> bool:
     """True for a known embedded name; False for a hub id or folder; a clear error for a misspelt ``tiny-*`` name
-    (which would otherwise be sent to the hub)."""
+    (with the closest known name) and for a missing local folder, either of which would otherwise be sent to the hub.
+
+    >>> check_embedded_name("tiny-qwen9-vl", {"tiny-qwen2-vl": 0, "tiny-sd3": 0}, "model")
+    Traceback (most recent call last):
+    ValueError: unknown embedded model 'tiny-qwen9-vl'; did you mean 'tiny-qwen2-vl'? known: ['tiny-qwen2-vl', 'tiny-sd3']
+    """
     if name_or_path in known:
         return True
-    if name_or_path.startswith("tiny-") and not Path(name_or_path).exists():
-        raise ValueError(f"unknown embedded {kind} {name_or_path!r}; known: {sorted(known)}")
+    if Path(name_or_path).exists():
+        return False
+    if name_or_path.startswith("tiny-"):
+        close = difflib.get_close_matches(name_or_path, list(known), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown embedded {kind} {name_or_path!r}; {hint}known: {sorted(known)}")
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:  # a path, never a hub id (org/name)
+        raise ValueError(f"no such folder {name_or_path!r} (a {kind} is an embedded name, a hub id or a folder)")
     return False
 
 

@@ -1,0 +1,295 @@
+"""Short error messages for ``python -m app``: a configuration or input error is reported as the field, the bad value,
+what is accepted and a close match, in a few lines; ``APP_DEBUG=1`` (or ``--debug``) shows the full traceback instead.
+
+jsonargparse reports a bad config as a nested text (``Parser key "model": Does not validate against any of the Union
+subtypes ... Errors: - Problem with given class_path ...``), and an exception raised by a constructor arrives wrapped
+the same way. :func:`describe_parse_error` and :func:`describe_instantiation_error` reduce these to the innermost
+message and the dotted config path that leads to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import os
+import re
+import traceback
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+DEBUG_ENV = "APP_DEBUG"
+DEBUG_HINT = f"{DEBUG_ENV}=1 (or --debug) shows the full error"
+
+
+class ConfigError(ValueError):
+    """A configuration or input a run cannot use. ``python -m app`` prints its message alone and exits 1."""
+
+
+def debug_enabled() -> bool:
+    """``APP_DEBUG`` is set to anything but empty, ``0``, ``false`` or ``no``."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest candidate (difflib), or ``""``.
+
+    >>> did_you_mean("eps_lowww", ["eps_low", "eps_high", "beta"])
+    "; did you mean 'eps_low'?"
+    """
+    match = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def _shorten(text: str, limit: int = 240) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _listing(names: list[str], limit: int = 160) -> str:
+    """Names joined with commas, cut to about ``limit`` characters with a count of the rest."""
+    shown: list[str] = []
+    for name in names:
+        if shown and len(", ".join([*shown, name])) > limit:
+            return f"{', '.join(shown)}, ... ({len(names) - len(shown)} more)"
+        shown.append(name)
+    return ", ".join(shown)
+
+
+# ------------------------------------------------------------------------------------------------- parse errors
+_NOISE = re.compile(
+    r"^(Does not validate against any of the Union subtypes|Subtypes: .*|Errors:|Expected a <class 'NoneType'>.*"
+    r"|Given value type: .*|Given value: .*|Expected a path but .* either not accessible or invalid|)$"
+)
+_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
+_CLASS = re.compile(r"^Problem with given class_path '([^']+)':\s*(.*)$")
+
+
+@dataclasses.dataclass
+class _Leaf:
+    message: str
+    context: list[tuple[str, str]]  # ("key", name) / ("class", class path), outermost first
+
+
+def _leaves(message: str) -> list[_Leaf]:
+    """The innermost messages of a jsonargparse error text, each with the keys and class paths that enclose it."""
+    stack: list[tuple[int, str, str]] = []
+    leaves = []
+    for raw in message.splitlines():
+        stripped = raw.strip()
+        indent = len(raw) - len(raw.lstrip())
+        if stripped.startswith("- "):
+            stripped, indent = stripped[2:].strip(), indent + 2
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        # "Parser key "a": rest" and "Problem with given class_path 'C': rest" may carry their message on the same line
+        while True:
+            for kind, pattern in (("key", _KEY), ("class", _CLASS)):
+                found = pattern.match(stripped)
+                if found:
+                    stack.append((indent, kind, found.group(1)))
+                    stripped, indent = found.group(2).strip(), indent + 1
+                    break
+            else:
+                break
+        if not _NOISE.match(stripped):
+            leaves.append(_Leaf(stripped, [(kind, value) for _, kind, value in stack]))
+    return leaves
+
+
+def _import(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def accepted_arguments(class_path: str) -> list[str]:
+    """The init arguments jsonargparse accepts for ``class_path`` (empty if it cannot be imported)."""
+    from jsonargparse import ArgumentParser
+
+    try:
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_class_arguments(_import(class_path), fail_untyped=False)
+        return list(dict.fromkeys(key.split(".")[0] for key in parser.get_defaults().keys()))
+    except Exception:  # a class jsonargparse cannot describe: no list, no suggestion
+        return []
+
+
+def _is_dataclass(class_path: str) -> bool:
+    try:
+        return dataclasses.is_dataclass(_import(class_path))
+    except Exception:
+        return False
+
+
+def _field(context: list[tuple[str, str]], *extra: str) -> str:
+    """The dotted config path of a leaf: keys joined, with ``init_args`` after a class (not after a dataclass, which
+    configs write as plain fields: ``sampling: {num_generations: 8}``)."""
+    parts: list[str] = []
+    for kind, value in context:
+        if kind == "key":
+            parts.append(value)
+        elif not _is_dataclass(value):
+            parts.append("init_args")
+    parts += extra
+    while parts and parts[-1] == "init_args":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _describe_leaf(leaf: _Leaf) -> list[str]:
+    """A leaf as ``error: field: message`` plus a suggestion and what is accepted."""
+    classes = [value for kind, value in leaf.context if kind == "class"]
+    owner = classes[-1] if classes else None
+    message = leaf.message
+    callable_type = re.match(r"^Type .* expects a function or a callable class: (.*)$", message)
+    if callable_type:  # a data set factory / augment hook: the class inside is named in the "Got value" namespace
+        message = callable_type.group(1)
+        inner = re.search(r"class_path='([^']+)'", message)
+        if inner:
+            owner = inner.group(1)
+            leaf = _Leaf(message, [*leaf.context, ("class", owner)])
+        message = re.sub(r"\.? ?Got value: Namespace\(.*$", "", message)
+
+    option = re.search(r"Option '([^']+)' is not accepted", message)
+    if option:
+        name = option.group(1)
+        accepted = accepted_arguments(owner) if owner else []
+        lines = [f"error: {_field(leaf.context, name)}: {message}" + (f" by {owner}" if owner else "")]
+        if accepted:
+            lines[0] += did_you_mean(name, accepted)
+            lines.append(f"  accepted: {_listing(accepted)}")
+        return lines
+
+    expected = re.match(r"^Expected an? (.*?)\. Got value: (.*)$", message)
+    if expected:
+        kind, value = expected.groups()
+        kind = re.sub(r"<class '([\w.]+)'>", r"\1", kind)
+        literal = re.match(r"^typing\.Literal\[(.*)\]$", kind)
+        if literal:
+            choices = re.findall(r"'([^']*)'", literal.group(1))
+            return [
+                f"error: {_field(leaf.context)}: got {value!r}, expected one of {', '.join(choices)}"
+                + did_you_mean(value, choices)
+            ]
+        return [f"error: {_field(leaf.context)}: expected {kind}, got {value!r}"]
+
+    missing_class = re.match(r"^module '([\w.]+)' has no attribute '(\w+)'$", message)
+    if missing_class and owner:
+        module, name = missing_class.groups()
+        try:
+            names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
+        except Exception:
+            names = []
+        match = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f"; did you mean '{module}.{match[0]}'?" if match else ""
+        return [f"error: {_field(leaf.context[:-1])}: unknown class_path {owner!r}: {message}{hint}"]
+
+    subclass = re.match(r"^Import path does not correspond to a subclass of (\w+)$", message)
+    if subclass:
+        return [f"error: {_field(leaf.context)}: not a subclass of {subclass.group(1)}"]
+
+    return [f"error: {_field(leaf.context) or 'config'}: {_shorten(message, 400)}"]
+
+
+def describe_parse_error(message: str, options: Iterable[str] = (), command: str | None = "fit") -> str:
+    """A few lines for a jsonargparse error ``message``; ``options`` are the command's option strings, for
+    suggestions on unrecognised ones."""
+    unrecognized = re.match(r"^unrecognized arguments: (.*)$", message.strip())
+    required = re.search(r"the following arguments are required: (.*)$", message.strip())
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    missing_file = re.search(r"File does not exist: '([^']*)'", message)
+    if required:
+        names = [f"--{name.strip().split('.', 1)[-1]}" for name in required.group(1).split(",")]
+        lines = [f"error: {command} needs {', '.join(names)}"]
+        if "--model" in names:
+            lines[0] += " (a recipe gives it: --config configs/X.yaml)"
+    elif choice:
+        word, choices = choice.group(1), re.findall(r"'([^']*)'", choice.group(2))
+        lines = [f"error: unknown command {word!r}{did_you_mean(word, choices)} (commands: {', '.join(choices)})"]
+        command = None
+    elif missing_file:
+        path = Path(missing_file.group(1))
+        siblings = [p.name for p in path.parent.glob("*")] if path.parent.is_dir() else []
+        lines = [f"error: no such file: {path}{did_you_mean(path.name, siblings)}"]
+    elif unrecognized:
+        options = list(options)
+        lines = []
+        for token in unrecognized.group(1).split():
+            if token.startswith("--"):
+                name = token.split("=", 1)[0]
+                lines.append(f"error: unknown option {name}{did_you_mean(name, options)}")
+        lines = lines or [f"error: {message.strip()}"]
+    else:
+        leaves = _leaves(message)
+        depth = max((len(leaf.context) for leaf in leaves), default=0)
+        if depth == 0:  # no key named: the message as one line (a YAML syntax error, a missing command)
+            lines = [f"error: {_shorten(' '.join(leaf.message for leaf in leaves) or message, 400)}"]
+        else:
+            innermost = [leaf for leaf in leaves if len(leaf.context) == depth]
+            lines = [line for leaf in innermost for line in _describe_leaf(leaf)][:6]
+            keys = [value for kind, value in innermost[0].context if kind == "key"]
+            if keys:  # jsonargparse's own words, to search for
+                lines.append(f'  (jsonargparse: Parser key "{keys[-1]}")')
+    lines.append(f"see: python -m app {command + ' ' if command else ''}--help; {DEBUG_HINT}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ instantiation errors
+def root_cause(error: BaseException) -> BaseException:
+    """The innermost exception of ``error``'s chain (``__cause__``, else ``__context__``)."""
+    seen = {id(error)}
+    while True:
+        inner = error.__cause__ or error.__context__
+        if inner is None or id(inner) in seen:
+            return error
+        seen.add(id(inner))
+        error = inner
+
+
+def _rejecting_class(error: BaseException) -> str | None:
+    """The class whose constructor raised ``error``: the innermost ``__init__`` / ``__post_init__`` frame."""
+    found = None
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name in ("__init__", "__post_init__") and owner is not None:
+            cls = type(owner)
+            if not cls.__module__.startswith("jsonargparse"):
+                found = f"{cls.__module__}.{cls.__qualname__}"
+    return found
+
+
+def _config_leaves(config: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """``(dotted path, value)`` of every leaf of a jsonargparse ``Namespace`` (or dict) tree."""
+    from jsonargparse import Namespace
+
+    for key, value in (config if isinstance(config, dict) else vars(config)).items():
+        if isinstance(value, (dict, Namespace)):
+            yield from _config_leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def locate_field(config: Any, message: str) -> tuple[str, Any] | None:
+    """The config field an error message is most likely about: a leaf whose name is a word of the message, preferring
+    one whose value also appears in it."""
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", message))
+    candidates = [(path, value) for path, value in _config_leaves(config) if path.rsplit(".", 1)[-1] in words]
+    for path, value in candidates:
+        if value is not None and str(value) and str(value) in message:
+            return path, value
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def describe_instantiation_error(error: BaseException, config: Any = None, command: str = "fit") -> str:
+    """A few lines for an exception raised while the config's classes were built."""
+    root = root_cause(error)
+    message = str(root) or type(root).__name__
+    field = locate_field(config, message) if config is not None else None
+    head = f"error: {field[0]} = {field[1]!r}: " if field else "error: "
+    lines = [head + _shorten(message, 400)]
+    owner = _rejecting_class(root)
+    kind = type(root).__name__
+    lines.append(f"  raised by {owner} ({kind})" if owner else f"  ({kind} while building the config's objects)")
+    lines.append(f"see: python -m app {command} --help; {DEBUG_HINT}")
+    return "\n".join(lines)
