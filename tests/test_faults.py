@@ -160,3 +160,16 @@ def test_the_cli_trainer_checkpoints_on_preemption_and_writes_atomically(tmp_pat
     cli = AppCLI(args=["--config", str(config)], run=False)
     assert sum(isinstance(c, PreemptionCheckpoint) for c in cli.trainer.callbacks) == 1
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+def test_an_unwritable_export_folder_fails_before_training(new_policy, new_datamodule, fit, tmp_path):
+    from app.errors import ConfigError
+    from app.export import ExportPolicy
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    module = grpo(new_policy)
+    before = [p.detach().clone() for p in module.policy.trainable_parameters()]
+    with pytest.raises(ConfigError, match="export folder .* is not writable"):
+        fit(module, new_datamodule(), max_steps=1, callbacks=[ExportPolicy(str(blocker / "policy"))])
+    assert all(torch.equal(b, p) for b, p in zip(before, module.policy.trainable_parameters(), strict=True))

@@ -8,6 +8,7 @@ from pathlib import Path
 import lightning as L
 
 from app.errors import ConfigError
+from app.faults import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,10 @@ class ExportPolicy(L.Callback):
 
     def __init__(self, output_dir: str):
         self.output_dir = output_dir
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and trainer.is_global_zero:
+            check_writable(self.output_dir, "the export folder (ExportPolicy output_dir)")
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:

@@ -2,6 +2,7 @@
 
 - :class:`AtomicCheckpointIO` writes every checkpoint to a temporary file beside its destination, flushes it to disk and
   renames it into place, so a run killed mid-save leaves the previous file (or none), never a truncated one.
+- :func:`check_writable` fails a run at start-up when an output folder cannot be written (not after training).
 - :class:`PreemptionCheckpoint` saves a resumable checkpoint when the run receives SIGTERM (what schedulers send before
   preemption) or SIGUSR1, then exits with ``128 + signal`` so the scheduler can tell the run from a finished one.
   Lightning notices SIGTERM itself and stops after the current batch; SIGUSR1 is handled here the same way. Resume with
@@ -24,6 +25,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from app.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,20 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
         os.fsync(directory)  # the rename itself reaches the disk
     finally:
         os.close(directory)
+
+
+def check_writable(folder: str | Path, what: str) -> None:
+    """Create ``folder`` if needed and write a probe file in it; a :class:`~app.errors.ConfigError` naming ``what``
+    otherwise (``python -m app`` prints it in one line), so a run fails before training, not after it."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"{what} {str(folder)!r} is not writable ({error.strerror or error}); choose another folder"
+        ) from None
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -81,6 +98,8 @@ class PreemptionCheckpoint(Callback):
         return folder / PREEMPTED_FILENAME
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and trainer.is_global_zero:
+            check_writable(self.checkpoint_path(trainer).parent, "the checkpoint folder")
         if stage != "fit" or not hasattr(signal, "SIGUSR1"):
             return
         try:
