@@ -173,3 +173,14 @@ def test_an_unwritable_export_folder_fails_before_training(new_policy, new_datam
     with pytest.raises(ConfigError, match="export folder .* is not writable"):
         fit(module, new_datamodule(), max_steps=1, callbacks=[ExportPolicy(str(blocker / "policy"))])
     assert all(torch.equal(b, p) for b, p in zip(before, module.policy.trainable_parameters(), strict=True))
+
+
+def test_object_store_paths_go_to_lightnings_own_writer(monkeypatch, tmp_path):
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    written = []
+    monkeypatch.setattr(TorchCheckpointIO, "save_checkpoint", lambda self, c, path, options=None: written.append(path))
+    AtomicCheckpointIO().save_checkpoint({"step": 1}, "s3://bucket/run/last.ckpt")
+    AtomicCheckpointIO().save_checkpoint({"step": 1}, tmp_path / "last.ckpt")
+    assert written == ["s3://bucket/run/last.ckpt"] and torch.load(tmp_path / "last.ckpt") == {"step": 1}
+    assert PreemptionCheckpoint("s3://bucket/run").checkpoint_path(None) == f"s3://bucket/run/{PREEMPTED_FILENAME}"

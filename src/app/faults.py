@@ -22,6 +22,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -72,6 +73,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``torch.save`` checkpoint IO, written atomically on the destination's own filesystem."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        if not _is_local_file_protocol(path):  # object stores write whole objects: Lightning's own writer
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
         if storage_options is not None:
             raise TypeError(f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}")
         atomic_torch_save(checkpoint, path)
@@ -89,17 +93,18 @@ class PreemptionCheckpoint(Callback):
     """
 
     def __init__(self, dirpath: str | Path | None = None) -> None:
-        self.dirpath = Path(dirpath) if dirpath is not None else None
+        self.dirpath = str(dirpath) if dirpath is not None else None  # a local folder or an fsspec URL
         self._requested: int | None = None
         self._previous_handler: Any = None
 
-    def checkpoint_path(self, trainer: L.Trainer) -> Path:
-        folder = self.dirpath if self.dirpath is not None else Path(trainer.default_root_dir) / "checkpoints"
-        return folder / PREEMPTED_FILENAME
+    def checkpoint_path(self, trainer: L.Trainer) -> str:
+        folder = self.dirpath if self.dirpath is not None else f"{trainer.default_root_dir}/checkpoints"
+        return f"{folder}/{PREEMPTED_FILENAME}"
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and trainer.is_global_zero:
-            check_writable(self.checkpoint_path(trainer).parent, "the checkpoint folder")
+        path = self.checkpoint_path(trainer)
+        if stage == "fit" and trainer.is_global_zero and _is_local_file_protocol(path):
+            check_writable(Path(path).parent, "the checkpoint folder")
         if stage != "fit" or not hasattr(signal, "SIGUSR1"):
             return
         try:
