@@ -19,6 +19,8 @@ from app.embedded.models import load_vlm
 from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_optional_kernels
 from app.models.policy import SwitchableReference
+from app.parallel.fsdp import gathered
+from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.logprobs import chunked_token_logprobs
 from app.types import CompletionBatch, PromptInputs, VisualSample
 
@@ -180,14 +182,15 @@ class VLMPolicy(SwitchableReference, nn.Module):
         was_training = self.model.training
         self.model.eval()
         try:
-            sequences = self.model.generate(
-                **prompt_inputs.tensors,
-                max_new_tokens=sampling.max_new_tokens,
-                suppress_tokens=self.suppressed_token_ids,
-                pad_token_id=self.pad_token_id,
-                eos_token_id=self.eos_token_ids,
-                **kwargs,
-            )
+            with gathered(self):  # FSDP: one all-gather for the whole generation, resharded after it
+                sequences = self.model.generate(
+                    **prompt_inputs.tensors,
+                    max_new_tokens=sampling.max_new_tokens,
+                    suppress_tokens=self.suppressed_token_ids,
+                    pad_token_id=self.pad_token_id,
+                    eos_token_id=self.eos_token_ids,
+                    **kwargs,
+                )
         finally:
             self.model.train(was_training)
         completion_ids = sequences[:, prompt_inputs.tensors["input_ids"].shape[1] :]  # [N, L]
@@ -222,7 +225,20 @@ class VLMPolicy(SwitchableReference, nn.Module):
         temperature: float = 1.0,
         hf_model: nn.Module | None = None,
     ) -> torch.Tensor:
-        """Per-token log-probs ``[N, L]`` (float32) of the completion tokens, computed in chunks over the vocabulary."""
+        """Per-token log-probs ``[N, L]`` (float32) of the completion tokens, computed in chunks over the vocabulary,
+        under ``hf_model`` (default: the policy, or the reference inside :meth:`reference`). It is the policy's
+        forward, so that FSDP gathers the sharded embeddings and output head around it."""
+        return self(prompt_inputs, completion_ids, completion_mask, temperature, hf_model)
+
+    def forward(
+        self,
+        prompt_inputs: PromptInputs,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        temperature: float = 1.0,
+        hf_model: nn.Module | None = None,
+    ) -> torch.Tensor:
+        """See :meth:`sequence_logprobs`."""
         prompt = prompt_inputs.tensors
         prompt_length = prompt["input_ids"].shape[1]
         inputs = dict(prompt)
@@ -235,9 +251,10 @@ class VLMPolicy(SwitchableReference, nn.Module):
         hf_model = hf_model or (self.frozen_reference if self._use_reference else self.hf_model)
         hidden = hf_model.model(**inputs, use_cache=False).last_hidden_state  # [N, P+L, H]
         hidden = hidden[:, prompt_length - 1 : -1]  # [N, L, H] states that predict the completion tokens
-        return chunked_token_logprobs(
+        logprobs = chunked_token_logprobs(
             hidden, hf_model.lm_head, completion_ids, chunk_size=self.logprob_chunk_size, temperature=temperature
         )
+        return logprobs.clone() if logprobs._base is not None else logprobs  # FSDP hooks need a non-view output
 
     @torch.no_grad()
     def reference_logprobs(self, prompt_inputs, completion_ids, completion_mask, temperature: float = 1.0):
@@ -278,6 +295,17 @@ class VLMPolicy(SwitchableReference, nn.Module):
 
     def vision_parameters(self) -> list[nn.Parameter]:
         return list(_vision_tower(self.hf_model).parameters())
+
+    def sharding_plan(self) -> ShardingPlan:
+        """FSDP units: each decoder layer and the vision tower (``generate`` calls it outside the language model's
+        forward) of the policy and of its frozen reference; the root is the policy, whose forward computes the
+        log-probs and which ``generate`` runs under (the embeddings and the tied output head stay in the root)."""
+        networks = [self.hf_model] + ([self.frozen_reference] if self.frozen_reference is not None else [])
+        units = []
+        for network in networks:
+            units += repeated_blocks(network, ("DecoderLayer",))
+            units.append(_vision_tower(network))
+        return ShardingPlan(units=units, roots=[self])
 
 
 def _vision_tower(hf_model: nn.Module) -> nn.Module:

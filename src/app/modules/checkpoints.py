@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-OMITTED = "frozen_parameters_omitted"  # checkpoint key: the names of the parameters left out
+from app.parallel.fsdp import OMITTED  # checkpoint key: the names of the parameters left out
 
 
 def optimized_parameter_ids(optimizers: Sequence[torch.optim.Optimizer]) -> set[int]:

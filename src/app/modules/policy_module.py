@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import lightning as L
 
 from app.models.policy import Policy
@@ -13,6 +15,7 @@ from app.modules.checkpoints import (
     rng_states,
 )
 from app.modules.optim import adamw_with_warmup
+from app.parallel.fsdp import FSDP2Strategy, gathered, is_sharded, shard_policy
 
 HPARAMS_IGNORED = ["policy", "rewards", "eval_rewards", "sampling"]
 """Constructor arguments that are objects, not hyper-parameters (``sampling`` is stored as plain data instead)."""
@@ -38,6 +41,18 @@ class PolicyModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters(ignore=HPARAMS_IGNORED)
         self.policy = policy
+
+    def configure_model(self) -> None:
+        """Shard the policy when the trainer runs :class:`~app.parallel.FSDP2Strategy` (Lightning calls this before
+        it builds the optimizer, so the optimizer holds the sharded parameters); nothing otherwise."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if not isinstance(strategy, FSDP2Strategy) or is_sharded(self.policy):
+            return
+        shard_policy(self.policy.sharding_plan(), strategy.shard_settings(), strategy.reshard_after_forward)
+
+    def gathered_policy(self) -> AbstractContextManager[None]:
+        """Rollouts and evaluation run inside: the sharded policy is gathered once, and resharded after."""
+        return gathered(self.policy)
 
     def configure_optimizers(self):
         parameters = self.policy.trainable_parameters()

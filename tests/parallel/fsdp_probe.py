@@ -1,0 +1,180 @@
+"""Runs under ``torchrun`` (or plain ``python`` for one process): a few GRPO steps of a tiny policy under DDP, FSDP2 or
+HSDP, and writes what the multi-process tests compare.
+
+    torchrun --nproc_per_node 2 tests/parallel/fsdp_probe.py OUT CASE [CASE ...]
+
+A case is ``<policy>-<strategy>[-same]``: policy ``vlm_lora``, ``vlm_full`` (full fine-tuning with a KL reference copy)
+or ``flow_lora`` (tiny SD3); strategy ``single``, ``ddp``, ``fsdp`` (all ranks shard) or ``hsdp`` (2 x world/2);
+``-same`` gives every rank the same prompts and random draws, so the run equals one process on that batch.
+Rank 0 writes ``OUT/<case>.pt``: the full trainable weights after fit; every rank writes ``OUT/<case>.rank<r>.pt``:
+its local parameter and optimizer-state sizes and the groups it trained on. Case ``vlm_lora-fsdp-resume`` also
+checkpoints after step 2 (sharded) and resumes from it in a second fit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from app.data import VisualTaskDataModule
+from app.models import FlowPolicy, VLMPolicy
+from app.models.flow import FlowLoRASettings
+from app.models.vlm import LoRASettings, SamplingSettings
+from app.modules import FlowGRPOModule, VLMGRPOModule
+from app.parallel import FSDP2Strategy
+from app.parallel.fsdp import local_numel
+from app.rewards import RewardComponent
+from app.sampling import FlowSamplingSettings
+from app.tasks.dots import DotsDataset, ShapePromptDataset
+
+STEPS = 2
+
+
+class LengthReward(RewardComponent):
+    """Completion length / 32: varies within a group, so a tiny random model gets gradients."""
+
+    value_range = (0.0, float("inf"))
+
+    def score(self, completions, samples):
+        return torch.tensor([len(c) / 32 for c in completions])
+
+
+class BrightnessReward(RewardComponent):
+    """Mean pixel value of a generated image."""
+
+    value_range = (0.0, 1.0)
+
+    def score(self, completions, samples):
+        return torch.stack([torch.as_tensor(image).float().mean() for image in completions])
+
+
+class Report(L.Callback):
+    """Per rank: local sizes of the trainable parameters and of the optimizer state, and the prompts trained on."""
+
+    def __init__(self, same_draws: bool):
+        self.same_draws = same_draws
+        self.batches: list[list[str]] = []
+
+    def on_fit_start(self, trainer, pl_module):
+        if self.same_draws and isinstance(pl_module, FlowGRPOModule):  # the rollout generator ignores the rank
+            pl_module._generator = torch.Generator().manual_seed(0)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batches.append([f"{s.question}|{s.meta.get('red_xy', s.meta.get('shape', ''))}" for s in batch])
+
+    def report(self, trainer, pl_module) -> dict:
+        trainable = [p for p in pl_module.parameters() if p.requires_grad]
+        optimizer = trainer.optimizers[0]
+        state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
+        return {
+            "params": local_numel(trainable),
+            "optimizer_state": local_numel(state),
+            "batches": self.batches,
+            "world_size": trainer.world_size,
+            "global_step": trainer.global_step,
+        }
+
+
+def build(policy_kind: str) -> tuple[L.LightningModule, L.LightningDataModule]:
+    if policy_kind.startswith("vlm"):
+        lora = LoRASettings(r=4, alpha=8, dropout=0.0) if policy_kind == "vlm_lora" else None
+        policy = VLMPolicy("tiny-qwen2-vl", lora=lora, instruction="")
+        module = VLMGRPOModule(
+            policy,
+            [LengthReward()],
+            SamplingSettings(num_generations=4, max_new_tokens=8),
+            beta=0.0 if lora else 0.04,
+            learning_rate=1e-3,
+            micro_batch_size=4,
+        )
+        dataset = DotsDataset
+    else:
+        policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
+        sampling = FlowSamplingSettings(num_generations=2, num_steps=3, sampler="cps", eta=0.7)
+        module = FlowGRPOModule(policy, [BrightnessReward()], sampling, learning_rate=1e-3)
+        dataset = ShapePromptDataset
+    data = VisualTaskDataModule(dataset, train_size=8, val_size=0, test_size=0, batch_size=2, image_size=64)
+    return module, data
+
+
+def strategy_for(kind: str, world: int):
+    if kind == "single":
+        return "auto"
+    if kind == "ddp":
+        return "ddp"
+    if kind == "fsdp":
+        return FSDP2Strategy()
+    if kind == "hsdp":
+        return FSDP2Strategy(replicate_size=2, shard_size=world // 2)
+    raise ValueError(f"unknown strategy {kind!r}")
+
+
+def trainer_for(strategy, root: Path, steps: int, callbacks: list, same_draws: bool) -> L.Trainer:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=strategy,
+        max_steps=steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        use_distributed_sampler=not same_draws,
+        default_root_dir=str(root),
+        callbacks=callbacks,
+    )
+
+
+def full_trainable_state(module: L.LightningModule) -> dict[str, torch.Tensor]:
+    names = {n for n, p in module.named_parameters() if p.requires_grad}
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.clone() for k, v in state.items() if k in names}
+
+
+def run(out: Path, case: str) -> None:
+    policy_kind, strategy_kind, *flags = case.split("-")
+    same = "same" in flags
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    L.seed_everything(0, verbose=False)
+    module, data = build(policy_kind)
+    report = Report(same)
+    callbacks: list = [report]
+    if "resume" in flags:
+        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=out / case, every_n_train_steps=STEPS))
+    trainer = trainer_for(strategy_for(strategy_kind, world), out / case, STEPS + 1, callbacks, same)
+    trainer.fit(module, data)
+    rank = trainer.global_rank
+    torch.save(report.report(trainer, module), out / f"{case}.rank{rank}.pt")
+    weights = full_trainable_state(module)
+    if rank == 0:
+        torch.save(weights, out / f"{case}.pt")
+    if "resume" in flags:  # a second fit from the step-2 checkpoint must end where the first one did
+        L.seed_everything(123, verbose=False)  # the checkpoint's generator states must override this
+        module, data = build(policy_kind)
+        trainer = trainer_for(strategy_for(strategy_kind, world), out / case, STEPS + 1, [Report(same)], same)
+        checkpoint = out / case / f"epoch=0-step={STEPS}.ckpt"
+        trainer.fit(module, data, ckpt_path=str(checkpoint))
+        resumed = full_trainable_state(module)
+        if rank == 0:
+            torch.save(resumed, out / f"{case}.resumed.pt")
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    for case in sys.argv[2:]:
+        run(out, case)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
