@@ -107,6 +107,8 @@ class VisualTaskDataModule(LightningDataModule):
             shuffled with it.
         image_size: side of the square images in pixels.
         num_workers: data loader worker processes.
+        eval_dataset: the validation and test splits' factory (e.g. both VBVR splits, in-domain and out-of-domain,
+            while training stays in-domain); None: ``dataset``.
     """
 
     def __init__(
@@ -120,19 +122,24 @@ class VisualTaskDataModule(LightningDataModule):
         seed: int = 0,
         image_size: int = 112,
         num_workers: int = 0,
+        eval_dataset: DatasetFactory | None = None,
     ) -> None:
         super().__init__()
         if not callable(dataset):
             raise TypeError(f"dataset must be a data set class or factory, got {dataset!r}")
+        if eval_dataset is not None and not callable(eval_dataset):
+            raise TypeError(f"eval_dataset must be a data set class or factory or null, got {eval_dataset!r}")
         if train_size < 1:
             raise ValueError(f"train_size must be >= 1 (fit needs training samples), got {train_size}")
         if min(val_size, test_size) < 0:
             raise ValueError(f"val_size and test_size must be >= 0, got {val_size} and {test_size}")
         self.dataset = dataset
+        self.eval_dataset = eval_dataset or dataset
         # Hyper-parameters go into checkpoints, which load with weights_only=True: plain data only, so the data set
         # is recorded as its class path and arguments (save_hyperparameters reads the local variables of __init__;
         # under LightningCLI it records the parsed config, where the data set is that already).
         dataset = factory_config(dataset)
+        eval_dataset = factory_config(eval_dataset) if eval_dataset is not None else None
         self.save_hyperparameters()
         self.train_size, self.val_size, self.test_size = train_size, val_size, test_size
         self.batch_size, self.val_batch_size = batch_size, val_batch_size
@@ -145,7 +152,8 @@ class VisualTaskDataModule(LightningDataModule):
         self._resume_state: dict[str, int] = {}
 
     def _build(self, split: str, size: int) -> Dataset:
-        return self.dataset(size, split_seed(self.seed, split), self.image_size)
+        factory = self.dataset if split == "train" else self.eval_dataset
+        return factory(size, split_seed(self.seed, split), self.image_size)
 
     def setup(self, stage: str | None = None) -> None:
         # Samples render lazily, so building every split is cheap whatever the stage.
@@ -157,7 +165,7 @@ class VisualTaskDataModule(LightningDataModule):
     def _loader(self, dataset: Dataset, batch_size: int, train: bool) -> DataLoader:
         sampler = None
         if train:
-            sampler = ResumableShuffleSampler(len(dataset), self.seed)
+            sampler = ResumableShuffleSampler(len(dataset), self.seed, **self._sampler_ranks())
             if self._resume_state:
                 done = self._resume_state["batches_done"] * batch_size
                 sampler.resume(self._resume_state["epoch"], done)
@@ -174,6 +182,16 @@ class VisualTaskDataModule(LightningDataModule):
             collate_fn=collate_visual_samples,
             persistent_workers=self.num_workers > 0,
         )
+
+    def _sampler_ranks(self) -> dict[str, int]:
+        """This process's share of the training set: the strategy's data-parallel ranks, unless the trainer was told
+        not to split the data (``use_distributed_sampler=False``) or runs in one process."""
+        trainer = self.trainer
+        kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
+        split = trainer is not None and getattr(trainer._accelerator_connector, "use_distributed_sampler", True)
+        if not kwargs or not split:
+            return {}
+        return {"num_replicas": kwargs["num_replicas"], "rank": kwargs["rank"]}
 
     def state_dict(self) -> dict[str, int]:
         """Where training is in the current epoch, saved in checkpoints so a resumed run continues mid-epoch."""

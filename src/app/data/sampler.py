@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler
 
 
-class ResumableShuffleSampler(Sampler[int]):
-    """Shuffles ``length`` indices with a permutation drawn from ``(seed, epoch)``.
+class ResumableShuffleSampler(DistributedSampler):
+    """Shuffles ``length`` indices with a permutation drawn from ``(seed, epoch)`` and gives this rank its share.
 
-    Lightning calls ``set_epoch`` at every epoch start (and wraps the sampler for distributed runs). ``resume(epoch,
-    num_indices)`` makes the next pass over ``epoch`` start after its first ``num_indices`` indices, without loading the
-    skipped samples.
+    The share is that of :class:`~torch.utils.data.DistributedSampler` (the permutation padded with its head to a
+    multiple of ``num_replicas``, then every ``num_replicas``-th index from ``rank``), so with one rank it is the whole
+    permutation. Lightning calls ``set_epoch`` at every epoch start and, since this is a ``DistributedSampler``, does
+    not wrap it. ``resume(epoch, num_indices)`` makes the next pass over ``epoch`` start after this rank's first
+    ``num_indices`` indices, without loading the skipped samples.
     """
 
-    def __init__(self, length: int, seed: int) -> None:
+    def __init__(self, length: int, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, num_replicas), got rank={rank}, num_replicas={num_replicas}")
+        # DistributedSampler's attributes, set here: its __init__ would ask torch.distributed for the ranks.
+        self.dataset, self.shuffle, self.drop_last = None, True, False
         self.length = length
         self.seed = seed
+        self.num_replicas, self.rank = num_replicas, rank
+        self.num_samples = math.ceil(length / num_replicas) if length else 0
+        self.total_size = self.num_samples * num_replicas
         self.epoch = 0
         self._resume: tuple[int, int] | None = None
 
@@ -31,11 +41,13 @@ class ResumableShuffleSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.length, generator=generator).tolist()
+        order += order[: self.total_size - len(order)]  # pad to a multiple of num_replicas (length >= num_replicas)
+        share = order[self.rank : self.total_size : self.num_replicas]
         start = 0
         if self._resume is not None and self._resume[0] == self.epoch:
             start = self._resume[1]
         self._resume = None
-        return iter(order[start:])
+        return iter(share[start:])
 
     def __len__(self) -> int:
-        return self.length
+        return self.num_samples

@@ -1,0 +1,42 @@
+"""The resumable sampler: a seeded permutation per epoch, split between ranks as DistributedSampler splits it, and a
+mid-epoch resume that skips exactly the indices this rank already trained on."""
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from app.data.sampler import ResumableShuffleSampler
+
+
+def test_one_rank_gets_the_whole_permutation_of_its_epoch():
+    sampler = ResumableShuffleSampler(10, seed=3)
+    sampler.set_epoch(2)
+    assert list(sampler) == torch.randperm(10, generator=torch.Generator().manual_seed(5)).tolist()
+    assert len(sampler) == 10
+
+
+@pytest.mark.parametrize("length, world", [(12, 2), (10, 4), (7, 3)])
+def test_ranks_share_the_permutation_as_distributed_sampler_does(length, world):
+    shares = [list(ResumableShuffleSampler(length, seed=1, num_replicas=world, rank=r)) for r in range(world)]
+    order = torch.randperm(length, generator=torch.Generator().manual_seed(1)).tolist()
+    padded = order + order[: -length % world]
+    assert shares == [padded[r::world] for r in range(world)]
+    assert sorted(set(sum(shares, []))) == list(range(length)), "every index is drawn by some rank"
+    assert {len(s) for s in shares} == {-(-length // world)}, "every rank draws the same number of indices"
+    assert isinstance(ResumableShuffleSampler(length, 0), DistributedSampler), "Lightning must not wrap it again"
+
+
+def test_resume_skips_this_ranks_first_indices_of_that_epoch_only():
+    straight = ResumableShuffleSampler(12, seed=0, num_replicas=2, rank=1)
+    straight.set_epoch(1)
+    expected = list(straight)
+    resumed = ResumableShuffleSampler(12, seed=0, num_replicas=2, rank=1)
+    resumed.set_epoch(1)
+    resumed.resume(epoch=1, num_indices=4)
+    assert list(resumed) == expected[4:]
+    assert list(resumed) == expected, "the skip applies to one pass only"
+
+
+def test_rank_outside_the_world_is_refused():
+    with pytest.raises(ValueError, match="rank must be in"):
+        ResumableShuffleSampler(4, seed=0, num_replicas=2, rank=2)
