@@ -1,9 +1,13 @@
-"""Log a table of sampled completions with their rewards, to a CSV file and to TensorBoard.
+"""Log a table of sampled completions with their rewards, to a CSV file and to the loggers, with the prompt's image.
 
 The training module returns ``{"loss": ..., "records": list[CompletionRecord]}`` from ``training_step``; every
 ``every_n_steps`` optimizer steps this callback keeps the first ``max_rows`` records. Completions are untrusted text:
 the CSV is written by the ``csv`` module (quoted, never interpreted) and the Markdown table escapes ``|``, HTML and line
 breaks.
+
+Beside each completion the loggers get the prompt's first image as a thumbnail: TensorBoard as a rendered table image
+(``completions/table``, next to the Markdown text), Weights & Biases and MLflow as a table with an image column, when
+their loggers are configured (:mod:`callbacks.media`).
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ import warnings
 from typing import Any
 
 import lightning as L
+import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
+from PIL import Image
 
 from app.types import CompletionRecord
+from callbacks.media import log_table, text_cell, tile
 
 BASE_COLUMNS = ("step", "task", "question", "completion", "answer", "reward", "advantage")
 COMPONENT_PREFIX = "reward/"
@@ -53,6 +60,20 @@ def records_to_markdown(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def render_table(rows: list[dict[str, Any]], thumbnails: list[Image.Image | None], size: int) -> Image.Image:
+    """A picture of the table for loggers without a table type: per row the thumbnail, the question and completion,
+    and the reward / advantage."""
+    lines = []
+    for row, thumb in zip(rows, thumbnails, strict=True):
+        cell = Image.new("RGB", (size, size), (255, 255, 255))
+        if thumb is not None:
+            cell.paste(thumb, (0, 0))
+        text = f"Q: {row['question']}  ->  {row['completion']}  (answer: {row['answer']})"
+        score = f"step {row['step']}  reward {row['reward']:.3f}  adv {row['advantage']:+.3f}"
+        lines.append([cell, text_cell(text, 6 * size, size), text_cell(score, 2 * size, size)])
+    return tile(lines)
+
+
 class CompletionTableLogger(L.Callback):
     """Append sampled completions to ``<log_dir>/<filename>`` and to TensorBoard's text tab.
 
@@ -64,9 +85,17 @@ class CompletionTableLogger(L.Callback):
         every_n_steps: log when ``trainer.global_step`` is a multiple of this (at most once per global step).
         max_rows: the first ``max_rows`` records of a batch are logged.
         filename: name of the CSV file inside the trainer's log directory.
+        thumbnail_size: side in pixels of the prompt image beside each completion in the loggers' tables; None: text
+            only.
     """
 
-    def __init__(self, every_n_steps: int = 10, max_rows: int = 16, filename: str = "completions.csv") -> None:
+    def __init__(
+        self,
+        every_n_steps: int = 10,
+        max_rows: int = 16,
+        filename: str = "completions.csv",
+        thumbnail_size: int | None = 64,
+    ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         if max_rows < 1:
@@ -74,6 +103,9 @@ class CompletionTableLogger(L.Callback):
         self.every_n_steps = every_n_steps
         self.max_rows = max_rows
         self.filename = filename
+        if thumbnail_size is not None and thumbnail_size < 8:
+            raise ValueError(f"thumbnail_size must be >= 8 or null, got {thumbnail_size}")
+        self.thumbnail_size = thumbnail_size
         self._dirpath: str | None = None
         self._columns: list[str] | None = None
         self._last_logged_step: int | None = None
@@ -99,9 +131,32 @@ class CompletionTableLogger(L.Callback):
         self._last_logged_step = step
         rows = [record_to_row(r) for r in outputs["records"][: self.max_rows]]
         columns = self._write_csv(rows, self._dirpath or trainer.default_root_dir)
+        thumbnails = self._thumbnails(outputs["records"][: self.max_rows], batch, getattr(pl_module, "group_size", 1))
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text("completions", records_to_markdown(rows, columns), step)
+                if any(t is not None for t in thumbnails):
+                    image = render_table(rows, thumbnails, self.thumbnail_size)
+                    logger.experiment.add_image("completions/table", np.asarray(image), step, dataformats="HWC")
+        table_columns = ["image", *columns] if self.thumbnail_size else columns
+        table_rows = [[t, *(row.get(c, "") for c in columns)] if self.thumbnail_size else [row.get(c, "") for c in columns]
+                      for row, t in zip(rows, thumbnails, strict=True)]  # fmt: skip
+        log_table(trainer, "completions", table_columns, table_rows, step, image_column="image")
+
+    def _thumbnails(self, records: list[CompletionRecord], batch: Any, group_size: int) -> list[Image.Image | None]:
+        """The first image of each record's prompt (row ``i`` is prompt ``i // K`` of the batch), shrunk."""
+        samples = list(batch) if isinstance(batch, (list, tuple)) else []
+        out: list[Image.Image | None] = []
+        for i in range(len(records)):
+            b = i // max(1, int(group_size))
+            images = getattr(samples[b], "images", None) if b < len(samples) else None
+            if not self.thumbnail_size or not images:
+                out.append(None)
+                continue
+            thumb = images[0].convert("RGB")
+            thumb.thumbnail((self.thumbnail_size, self.thumbnail_size))
+            out.append(thumb)
+        return out
 
     def _write_csv(self, rows: list[dict[str, Any]], dirpath: str) -> list[str]:
         path = os.path.join(dirpath, self.filename)

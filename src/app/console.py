@@ -110,8 +110,8 @@ def _newest(folder: Path, pattern: str = "*.ckpt") -> Path | None:
 
 def artefacts(trainer: L.Trainer, extra: Iterable[tuple[str, str | os.PathLike | None]] = ()) -> list[tuple[str, str]]:
     """``(what, path)`` of every artefact of a run that exists on disk: checkpoints, an exported policy, files of
-    callbacks that name theirs in a ``path`` attribute (the completions CSV), the loggers' folders, the saved config,
-    and ``extra``."""
+    callbacks that name theirs in a ``path`` attribute (the report, sample grids, the completions CSV; shown as their
+    ``artefact_name`` or the file's stem), the loggers' folders, the saved config, and ``extra``."""
     from app.export import ExportPolicy
 
     found: list[tuple[str, Path]] = []
@@ -123,7 +123,7 @@ def artefacts(trainer: L.Trainer, extra: Iterable[tuple[str, str | os.PathLike |
         elif isinstance(callback, ExportPolicy):
             found.append(("exported policy", Path(callback.output_dir)))
         elif isinstance(getattr(callback, "path", None), (str, os.PathLike)):
-            found.append((Path(callback.path).stem, Path(callback.path)))
+            found.append((getattr(callback, "artefact_name", None) or Path(callback.path).stem, Path(callback.path)))
     found += [(what, Path(path)) for what, path in extra if path]
     for logger in trainer.loggers:
         if logger.log_dir:

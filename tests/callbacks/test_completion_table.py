@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from app.types import CompletionRecord
-from callbacks.completion_table import CompletionTableLogger
+from callbacks.completion_table import CompletionTableLogger, record_to_row
 
 NASTY = 'a, "quoted" answer\nwith | pipes,\r\nand <b>html</b> \\| =1+1'
 
@@ -163,3 +163,97 @@ def test_resume_reuses_existing_header(tmp_path):
     log(second, fake_trainer(tmp_path, 2), make_records(2))
     rows = read_rows(second.path)
     assert [int(r["step"]) for r in rows] == [1] * 3 + [2] * 3
+
+
+# ------------------------------------------------------------------------------------- thumbnails, other loggers
+def prompts_with_images(n: int) -> list:
+    from PIL import Image
+
+    from app.types import VisualSample
+
+    return [
+        VisualSample(images=[Image.new("RGB", (32, 32), (200, 10 * i, 0))], question="q", task="t") for i in range(n)
+    ]
+
+
+def test_tensorboard_gets_a_table_image_with_the_prompt_thumbnails(tmp_path):
+    import numpy as np
+
+    from callbacks.completion_table import render_table
+
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    callback = CompletionTableLogger(every_n_steps=1, max_rows=2, thumbnail_size=16)
+    trainer = fake_trainer(tmp_path, 3)
+    trainer.loggers = [logger]
+    callback.setup(trainer, None, "fit")
+    callback.on_train_batch_end(
+        trainer, SimpleNamespace(group_size=2), {"records": make_records(3)}, prompts_with_images(2), 0
+    )
+    logger.experiment.flush()
+    acc = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    acc.Reload()
+    (event,) = acc.Images("completions/table")
+    assert event.step == 3 and event.height == 2 * 16 + 3 * 2  # two rows of 16-pixel thumbnails
+    rows = [record_to_row(r) for r in make_records(3)[:2]]
+    image = render_table(rows, callback._thumbnails(make_records(3)[:2], prompts_with_images(2), 2), 16)
+    assert tuple(np.asarray(image)[2 + 8, 2 + 8]) == (200, 0, 0)  # the first prompt's colour, beside row 1
+
+
+class FakeImage:
+    def __init__(self, image):
+        self.image = image
+
+
+def test_wandb_and_mlflow_get_tables_with_image_columns(tmp_path, monkeypatch):
+    import sys
+
+    from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
+
+    monkeypatch.setitem(sys.modules, "wandb", SimpleNamespace(Image=FakeImage))
+
+    class Wandb(WandbLogger):
+        def __init__(self):
+            self.tables = []
+
+        def log_table(self, key, columns=None, data=None, dataframe=None, step=None):
+            self.tables.append((key, columns, data, step))
+
+    class Client:
+        def __init__(self):
+            self.images, self.tables = [], []
+
+        def log_image(self, run_id, image, name):
+            self.images.append((run_id, name))
+
+        def log_table(self, run_id, data, artifact_file):
+            self.tables.append((run_id, data, artifact_file))
+
+    class MLflow(MLFlowLogger):
+        def __init__(self):
+            self.client = Client()
+
+        @property
+        def experiment(self):
+            return self.client
+
+        @property
+        def run_id(self):
+            return "run-1"
+
+    wandb, mlflow = Wandb(), MLflow()
+    callback = CompletionTableLogger(every_n_steps=1, max_rows=3)
+    trainer = fake_trainer(tmp_path, 2)
+    trainer.loggers = [wandb, mlflow]
+    callback.setup(trainer, None, "fit")
+    callback.on_train_batch_end(
+        trainer, SimpleNamespace(group_size=2), {"records": make_records(2)}, prompts_with_images(2), 0
+    )
+    (key, columns, data, step) = wandb.tables[0]
+    assert (key, step, columns[0], columns[-1]) == ("completions", 2, "image", "reward/format")
+    assert [type(row[0]) for row in data] == [FakeImage] * 3
+    assert data[2][0].image.getpixel((0, 0)) == (200, 10, 0)  # row 2 is prompt 1 (K = 2)
+    assert data[1][columns.index("completion")] == f"{NASTY} #1"
+    run_id, table, artifact = mlflow.client.tables[0]
+    assert run_id == "run-1" and artifact == "completions/step_000002.json"
+    assert table["image"] == ["step_000002_000.png", "step_000002_001.png", "step_000002_002.png"]
+    assert len(mlflow.client.images) == 3

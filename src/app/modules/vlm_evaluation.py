@@ -1,24 +1,73 @@
-"""Greedy-decoding evaluation of a VLM policy, shared by the SFT and GRPO modules."""
+"""Greedy-decoding evaluation of a VLM policy, shared by the SFT and GRPO modules, with pass@k from sampled
+completions and a breakdown per task and per evaluation set (docs/evaluation.md)."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
+from app.data.eval_sets import EVAL_SET_KEY
 from app.models.vlm import SamplingSettings
 from app.rewards import AccuracyReward, FormatReward, RewardComponent
 from app.types import CompletionBatch, VisualSample
+
+
+def pass_at_k(num_samples: int, num_correct: Tensor, k: int) -> Tensor:
+    """The unbiased pass@k estimate per prompt, ``1 - C(n - c, k) / C(n, k)`` (Chen et al., 2021), from ``n`` sampled
+    completions of which ``c`` are correct: the chance that at least one of k completions drawn without replacement
+    from the n is correct.
+
+    >>> [round(v, 4) for v in pass_at_k(4, torch.tensor([0, 1, 2, 4]), 2).tolist()]
+    [0.0, 0.5, 0.8333, 1.0]
+    """
+    if not 1 <= k <= num_samples:
+        raise ValueError(f"pass@k needs 1 <= k <= n (samples per prompt), got k={k}, n={num_samples}")
+    total = math.comb(num_samples, k)
+    return torch.tensor([1.0 - math.comb(num_samples - int(c), k) / total for c in num_correct], dtype=torch.float32)
+
+
+@dataclass
+class PassAtK:
+    """pass@k in evaluation: ``num_samples`` completions sampled per prompt (besides the greedy one).
+
+    Attributes:
+        num_samples: n, completions sampled per prompt.
+        k: the k values to report (each <= n); logged as ``<stage>/pass@<k>``.
+        temperature: sampling temperature of those completions.
+        reward: the evaluation reward whose value decides correctness (``eval_rewards`` name).
+        threshold: a completion is correct when that reward is >= this.
+    """
+
+    num_samples: int = 8
+    k: tuple[int, ...] = (1, 4, 8)
+    temperature: float = 1.0
+    reward: str = "accuracy"
+    threshold: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.k = tuple(self.k)
+        if self.num_samples < 1 or not self.k or not all(1 <= k <= self.num_samples for k in self.k):
+            raise ValueError(f"pass@k needs num_samples >= 1 and every k in [1, num_samples], got {self}")
 
 
 class GreedyEvaluation:
     """Validation, test and predict steps of a LightningModule holding a VLM ``policy`` and ``eval_rewards``.
 
     Each reward is scored on greedy completions (``hparams.eval_max_new_tokens`` tokens at most) and logged as
-    ``<stage>/<name>`` and ``<stage>/<name>/<task>`` (``accuracy`` as ``<stage>/acc``). Every evaluation's figures are
-    kept in ``eval_results`` under ``"<stage>@step<global step>"`` (the CLI prints them at the end of a run).
+    ``<stage>/<name>`` and ``<stage>/<name>/<task>`` (``accuracy`` as ``<stage>/acc``), and per evaluation set as
+    ``<stage>/<set>/<name>[/<task>]`` for samples whose ``meta["eval_set"]`` names one (their names are kept in
+    ``eval_set_names``). With a ``pass_at_k`` attribute (:class:`PassAtK`), n completions are also sampled per prompt
+    and ``<stage>/pass@<k>`` is logged the same ways. Every evaluation's figures are kept in ``eval_results`` under
+    ``"<stage>@step<global step>"`` (the CLI prints them at the end of a run).
     """
+
+    pass_at_k: PassAtK | None = None
+    eval_set_names: list[str] = []
 
     eval_results: dict[str, dict[str, float]]
 
@@ -50,18 +99,41 @@ class GreedyEvaluation:
         completions = self._greedy(samples)
         for reward in self.eval_rewards:
             values = reward.score(completions.texts, samples).to(self.device)  # [B]
-            key = "acc" if reward.name == "accuracy" else reward.name
-            self.log(f"{stage}/{key}", values.mean(), batch_size=len(samples), sync_dist=True)
-            by_task = defaultdict(list)
-            for sample, value in zip(samples, values, strict=True):
-                by_task[sample.task].append(value)
-            for task, task_values in by_task.items():
-                self.log(
-                    f"{stage}/{key}/{task}",
-                    torch.stack(task_values).mean(),
-                    batch_size=len(task_values),
-                    sync_dist=True,
-                )
+            self._log_grouped(stage, "acc" if reward.name == "accuracy" else reward.name, values, samples)
+        settings: PassAtK | None = getattr(self, "pass_at_k", None)
+        if settings is not None:
+            for k, values in self._pass_at_k(samples, settings).items():
+                self._log_grouped(stage, f"pass@{k}", values.to(self.device), samples)
+
+    def _pass_at_k(self, samples: list[VisualSample], settings: PassAtK) -> dict[int, Tensor]:
+        """``k -> [B]`` pass@k estimates from ``settings.num_samples`` sampled completions per prompt."""
+        n = settings.num_samples
+        reward = next((r for r in self.eval_rewards if r.name == settings.reward), None)
+        if reward is None:
+            names = [r.name for r in self.eval_rewards]
+            raise ValueError(f"pass_at_k.reward {settings.reward!r} is not one of the evaluation rewards {names}")
+        sampling = SamplingSettings(
+            num_generations=n, temperature=settings.temperature, max_new_tokens=self.hparams.eval_max_new_tokens
+        )
+        sampled = self.policy.generate(self.policy.encode_prompts(samples, repeats=n), sampling, group_size=n)
+        scores = reward.score(sampled.texts, [s for s in samples for _ in range(n)])  # [B * n], group-major
+        correct = (scores.float() >= settings.threshold).view(len(samples), n).sum(dim=1)  # [B]
+        return {k: pass_at_k(n, correct, k) for k in settings.k}
+
+    def _log_grouped(self, stage: str, key: str, values: Tensor, samples: list[VisualSample]) -> None:
+        """Log the mean of ``values`` ``[B]`` as ``<stage>/<key>``, per task (``<stage>/<key>/<task>``) and per
+        evaluation set (``<stage>/<set>/<key>`` and ``<stage>/<set>/<key>/<task>``)."""
+        groups: dict[str, list[Tensor]] = defaultdict(list)
+        for sample, value in zip(samples, values, strict=True):
+            groups[f"{key}/{sample.task}"].append(value)
+            eval_set = sample.meta.get(EVAL_SET_KEY)
+            if eval_set is not None:
+                self.eval_set_names = sorted({*getattr(self, "eval_set_names", ()), str(eval_set)})
+                groups[f"{eval_set}/{key}"].append(value)
+                groups[f"{eval_set}/{key}/{sample.task}"].append(value)
+        self.log(f"{stage}/{key}", values.mean(), batch_size=len(samples), sync_dist=True)
+        for name, group in groups.items():
+            self.log(f"{stage}/{name}", torch.stack(group).mean(), batch_size=len(group), sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         self._remember("val")

@@ -1,0 +1,106 @@
+"""A stand-in GRPO module for callback tests: it returns what the GRPO modules return from ``training_step`` and logs
+their ``train/`` metrics, from a schedule the test chooses, without a model."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from PIL import Image
+
+from app.types import CompletionRecord, RewardOutput, VisualSample
+
+K = 2
+
+
+def prompts(n: int, size: int = 16) -> list[VisualSample]:
+    return [
+        VisualSample(
+            images=[Image.new("RGB", (size, size), (40 * i, 200, 30))], question=f"prompt {i}", task=f"t{i % 2}"
+        )
+        for i in range(n)
+    ]
+
+
+class StandInGRPO(L.LightningModule):
+    """``metrics[step]`` overrides the logged ``train/`` values of that step; ``frames`` > 0 returns videos."""
+
+    group_size = K
+
+    def __init__(self, metrics: dict[int, dict[str, float]] | None = None, frames: int = 0) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.metrics = metrics or {}
+        self.frames = frames
+
+    def training_step(self, batch, batch_idx):
+        n = len(batch) * K
+        accuracy = torch.tensor([float((i + self.global_step) % 2) for i in range(n)])  # [N]
+        fmt = torch.ones(n)
+        rewards = RewardOutput(total=accuracy + 0.5 * fmt, components={"accuracy": accuracy, "format": fmt})
+        advantages = accuracy - accuracy.mean()
+        values = {
+            "train/reward/total": float(rewards.total.mean()),
+            "train/kl": 0.01,
+            "train/clip_fraction": 0.0,
+            "train/frac_zero_std": 0.0,
+            "train/completion_length": 20.0,
+            **self.metrics.get(self.global_step, {}),
+        }
+        self.log_dict({k: torch.tensor(v) for k, v in values.items()}, batch_size=len(batch))
+        shape = (n, self.frames, 3, 8, 8) if self.frames else (n, 3, 8, 8)
+        images = torch.rand(shape, generator=torch.Generator().manual_seed(self.global_step))
+        records = [
+            CompletionRecord(self.global_step, batch[i // K].task, batch[i // K].question, f"answer {i}", "1",
+                             float(rewards.total[i]), float(advantages[i]), {"accuracy": float(accuracy[i])})
+            for i in range(n)
+        ]  # fmt: skip
+        loss = self.layer(torch.ones(1, 2)).pow(2).mean()
+        return {"loss": loss, "records": records, "rewards": rewards, "advantages": advantages, "images": images,
+                "timings": {"rollout": 0.01, "reward": 0.002, "update": 0.005}}  # fmt: skip
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(prompts(8), batch_size=2, collate_fn=list)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def trainer_for(tmp_path, callbacks, max_steps: int = 4, logger: bool = True) -> L.Trainer:
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return L.Trainer(
+        accelerator="cpu",
+        max_steps=max_steps,
+        logger=TensorBoardLogger(tmp_path, name="tb") if logger else False,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        default_root_dir=tmp_path,
+    )
+
+
+@pytest.fixture
+def stand_in():
+    return StandInGRPO
+
+
+@pytest.fixture
+def make_trainer():
+    return trainer_for
+
+
+def read_scalars(log_dir) -> dict[str, dict[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "histograms": 0})
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}, acc
+
+
+@pytest.fixture
+def tensorboard():
+    """``tensorboard(log_dir) -> (tag -> {step: value}, EventAccumulator)``."""
+    return read_scalars
