@@ -87,10 +87,12 @@ class RewardOutput:
     Attributes:
         total: ``[N]`` weighted sum of the components.
         components: name -> ``[N]`` unweighted component values.
+        num_nonfinite: non-finite values (NaN, inf) the components returned for this batch, replaced by 0.
     """
 
     total: torch.Tensor
     components: dict[str, torch.Tensor]
+    num_nonfinite: int = 0
 
 
 @dataclass
@@ -100,8 +102,9 @@ class GRPOBatch:
     Attributes:
         prompt_inputs: the B prompts, each repeated K times (N rows).
         completions: the sampled completions.
-        old_logprobs: ``[N, L]`` log-probs under the policy that sampled them; None when ``num_iterations == 1``
-            (then the current log-probs, detached, are the old ones and the ratio is exactly 1).
+        old_logprobs: ``[N, L]`` log-probs under the policy that sampled them; None when ``num_iterations == 1`` and
+            the reward pipeline has no delay (then the current log-probs, detached, are the old ones and the ratio is
+            exactly 1).
         ref_logprobs: ``[N, L]`` log-probs under the reference (adapter disabled), or None when beta == 0.
         advantages: ``[N]`` group-relative advantages.
         loss_mask: ``[N, L]`` tokens that enter the loss (completion mask, minus dropped groups / truncated rows).

@@ -11,6 +11,7 @@ from torch import nn
 from app.algorithms import grpo_loss
 from app.models import Policy
 from app.modules import FlowGRPOModule, GRPOModule, VLMGRPOModule
+from app.parallel import ShardingPlan
 from app.rewards import RewardComponent
 from app.types import RewardOutput, VisualSample
 
@@ -52,6 +53,9 @@ class LinearPolicy(nn.Module):
 
     def export(self, output_dir):
         return output_dir
+
+    def sharding_plan(self):
+        return ShardingPlan(units=[], roots=[self])
 
 
 @dataclass
@@ -177,7 +181,7 @@ SKELETON = ("training_step", "_update", "_log_step", "_records", "score", "confi
 def test_each_family_supplies_only_what_differs(family):
     assert issubclass(family, GRPOModule)
     assert not set(SKELETON) & set(vars(family)), "a family re-implements part of the shared skeleton"
-    for hook in ("rollout", "weighted_losses", "completion_text"):
+    for hook in ("generate_rollout", "finish_rollout", "weighted_losses", "completion_text"):
         assert hook in vars(family), hook
 
 

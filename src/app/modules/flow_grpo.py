@@ -33,7 +33,8 @@ from torch import Tensor
 from app.algorithms import GRPOLossOutput, grpo_loss
 from app.models.flow import FlowPolicy
 from app.modules.flow_evaluation import FlowEvaluation
-from app.modules.grpo import GRPOModule
+from app.modules.grpo import GRPOModule, ScoredGroups
+from app.modules.pipeline import Generation, PipelineSettings
 from app.rewards import RewardComponent, WeightedReward
 from app.sampling.batching import micro_batches
 from app.sampling.flow_rollout import FlowSampler, FlowSamplingSettings, rows_of, stochastic_steps, train_steps
@@ -59,7 +60,7 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         seed: seeds the rollout noise (offset by the global rank, state saved in checkpoints) and, per batch index,
             the validation noise, so every evaluation sees the same starting noise.
         beta, num_iterations, advantage_scale, drop_zero_std_groups, gradient_clip_val, learning_rate, weight_decay,
-            warmup_steps, max_nonfinite_steps: see :class:`~app.modules.grpo.GRPOModule`.
+            warmup_steps, max_nonfinite_steps, pipeline: see :class:`~app.modules.grpo.GRPOModule`.
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         micro_batch_size: int | None = None,
         seed: int = 0,
         max_nonfinite_steps: int = 3,
+        pipeline: PipelineSettings | None = None,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         sampling = sampling or FlowSamplingSettings()
         if sampling.num_steps < 2:
@@ -93,7 +95,7 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
             advantage_scale=advantage_scale, drop_zero_std_groups=drop_zero_std_groups,
             micro_batch_size=micro_batch_size, gradient_clip_val=gradient_clip_val, records_per_step=records_per_step,
             learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=warmup_steps,
-            max_nonfinite_steps=max_nonfinite_steps,
+            max_nonfinite_steps=max_nonfinite_steps, pipeline=pipeline,
         )  # fmt: skip
         self.sampler = FlowSampler(policy, sampling, micro_batch_size)
         self.eval_rewards = WeightedReward(eval_rewards) if eval_rewards is not None else self.rewards
@@ -114,10 +116,12 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
 
     # --------------------------------------------------------------------------------------------------- rollout
     @torch.no_grad()
-    def rollout(self, samples: list[VisualSample]) -> FlowTrajectory:
-        """Sample K trajectories per prompt, keep the trained transitions, score the decoded samples."""
+    def generate_rollout(self, samples: list[VisualSample]) -> Generation:
+        """Sample K trajectories per prompt and keep the trained transitions with their log-densities under the
+        sampling policy, and the decoded samples the rewards score."""
         settings, sampler, k = self.sampling, self.sampler, self.group_size
-        conditioning = sampler.conditioning([s.question for s in samples], repeats=k)
+        images = self.condition_images(samples)  # problem frames of an image-conditioned policy, else None
+        conditioning = sampler.conditioning([s.question for s in samples], repeats=k, images=images)
         sigmas = self.policy.sigmas(settings.num_steps).float().cpu()  # [T + 1]
         stochastic = stochastic_steps(sigmas, settings.sde_window)
         if not stochastic:
@@ -131,11 +135,16 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         if self.hparams.beta:
             ref_logprobs = sampler.reference_logprobs(conditioning, sigmas, steps, kept.latents, kept.next_latents)
         images = sampler.decode(kept.final)  # [N, 3, H, W] or [N, F, 3, H, W]
-        scored = self.score(list(images), samples)
-        return FlowTrajectory(
+        parts = dict(
             conditioning=conditioning, sigmas=sigmas, step_indices=steps, latents=kept.latents,
             next_latents=kept.next_latents, old_logprobs=kept.logprobs, ref_logprobs=ref_logprobs, images=images,
-            rewards=scored.rewards, advantages=scored.advantages, loss_mask=scored.keep, group_size=k,
+        )  # fmt: skip
+        return Generation(samples, list(images), parts, version=0)
+
+    def finish_rollout(self, generation: Generation, scored: ScoredGroups) -> FlowTrajectory:
+        return FlowTrajectory(
+            **generation.parts, rewards=scored.rewards, advantages=scored.advantages, loss_mask=scored.keep,
+            group_size=self.group_size,
         )  # fmt: skip
 
     # -------------------------------------------------------------------------------------------------- training
@@ -152,7 +161,7 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
                 x, x_next = trajectory.latents[rows, j], trajectory.next_latents[rows, j]
                 v = self.sampler.velocity(x, trajectory.sigmas[i], rows_of(trajectory.conditioning, rows))  # with grad
                 logprobs = self.sampler.step(x, v, sigma, sigma_next, prev_sample=x_next).log_prob[:, None]  # [n, 1]
-                old = logprobs.detach() if hp.num_iterations == 1 else trajectory.old_logprobs[rows, j : j + 1]
+                old = trajectory.old_logprobs[rows, j : j + 1] if self.stores_behaviour_logprobs else logprobs.detach()
                 ref = trajectory.ref_logprobs[rows, j : j + 1] if trajectory.ref_logprobs is not None else None
                 out = grpo_loss(
                     logprobs, old, trajectory.advantages[rows], mask[rows], eps_low=hp.eps_low, eps_high=hp.eps_high,

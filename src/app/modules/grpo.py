@@ -8,17 +8,22 @@ gradient, then clips and steps once per iteration. The equations are in docs/alg
 
 A subclass supplies only what differs between families:
 
-- :meth:`rollout`: produce and score the outputs (completions or denoising trajectories), returning a container with
-  ``rewards``, ``advantages`` and ``group_size`` (see :meth:`score`);
+- :meth:`generate_rollout`: draw the outputs (completions or denoising trajectories) without scoring them, with the behaviour
+  log-probs when :attr:`stores_behaviour_logprobs`;
+- :meth:`finish_rollout`: the family's container (``rewards``, ``advantages``, ``loss_mask``, ``group_size``) from a
+  generation and its scores (:meth:`score`); :meth:`rollout` is generate -> score -> finish;
 - :meth:`weighted_losses`: recompute the log-probs of the stored rollout and yield ``(GRPOLossOutput, share)``;
 - :meth:`completion_text`, and optionally :meth:`rollout_logs` and :meth:`step_outputs`, for logging.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from typing import Any, Literal, Protocol
 
 import torch
@@ -26,8 +31,17 @@ from torch import Tensor
 
 from app.algorithms import GRPOLossOutput, group_advantages, zero_std_groups
 from app.models.policy import Policy
+from app.modules.pipeline import (
+    Generation,
+    PipelineSettings,
+    PromptDrawer,
+    from_plain,
+    reward_executor,
+    to_device,
+    to_plain,
+)
 from app.modules.policy_module import PolicyModule
-from app.rewards import RewardComponent, WeightedReward
+from app.rewards import PendingRewards, RewardComponent, WeightedReward
 from app.types import CompletionRecord, RewardOutput, VisualSample
 
 log = logging.getLogger(__name__)
@@ -45,6 +59,7 @@ class Rollout(Protocol):
 
     rewards: RewardOutput
     advantages: Tensor
+    loss_mask: Tensor
     group_size: int
 
 
@@ -86,6 +101,8 @@ class GRPOModule(PolicyModule):
             step; counted as ``train/skipped_updates``), so NaN never reaches the weights; after this many consecutive
             skipped updates, or this many consecutive rollouts whose rewards were all non-finite, the run stops with
             :class:`NonFiniteTrainingError`. Every rank takes the same decision.
+        pipeline: the one-step-delayed reward pipeline and dynamic sampling (see
+            :class:`~app.modules.pipeline.PipelineSettings`); default: neither (rollout -> rewards -> update per step).
     """
 
     def __init__(
@@ -106,6 +123,7 @@ class GRPOModule(PolicyModule):
         weight_decay: float,
         warmup_steps: int,
         max_nonfinite_steps: int = 3,
+        pipeline: PipelineSettings | None = None,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         if max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
@@ -117,22 +135,48 @@ class GRPOModule(PolicyModule):
         self.automatic_optimization = False
         self.sampling = sampling
         self.hparams["sampling"] = dataclasses.asdict(sampling)  # plain data, so checkpoints load with weights_only
+        if isinstance(pipeline, dict):  # as saved in hparams
+            pipeline = PipelineSettings(**pipeline)
+        self.pipeline = pipeline or PipelineSettings()
+        self.hparams["pipeline"] = dataclasses.asdict(self.pipeline)
         self.rewards = WeightedReward(rewards)
         if beta > 0:
             policy.enable_reference()
         self.skipped_updates = 0  # non-finite updates skipped so far
         self._consecutive_skips = 0
         self._consecutive_nonfinite_rewards = 0
+        self.reward_executor: Executor | None = None  # built from ``pipeline`` when first needed; may be set instead
+        self._own_executor = False
+        self._pending: collections.deque[Generation] = collections.deque()  # generated, not trained yet
+        self._restored_pending: list | None = None  # plain data from a checkpoint, materialised on the next step
+        self._version = 0  # rollouts trained so far (the policy version a generation records)
+        self.dropped_rollouts = 0  # rollouts still pending when fit ended (see app.modules.pipeline)
+        self._drawer: PromptDrawer | None = None  # dynamic sampling's prompt sampler, seeded per rank on first use
 
     @property
     def group_size(self) -> int:
         """K, the outputs drawn per prompt."""
         return self.sampling.num_generations
 
+    @property
+    def stores_behaviour_logprobs(self) -> bool:
+        """Whether :meth:`generate_rollout` keeps the sampling policy's log-probs for the ratio: the rollout is trained by a
+        later policy (``num_iterations > 1``, or a delayed pipeline). Otherwise the ratio is exactly 1."""
+        return self.hparams.num_iterations > 1 or self.pipeline.delay > 0
+
     # ------------------------------------------------------------------------------------------- what differs
-    def rollout(self, samples: list[VisualSample]) -> Rollout:
-        """Draw K outputs per prompt, score them (:meth:`score`) and keep what the updates need."""
+    def generate_rollout(self, samples: list[VisualSample]) -> Generation:
+        """Draw K outputs per prompt, unscored (behaviour log-probs included when :attr:`stores_behaviour_logprobs`)."""
         raise NotImplementedError
+
+    def finish_rollout(self, generation: Generation, scored: ScoredGroups) -> Rollout:
+        """The family's rollout container from a generation and its scores."""
+        raise NotImplementedError
+
+    def loss_mass(self, rollout: Rollout) -> Tensor:
+        """The rollout's weight when several rollouts make one update (dynamic sampling): the normaliser of its loss
+        (kept rows or "tokens" by default), so the weighted sum is the loss over all of them."""
+        return rollout.loss_mask.sum().float()
 
     def weighted_losses(self, rollout: Rollout) -> Iterator[tuple[GRPOLossOutput, Tensor | float]]:
         """The loss of each part of the rollout (micro-batch, denoising step) and its share of the whole: the shares
@@ -153,38 +197,212 @@ class GRPOModule(PolicyModule):
         return {}
 
     # --------------------------------------------------------------------------------------------- the skeleton
+    def rollout(self, samples: list[VisualSample]) -> Rollout:
+        """Draw K outputs per prompt, score them (:meth:`score`) and keep what the updates need."""
+        generation = self.generate_rollout(samples)
+        return self.finish_rollout(generation, self.score(generation.outputs, samples))
+
     def score(self, outputs: Sequence[Any], samples: list[VisualSample]) -> ScoredGroups:
         """Rewards of the N = B * K ``outputs`` (row ``b * K + k`` from prompt ``b``), their group advantages, and
         which rows stay in the loss."""
-        hp, k = self.hparams, self.group_size
+        k = self.group_size
         grouped_samples = [s for s in samples for _ in range(k)]
-        nonfinite_before = self.rewards.num_nonfinite
+        started = time.perf_counter()
         rewards = self.rewards(outputs, grouped_samples, group_size=k)
-        all_nonfinite = self.rewards.num_nonfinite - nonfinite_before >= len(outputs) * len(self.rewards.components)
-        self._check_rewards(all_nonfinite and len(outputs) > 0)
+        self._reward_seconds = getattr(self, "_reward_seconds", 0.0) + time.perf_counter() - started
+        return self._scored(rewards)
+
+    def _scored(self, rewards: RewardOutput) -> ScoredGroups:
+        """Group advantages and kept rows of collected rewards (the rest of :meth:`score`)."""
+        hp, k, n = self.hparams, self.group_size, len(rewards.total)
+        all_nonfinite = rewards.num_nonfinite >= n * len(self.rewards.components)
+        self._check_rewards(all_nonfinite and n > 0)
         total = rewards.total.float().to(self.device)  # [N]
         advantages = group_advantages(total, k, scale=hp.advantage_scale)  # [N]
         keep = torch.ones_like(advantages, dtype=torch.bool)  # [N]
-        if hp.drop_zero_std_groups:
+        if hp.drop_zero_std_groups or self.pipeline.dynamic_sampling:
             keep = ~zero_std_groups(total, k).repeat_interleave(k)  # [N]
         return ScoredGroups(rewards, advantages, keep)
 
-    def training_step(self, batch: list[VisualSample], batch_idx: int) -> dict[str, Any]:
+    def training_step(self, batch: list[VisualSample], batch_idx: int) -> dict[str, Any] | None:
+        if self.pipeline.overlapped:
+            return self._pipelined_step(batch)
+        started, self._reward_seconds = time.perf_counter(), 0.0
         rollout = self.rollout(batch)
+        rolled_out = time.perf_counter()
+        stats = self._train_on(rollout)
+        self._log_step(rollout, stats, batch_size=len(batch))
+        # for logging callbacks (callbacks/): every row's rewards and advantages, and seconds per phase of the step
+        timings = {"rollout": rolled_out - started - self._reward_seconds, "reward": self._reward_seconds,
+                   "update": time.perf_counter() - rolled_out}  # fmt: skip
+        return {
+            "loss": stats["loss"], "records": self._records(batch, rollout), "rewards": rollout.rewards,
+            "advantages": rollout.advantages, "timings": timings, **self.step_outputs(rollout),
+        }  # fmt: skip
+
+    def _train_on(self, rollouts: Rollout | list[Rollout]) -> dict[str, Tensor]:
+        """``num_iterations`` optimizer updates on the rollout (or rollouts); the statistics of the last one."""
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         for _ in range(self.hparams.num_iterations):
-            stats = self._update(rollout, optimizer)
+            stats = self._update(rollouts, optimizer)
             if scheduler is not None and not stats["skipped"]:
                 scheduler.step()
-        self._log_step(rollout, stats, batch_size=len(batch))
-        return {"loss": stats["loss"], "records": self._records(batch, rollout), **self.step_outputs(rollout)}
+        return stats
 
-    def _update(self, rollout: Rollout, optimizer) -> dict[str, Tensor]:
-        """One optimizer step over the whole rollout, accumulating the gradients of its parts; skipped (and counted)
-        when the loss or the gradients are not finite. ``stats["skipped"]`` says which."""
+    # ---------------------------------------------------------------------------------------------- the pipeline
+    def _pipelined_step(self, batch: list[VisualSample]) -> dict[str, Any] | None:
+        """Generate rollout k+1 and submit its rewards, then train on rollout k once its rewards are in (with delay 0:
+        the rollout of this very batch). The first step of a delayed pipeline only primes it."""
+        started = time.perf_counter()
+        self._restore_pending()
+        self._pending.append(self._generate_and_submit(batch))
+        if len(self._pending) <= self.pipeline.delay:
+            return None
+        generation = self._pending.popleft()
+        rolled_out = time.perf_counter()
+        if isinstance(generation.rewards, PendingRewards):
+            generation.rewards = self.rewards.gather(generation.rewards, self.pipeline.reward_timeout_s)
+        waited = time.perf_counter() - rolled_out
+        rollout = self.finish_rollout(generation, self._scored(generation.rewards))
+        rollouts, logs = [rollout], {}
+        if self.pipeline.dynamic_sampling:
+            rollouts, logs = self._refill(rollout, len(generation.samples))
+        scored = time.perf_counter()
+        stats = self._train_on(rollouts if len(rollouts) > 1 else rollout)
+        lag = self._version - generation.version
+        self._version += 1
+        logs["train/policy_lag"] = torch.tensor(float(lag))
+        logs["train/reward_wait_s"] = torch.tensor(waited)
+        self._log_step(rollout, stats, batch_size=len(generation.samples), extra=logs)
+        timings = {"rollout": rolled_out - started, "reward": waited, "update": time.perf_counter() - scored}
+        return {
+            "loss": stats["loss"], "records": self._records(generation.samples, rollout), "rewards": rollout.rewards,
+            "advantages": rollout.advantages, "timings": timings, "policy_lag": lag, **self.step_outputs(rollout),
+        }  # fmt: skip
+
+    def _generate_and_submit(self, samples: list[VisualSample]) -> Generation:
+        generation = self.generate_rollout(samples)
+        generation.version = self._version
+        k = self.group_size
+        grouped_samples = [s for s in samples for _ in range(k)]
+        executor = self._executor() if self.pipeline.delay > 0 else None
+        generation.rewards = self.rewards.submit(generation.outputs, grouped_samples, group_size=k, executor=executor)
+        return generation
+
+    def _executor(self) -> Executor | None:
+        if self.reward_executor is None and self.pipeline.workers != "inline":
+            self.reward_executor, self._own_executor = reward_executor(self.pipeline), True
+        return self.reward_executor
+
+    def _refill(self, rollout: Rollout, num_prompts: int) -> tuple[list[Rollout], dict[str, Tensor]]:
+        """DAPO's dynamic sampling: roll out and score more prompts (inline) until B groups carry a signal or the cap
+        is reached; groups past the first B informative ones are left out of the loss."""
+        k = self.group_size
+        rollouts = [rollout]
+        informative = int((~zero_std_groups(rollout.rewards.total, k)).sum())
+        extra_rollouts = 0
+        loader = self.trainer.train_dataloader
+        # every rank rolls out as often as the neediest one: ranks generate (and, sharded, forward) in lockstep
+        while extra_rollouts < self.pipeline.max_extra_rollouts and self._any_rank(informative < num_prompts):
+            samples = self.drawer.draw(loader.dataset, loader.batch_size or num_prompts, loader.collate_fn)
+            more = self.rollout(samples)
+            rollouts.append(more)
+            informative += int((~zero_std_groups(more.rewards.total, k)).sum())
+            extra_rollouts += 1
+        budget = num_prompts
+        for part in rollouts:  # keep the first B informative groups, in order
+            for group in (~zero_std_groups(part.rewards.total, k)).nonzero().flatten().tolist():
+                if budget > 0:
+                    budget -= 1
+                else:
+                    part.loss_mask[group * k : (group + 1) * k] = 0
+        logs = {
+            "train/dynamic/extra_rollouts": torch.tensor(float(extra_rollouts)),
+            "train/dynamic/informative_groups": torch.tensor(float(min(informative, num_prompts))),
+        }
+        return rollouts, logs
+
+    @property
+    def drawer(self) -> PromptDrawer:
+        """Dynamic sampling's prompt sampler, seeded with ``pipeline.seed + global_rank``."""
+        if self._drawer is None:
+            self._drawer = PromptDrawer(self.pipeline.seed + self.global_rank)
+        return self._drawer
+
+    def _restore_pending(self) -> None:
+        if self._restored_pending is not None:
+            self._pending = collections.deque(to_device(g, self.device) for g in from_plain(self._restored_pending))
+            self._restored_pending = None
+
+    def _pipeline_state(self) -> dict[str, Any]:
+        """The pipeline's state on this rank, as plain data: pending rollouts with their rewards collected (waiting
+        for them if needed: checkpoints are rare), the policy version and the prompt sampler."""
+        self._restore_pending()
+        for generation in self._pending:
+            if isinstance(generation.rewards, PendingRewards):
+                generation.rewards = self.rewards.gather(generation.rewards, self.pipeline.reward_timeout_s)
+        pending = to_plain(list(self._pending))
+        return {"pending": pending, "version": self._version, "drawer": self.drawer.generator.get_state()}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if not self.pipeline.overlapped:
+            return
+        state = self._pipeline_state()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            states: list = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(states, state)  # rollouts never cross ranks: one state per rank
+        else:
+            states = [state]
+        checkpoint["rollout_pipeline"] = states
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        states = checkpoint.get("rollout_pipeline")
+        if not states or not self.pipeline.overlapped:
+            return
+        world_size = self._trainer.world_size if self._trainer is not None else 1
+        if len(states) != world_size:
+            raise ValueError(
+                f"the checkpoint holds the rollout pipeline of {len(states)} processes, this run has {world_size}: "
+                "resume a pipelined run on as many processes as it was saved from"
+            )
+        state = states[self.global_rank]
+        self._restored_pending, self._version = state["pending"], state["version"]
+        self.drawer.generator.set_state(state["drawer"])
+
+    def on_train_end(self) -> None:
+        """The rule for the last rollout: one still pending when fit ends is dropped, counted and logged."""
+        self._restore_pending()
+        if self._pending:
+            self.dropped_rollouts += len(self._pending)
+            log.info("rollout pipeline: %d generated rollout(s) left untrained at the end of fit", len(self._pending))
+            for generation in self._pending:
+                if isinstance(generation.rewards, PendingRewards):
+                    for future in generation.rewards.futures.values():
+                        future.cancel()
+            self._pending.clear()
+        if self._own_executor and self.reward_executor is not None:
+            self.reward_executor.shutdown(wait=False, cancel_futures=True)
+            self.reward_executor, self._own_executor = None, False
+
+    def _update(self, rollouts: Rollout | list[Rollout], optimizer) -> dict[str, Tensor]:
+        """One optimizer step over the whole rollout (or several, each weighted by its :meth:`loss_mass`),
+        accumulating the gradients of its parts; skipped (and counted) when the loss or the gradients are not finite.
+        ``stats["skipped"]`` says which."""
         sums: dict[str, Tensor] = {}
-        for out, share in self.weighted_losses(rollout):
+        if isinstance(rollouts, list):
+            masses = torch.stack([self.loss_mass(r) for r in rollouts])
+            weights = (masses / masses.sum().clamp(min=1e-12)).tolist()
+            parts = (
+                (out, share * weight)
+                for rollout, weight in zip(rollouts, weights, strict=True)
+                for out, share in self.weighted_losses(rollout)
+            )
+        else:
+            parts = self.weighted_losses(rollouts)
+        for out, share in parts:
             self.manual_backward(out.loss * share)
             for key in LOSS_TERMS:
                 sums[key] = sums.get(key, 0.0) + getattr(out, key).detach() * share
@@ -239,7 +457,9 @@ class GRPOModule(PolicyModule):
             )
 
     # --------------------------------------------------------------------------------------------------- logging
-    def _log_step(self, rollout: Rollout, stats: dict[str, Tensor], batch_size: int) -> None:
+    def _log_step(
+        self, rollout: Rollout, stats: dict[str, Tensor], batch_size: int, extra: dict[str, Tensor] | None = None
+    ) -> None:
         total = rollout.rewards.total.float()
         values = {
             "train/reward/total": total.mean(),
@@ -250,6 +470,7 @@ class GRPOModule(PolicyModule):
             "train/frac_zero_std": zero_std_groups(total, rollout.group_size).float().mean(),
             "train/nonfinite_rewards": torch.tensor(float(self.rewards.num_nonfinite)),
             **self.rollout_logs(rollout),
+            **(extra or {}),
         }
         if "grad_norm" in stats:
             values["train/grad_norm"] = stats["grad_norm"]

@@ -2,12 +2,13 @@
 
 The shared loop is :class:`~app.modules.grpo.GRPOModule`; this module says how completions are sampled and scored and
 how their per-token log-probs are recomputed. With ``num_iterations == 1`` the old log-probs are the current ones
-detached, so the ratio is exactly 1 (the papers' on-policy setting); with more iterations the log-probs stored at
-rollout time (at the sampling temperature) are the old policy's.
+detached, so the ratio is exactly 1 (the papers' on-policy setting); with more iterations, or a delayed reward
+pipeline, the log-probs stored at generation time (at the sampling temperature) are the old policy's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Literal
 
@@ -15,8 +16,9 @@ import torch
 
 from app.algorithms import GRPOLossOutput, grpo_loss
 from app.models.vlm import SamplingSettings, VLMPolicy
-from app.modules.grpo import GRPOModule
-from app.modules.vlm_evaluation import GreedyEvaluation, default_eval_rewards
+from app.modules.grpo import GRPOModule, ScoredGroups
+from app.modules.pipeline import Generation, PipelineSettings
+from app.modules.vlm_evaluation import GreedyEvaluation, PassAtK, default_eval_rewards
 from app.rewards import RewardComponent
 from app.sampling.batching import micro_batches
 from app.types import GRPOBatch, VisualSample
@@ -34,8 +36,10 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
         micro_batch_size: completions per forward/backward.
         eval_max_new_tokens: generation budget for greedy evaluation.
         eval_rewards: rewards scored on greedy completions in validation / test (default: accuracy and format).
+        pass_at_k: also sample n completions per evaluation prompt and log pass@k (see
+            :class:`~app.modules.vlm_evaluation.PassAtK`, docs/evaluation.md); None: greedy only.
         eps_low, eps_high, beta, num_iterations, advantage_scale, drop_zero_std_groups, gradient_clip_val,
-            records_per_step, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps: see
+            records_per_step, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps, pipeline: see
             :class:`~app.modules.grpo.GRPOModule`.
     """
 
@@ -61,37 +65,59 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
         eval_max_new_tokens: int = 256,
         eval_rewards: Sequence[RewardComponent] | None = None,
         max_nonfinite_steps: int = 3,
+        pipeline: PipelineSettings | None = None,
+        pass_at_k: PassAtK | None = None,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         super().__init__(
             policy, rewards, sampling or SamplingSettings(), eps_low=eps_low, eps_high=eps_high, beta=beta,
             num_iterations=num_iterations, advantage_scale=advantage_scale, drop_zero_std_groups=drop_zero_std_groups,
             micro_batch_size=micro_batch_size, gradient_clip_val=gradient_clip_val, records_per_step=records_per_step,
             learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=warmup_steps,
-            max_nonfinite_steps=max_nonfinite_steps,
+            max_nonfinite_steps=max_nonfinite_steps, pipeline=pipeline,
         )  # fmt: skip
         self.eval_rewards = default_eval_rewards(eval_rewards)
         self.eval_results = {}
+        self.pass_at_k = pass_at_k
+        self.hparams["pass_at_k"] = dataclasses.asdict(pass_at_k) if pass_at_k is not None else None  # plain data
 
     # --------------------------------------------------------------------------------------------------- rollout
     @torch.no_grad()
-    def rollout(self, samples: list[VisualSample]) -> GRPOBatch:
-        """Sample K completions per prompt, score them, and compute advantages and the loss mask."""
+    def generate_rollout(self, samples: list[VisualSample]) -> Generation:
+        """Sample K completions per prompt; with :attr:`stores_behaviour_logprobs`, their log-probs under the sampling
+        policy (computed now, before any later update), and the reference's when ``beta > 0``."""
         hp, k = self.hparams, self.group_size
         prompt_inputs = self.policy.encode_prompts(samples, repeats=k)  # rows b*K + k
         completions = self.policy.generate(prompt_inputs, self.sampling, group_size=k)
-        scored = self.score(completions.texts, samples)
+        args = (prompt_inputs, completions.completion_ids, completions.completion_mask, self.sampling.temperature)
+        old_logprobs = None
+        if self.stores_behaviour_logprobs:
+            old_logprobs = self._in_micro_batches(self.policy.sequence_logprobs, *args)
+        ref_logprobs = self._in_micro_batches(self.policy.reference_logprobs, *args) if hp.beta > 0 else None
+        parts = dict(
+            prompt_inputs=prompt_inputs, completions=completions, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs
+        )
+        return Generation(samples, completions.texts, parts, version=0)
+
+    def finish_rollout(self, generation: Generation, scored: ScoredGroups) -> GRPOBatch:
+        """The loss mask (completion tokens, minus dropped groups and, if asked, truncated completions) and the batch."""
+        completions = generation.parts["completions"]
         loss_mask = completions.completion_mask.clone()  # [N, L]
         loss_mask[~scored.keep] = 0
-        if hp.mask_truncated:
+        if self.hparams.mask_truncated:
             loss_mask[completions.truncated] = 0
-        args = (prompt_inputs, completions.completion_ids, completions.completion_mask, self.sampling.temperature)
-        old_logprobs = self._in_micro_batches(self.policy.sequence_logprobs, *args) if hp.num_iterations > 1 else None
-        ref_logprobs = self._in_micro_batches(self.policy.reference_logprobs, *args) if hp.beta > 0 else None
         return GRPOBatch(
-            prompt_inputs=prompt_inputs, completions=completions, old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs, advantages=scored.advantages, loss_mask=loss_mask, rewards=scored.rewards,
-            group_size=k,
+            **generation.parts, advantages=scored.advantages, loss_mask=loss_mask, rewards=scored.rewards,
+            group_size=self.group_size,
         )  # fmt: skip
+
+    def loss_mass(self, rollout: GRPOBatch) -> torch.Tensor:
+        """The normaliser of :meth:`weighted_losses`' aggregation: kept tokens, kept rows, or all rows."""
+        mask = rollout.loss_mask
+        if self.hparams.loss_aggregation == "token_mean":
+            return mask.sum().float()
+        if self.hparams.loss_aggregation == "sequence_mean":
+            return (mask.sum(dim=1) > 0).sum().float()
+        return torch.tensor(float(mask.shape[0]))
 
     def _in_micro_batches(self, logprob_fn, prompt_inputs, completion_ids, completion_mask, temperature):
         rows = micro_batches(len(prompt_inputs), self.hparams.micro_batch_size)

@@ -12,8 +12,8 @@ See :mod:`app.rewards.base` for how to write a reward.
 
 from app.rewards import functional, parsing
 from app.rewards.accuracy import AccuracyReward
-from app.rewards.base import RewardComponent
-from app.rewards.composite import WeightedReward
+from app.rewards.base import RewardComponent, RewardError
+from app.rewards.composite import PendingRewards, WeightedReward
 from app.rewards.consistency import ConsistencyReward
 from app.rewards.format import FormatReward
 from app.rewards.function_sequence import FunctionSequenceReward
@@ -38,8 +38,10 @@ __all__ = [
     "FunctionSequenceReward",
     "JudgmentAlignmentReward",
     "NumericToleranceReward",
+    "PendingRewards",
     "RepetitionPenalty",
     "RewardComponent",
+    "RewardError",
     "SoftOverlongPenalty",
     "TriSRReward",
     "TripletConsistencyReward",

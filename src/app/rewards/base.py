@@ -23,7 +23,8 @@ import re
 import warnings
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar
+from concurrent.futures import Executor, Future
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -32,6 +33,16 @@ from torchmetrics import Metric
 from app.types import VisualSample
 
 SCOPES = ("completion", "group_pair", "triplet")
+
+
+class RewardError(RuntimeError):
+    """A reward failed while scoring asynchronously (in a worker thread or process); the message names the reward."""
+
+
+def _score_in_worker(component: RewardComponent, completions, samples, grouping: dict[str, Any]):
+    """Run ``component.score`` where an executor puts it (a module-level function, so process pools can pickle it)."""
+    values = component.score(completions, samples, **grouping)
+    return values.result() if isinstance(values, Future) else values
 
 
 def default_name(cls: type) -> str:
@@ -109,7 +120,38 @@ class RewardComponent(Metric):
 
     @abstractmethod
     def score(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> Tensor:
-        """One value per completion, ``[N]`` float32, each within :attr:`value_range`."""
+        """One value per completion, ``[N]`` float32, each within :attr:`value_range` (or a ``Future`` of them: a
+        reward may be asynchronous by contract, see :meth:`score_async`)."""
+
+    def _grouping(self, group_size: int | None) -> dict[str, int]:
+        return {"group_size": group_size} if group_size is not None and self.scope == "group_pair" else {}
+
+    def score_async(
+        self,
+        completions: Sequence[Any],
+        samples: Sequence[VisualSample],
+        group_size: int | None = None,
+        executor: Executor | None = None,
+    ) -> Future:
+        """Start scoring and return a ``Future`` of the raw values (checked by :meth:`check_values` when collected).
+
+        By default :meth:`score` runs in ``executor`` (a thread pool, or a process pool: then the reward and its inputs
+        are pickled to the worker), or at once in this thread without one; a ``score`` that itself returns a future is
+        passed through. A reward with workers of its own (:class:`~app.rewards.VBVRScorerReward`) overrides this.
+        """
+        grouping = self._grouping(group_size)
+        if executor is not None:
+            return executor.submit(_score_in_worker, self, completions, samples, grouping)
+        future: Future = Future()
+        try:
+            values = self.score(completions, samples, **grouping)
+        except Exception as error:  # surfaces, named, where the future is collected
+            future.set_exception(error)
+            return future
+        if isinstance(values, Future):
+            return values
+        future.set_result(values)
+        return future
 
     def checked_score(
         self, completions: Sequence[str], samples: Sequence[VisualSample], group_size: int | None = None
@@ -126,11 +168,17 @@ class RewardComponent(Metric):
                 f"reward {self.name!r}: got {len(completions)} completions but {len(samples)} samples; "
                 "pass one sample per completion (repeat each prompt's sample K times)"
             )
-        grouping = {"group_size": group_size} if group_size is not None and self.scope == "group_pair" else {}
-        values = torch.as_tensor(self.score(completions, samples, **grouping), dtype=torch.float32)
-        if values.shape != (len(completions),):
+        values = self.score(completions, samples, **self._grouping(group_size))
+        if isinstance(values, Future):
+            values = values.result()
+        return self.check_values(values, len(completions))
+
+    def check_values(self, values: Any, num_completions: int) -> tuple[Tensor, int]:
+        """The contract of :meth:`checked_score` on values already computed: ``([N] float32, number non-finite)``."""
+        values = torch.as_tensor(values, dtype=torch.float32)
+        if values.shape != (num_completions,):
             raise ValueError(
-                f"reward {self.name!r}: score must return shape [{len(completions)}] (one value per completion), "
+                f"reward {self.name!r}: score must return shape [{num_completions}] (one value per completion), "
                 f"got {list(values.shape)}"
             )
         finite = torch.isfinite(values)

@@ -5,12 +5,31 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import Executor, Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from app.rewards.base import RewardComponent
+from app.rewards.base import RewardComponent, RewardError
 from app.types import RewardOutput, VisualSample
+
+
+@dataclass
+class PendingRewards:
+    """Rewards being scored: one future of raw values per component (see :meth:`WeightedReward.submit`).
+
+    Attributes:
+        futures: component name -> ``Future`` of its raw ``[N]`` values.
+        num_completions: N.
+    """
+
+    futures: dict[str, Future]
+    num_completions: int
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures.values())
 
 
 class WeightedReward(torch.nn.Module):
@@ -81,24 +100,72 @@ class WeightedReward(torch.nn.Module):
                 scoring twice.
         """
         values: dict[str, Tensor] = {}
+        nonfinite = 0
         for component in self.components:
             scores, num_nonfinite = component.checked_score(completions, samples, group_size)
-            if num_nonfinite:
-                self.num_nonfinite += num_nonfinite
-                self.nonfinite_counts[component.name] += num_nonfinite
-                warnings.warn(
-                    f"reward {component.name!r} returned {num_nonfinite} non-finite value(s) (NaN/inf); replaced by 0",
-                    RuntimeWarning,
-                    stacklevel=4,  # pragma: no mutate (the caller, above nn.Module's two call frames; a trampoline adds frames)
-                )
+            nonfinite += self._count_nonfinite(component, num_nonfinite)
             if accumulate:
                 component.update(completions, samples, scores=scores)
             values[component.name] = scores
+        return self._total(values, len(completions), nonfinite)
+
+    def submit(
+        self,
+        completions: Sequence,
+        samples: Sequence[VisualSample],
+        *,
+        group_size: int | None = None,
+        executor: Executor | None = None,
+    ) -> PendingRewards:
+        """Start scoring a batch without waiting: each component's :meth:`~app.rewards.RewardComponent.score_async`
+        (in ``executor``, in its own workers, or at once). Collect the :class:`RewardOutput` with :meth:`gather`."""
+        futures: dict[str, Future] = {}
+        for component in self.components:
+            try:
+                futures[component.name] = component.score_async(completions, samples, group_size, executor)
+            except Exception as error:  # a broken pool refuses work at once: report it where it is collected
+                futures[component.name] = failed = Future()
+                failed.set_exception(error)
+        return PendingRewards(futures, len(completions))
+
+    def gather(self, pending: PendingRewards, timeout: float | None = None) -> RewardOutput:
+        """Wait for a batch started by :meth:`submit` and combine it as :meth:`forward` does.
+
+        A component that raised (here or in a worker, a dead worker process included) or that gave no result within
+        ``timeout`` seconds fails with :class:`~app.rewards.RewardError` naming it.
+        """
+        values: dict[str, Tensor] = {}
+        nonfinite = 0
+        for component in self.components:
+            future = pending.futures[component.name]
+            try:
+                raw = future.result(timeout)
+            except FutureTimeoutError:
+                raise RewardError(f"reward {component.name!r} gave no result within {timeout} s") from None
+            except Exception as error:
+                raise RewardError(f"reward {component.name!r} failed: {type(error).__name__}: {error}") from error
+            scores, num_nonfinite = component.check_values(raw, pending.num_completions)
+            nonfinite += self._count_nonfinite(component, num_nonfinite)
+            values[component.name] = scores
+        return self._total(values, pending.num_completions, nonfinite)
+
+    def _count_nonfinite(self, component: RewardComponent, num_nonfinite: int) -> int:
+        if num_nonfinite:
+            self.num_nonfinite += num_nonfinite
+            self.nonfinite_counts[component.name] += num_nonfinite
+            warnings.warn(
+                f"reward {component.name!r} returned {num_nonfinite} non-finite value(s) (NaN/inf); replaced by 0",
+                RuntimeWarning,
+                stacklevel=5,  # pragma: no mutate (the caller, above nn.Module's two call frames; a trampoline adds frames)
+            )
+        return num_nonfinite
+
+    def _total(self, values: dict[str, Tensor], num_completions: int, num_nonfinite: int) -> RewardOutput:
         device = next(iter(values.values())).device
-        total = torch.zeros(len(completions), dtype=torch.float32, device=device)  # [N]
+        total = torch.zeros(num_completions, dtype=torch.float32, device=device)  # [N]
         for component in self.components:
             total = total + component.weight * values[component.name].to(device)
-        return RewardOutput(total=total, components=values)
+        return RewardOutput(total=total, components=values, num_nonfinite=num_nonfinite)
 
     def update(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> None:
         """Update every component metric with this batch."""

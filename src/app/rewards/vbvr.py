@@ -15,8 +15,9 @@ a task's scorer cannot measure (a size it does not expect) scores the low end of
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from functools import lru_cache
 from typing import Any
 
@@ -48,12 +49,15 @@ _MEASURE_ERRORS = (ValueError, IndexError, cv2.error)
 """What a task's scorer raises on a rendering it cannot measure (a size it does not expect, a degenerate frame)."""
 
 
-def _score_or_error(job: tuple[str, dict, dict, np.ndarray]) -> tuple[float, str | None]:
-    """``(score, None)``, or ``(nan, why)`` when the scorer cannot measure the rendering (runs in a pool too)."""
+def _score_or_error(job: tuple[str, dict, dict, np.ndarray]) -> tuple[float, str | None, tuple[str, ...]]:
+    """``(score, None, failed checks as "task/check")``, or ``(nan, why, ())`` when the scorer cannot measure the
+    rendering (runs in a pool too)."""
+    name, params, config, frames = job
     try:
-        return score_one(job), None
+        result = _task(name, tuple(sorted(params.items()))).score(frames, config)
     except _MEASURE_ERRORS as error:
-        return float("nan"), f"{type(error).__name__}: {error}"
+        return float("nan"), f"{type(error).__name__}: {error}", ()
+    return result.score, None, tuple(f"{name}/{check.name}" for check in result.checks if not check.passed)
 
 
 class VBVRScorerReward(RewardComponent):
@@ -62,6 +66,8 @@ class VBVRScorerReward(RewardComponent):
     Attributes:
         num_malformed: renderings scored the low end of ``value_range`` because they could not be read or measured
             (cumulative; each is logged as a warning).
+        failed_checks: ``(task, check) -> count`` of scored renderings that did not fully pass that check
+            (cumulative; ``callbacks.reward_breakdown`` logs it).
 
     Args:
         num_workers: processes for scoring (0: in this process).
@@ -73,6 +79,7 @@ class VBVRScorerReward(RewardComponent):
         self.num_workers = num_workers
         self._pool: ProcessPoolExecutor | None = None
         self.num_malformed = 0
+        self.failed_checks: Counter[tuple[str, str]] = Counter()  # (task, check) -> renderings that failed it
 
     def _jobs(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> list[tuple | None]:
         jobs = []
@@ -103,18 +110,31 @@ class VBVRScorerReward(RewardComponent):
             if result is not None and result[1] is not None:
                 self._malformed(i, result[1])
             values.append(self.value_range[0] if result is None or result[1] is not None else result[0])
+            if result is not None and len(result) > 2:
+                self.failed_checks.update(tuple(failed.split("/", 1)) for failed in result[2])
         return torch.tensor(values, dtype=torch.float32)
 
     def score(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> Tensor:
-        return self.score_async(completions, samples).result()
+        if self.num_workers <= 0:
+            return self._values([_score_or_error(j) if j else None for j in self._jobs(completions, samples)])
+        return self._pool_scores(completions, samples).result()
 
-    def score_async(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> Future:
-        """Start scoring and return a future of the ``[N]`` scores (resolved at once without a pool)."""
+    def score_async(
+        self,
+        completions: Sequence[Any],
+        samples: Sequence[VisualSample],
+        group_size: int | None = None,
+        executor: Executor | None = None,
+    ) -> Future:
+        """Start scoring and return a future of the ``[N]`` scores: in this reward's own process pool when
+        ``num_workers > 0``, else as any reward does (in ``executor``, or resolved at once without one)."""
+        if self.num_workers <= 0:
+            return super().score_async(completions, samples, group_size, executor)
+        return self._pool_scores(completions, samples)
+
+    def _pool_scores(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> Future:
         jobs = self._jobs(completions, samples)
         result: Future = Future()
-        if self.num_workers <= 0:
-            result.set_result(self._values([_score_or_error(j) if j else None for j in jobs]))
-            return result
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.num_workers)
         futures = [self._pool.submit(_score_or_error, j) if j else None for j in jobs]

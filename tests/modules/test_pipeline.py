@@ -1,0 +1,485 @@
+"""The one-step-delayed rollout/reward pipeline (docs/algorithms.md#the-delayed-pipeline) and DAPO dynamic sampling:
+update k uses rollout k and its rewards with a lag of exactly one rollout, the ratio uses the behaviour log-probs stored
+at generation time, runs are deterministic and resume in the middle of the pipeline, delay 0 keeps the plain step."""
+
+import contextlib
+import functools
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+from torch.utils.data import DataLoader
+
+from app.algorithms import grpo_loss, zero_std_groups
+from app.models.vlm import SamplingSettings
+from app.modules import FlowGRPOModule, GRPOModule, VLMGRPOModule
+from app.modules.pipeline import Generation, PipelineSettings, from_plain, to_plain
+from app.rewards import RewardComponent, RewardError
+from app.types import RewardOutput, VisualSample
+
+K = 4
+
+
+def crc(text: str) -> float:
+    return zlib.crc32(text.encode()) % 1000 / 1000
+
+
+class SlowHashReward(RewardComponent):
+    """Deterministic and slow: a hash of the completion in [0, 1) after a pause; remembers what it scored, where."""
+
+    def __init__(self, pause: float = 0.05, **kwargs):
+        super().__init__(**kwargs)
+        self.pause = pause
+        self.calls: list[tuple[str, list[str]]] = []
+
+    def score(self, completions, samples):
+        time.sleep(self.pause)
+        self.calls.append((threading.current_thread().name, list(completions)))
+        return torch.tensor([crc(c) for c in completions])
+
+
+def vlm_module(new_policy, pipeline=None, reward=None, **kwargs) -> VLMGRPOModule:
+    return VLMGRPOModule(
+        new_policy("tiny-qwen2-vl", lora_r=4),
+        rewards=[reward or SlowHashReward()],
+        sampling=SamplingSettings(num_generations=K, max_new_tokens=8),
+        learning_rate=1e-2,
+        eval_max_new_tokens=4,
+        pipeline=pipeline,
+        **kwargs,
+    )
+
+
+def trained(recorder) -> list[dict]:
+    """The recorded steps that made an update (a delayed pipeline's first step only primes it)."""
+    return [step for step in recorder.steps if step["outputs"]]  # Lightning hands callbacks {} for a None output
+
+
+def test_settings_refuse_what_the_pipeline_cannot_do():
+    with pytest.raises(ValueError, match="pipeline.delay must be 0 or 1, got 2"):
+        PipelineSettings(delay=2)
+    with pytest.raises(ValueError, match="pipeline.workers must be"):
+        PipelineSettings(workers="gpu")
+    with pytest.raises(ValueError, match="reward_timeout_s must be > 0"):
+        PipelineSettings(reward_timeout_s=0)
+
+
+# ------------------------------------------------------------------------------------------ the delayed pipeline
+def test_delay_one_trains_rollout_k_with_its_own_rewards_one_rollout_late(new_policy, new_datamodule, fit):
+    torch.manual_seed(0)
+    reward = SlowHashReward()
+    module = vlm_module(new_policy, PipelineSettings(delay=1, workers="thread"), reward)
+    trainer, recorder = fit(module, new_datamodule(train_size=16), max_steps=3)
+    assert trainer.global_step == 3
+    assert len(recorder.steps) == 4 and not recorder.steps[0]["outputs"]  # the first batch primes
+    steps = trained(recorder)
+    assert [s["metrics"]["train/policy_lag"] for s in steps] == [0.0, 1.0, 1.0]
+    assert [s["outputs"]["policy_lag"] for s in steps] == [0, 1, 1]
+    for k, step in enumerate(steps):
+        records = step["outputs"]["records"]
+        scored_thread, scored_texts = reward.calls[k]  # rollout k, scored in a worker while rollout k+1 was drawn
+        assert scored_thread.startswith("reward")
+        assert [r.completion for r in records] == scored_texts[: len(records)]
+        assert [r.reward for r in records] == pytest.approx([crc(r.completion) for r in records])
+        assert step["metrics"]["train/reward_wait_s"] >= 0
+    assert module.dropped_rollouts == 1  # the rule for the last rollout: generated, never trained
+
+
+@dataclass
+class Settings:
+    num_generations: int = 2
+
+
+class LinearPolicy(nn.Module):
+    """log-prob of output ``i`` = ``w . features[i]``."""
+
+    uses_lora = True
+    frozen_reference = None
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.tensor([0.5, -0.25]))
+
+    @property
+    def device(self):
+        return self.weight.device
+
+    def trainable_parameters(self):
+        return [self.weight]
+
+    def enable_reference(self):
+        pass
+
+    @contextlib.contextmanager
+    def reference(self):
+        yield
+
+    def export(self, output_dir):
+        return output_dir
+
+
+class ValueReward(RewardComponent):
+    value_range = (-10.0, 10.0)
+
+    def score(self, completions, samples):
+        return torch.tensor([float(c) for c in completions])
+
+
+@dataclass
+class ToyRollout:
+    features: torch.Tensor  # [N, 2]
+    old_logprobs: torch.Tensor | None  # [N]
+    rewards: RewardOutput
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    group_size: int
+
+
+class ToyPipelined(GRPOModule):
+    """Each prompt carries its outputs' features and rewards; one loss part over all rows."""
+
+    def __init__(self, delay: int, rewards=None, reward_timeout_s=None):
+        super().__init__(
+            LinearPolicy(), rewards or [ValueReward()], Settings(), eps_low=0.2, eps_high=0.2, beta=0.0, num_iterations=1,
+            advantage_scale="none", drop_zero_std_groups=False, micro_batch_size=None, gradient_clip_val=0.0,
+            records_per_step=0, learning_rate=0.1, weight_decay=0.0, warmup_steps=0,
+            pipeline=PipelineSettings(delay=delay, workers="thread", reward_timeout_s=reward_timeout_s),
+        )  # fmt: skip
+
+    @torch.no_grad()
+    def generate_rollout(self, samples):
+        features = torch.cat([s.meta["features"] for s in samples])  # [N, 2]
+        old = features @ self.policy.weight if self.stores_behaviour_logprobs else None
+        outputs = [str(v) for s in samples for v in s.meta["values"]]
+        return Generation(samples, outputs, {"features": features, "old_logprobs": old}, version=0)
+
+    def finish_rollout(self, generation, scored):
+        return ToyRollout(**generation.parts, rewards=scored.rewards, advantages=scored.advantages,
+                          loss_mask=scored.keep, group_size=self.group_size)  # fmt: skip
+
+    def weighted_losses(self, rollout):
+        logprobs = (rollout.features @ self.policy.weight)[:, None]  # [N, 1]
+        old = rollout.old_logprobs[:, None] if rollout.old_logprobs is not None else logprobs.detach()
+        yield grpo_loss(logprobs, old, rollout.advantages, rollout.loss_mask[:, None]), 1.0
+
+    def completion_text(self, rollout, row):
+        return ""
+
+
+def toy_batch(step: int) -> list[VisualSample]:
+    features = torch.tensor([[1.0, 2.0], [-1.0, 0.5], [0.5, -1.5], [2.0, 1.0]]) * (1 + step)
+    values = [[1.0, 3.0], [2.0, -2.0]]
+    return [
+        VisualSample([], f"p{step}{b}", "toy", meta={"features": features[2 * b : 2 * b + 2], "values": values[b]})
+        for b in range(2)
+    ]
+
+
+def driver(module: GRPOModule):
+    """``step(i)`` runs training step ``i`` on ``toy_batch(i)`` without a trainer: plain SGD (lr 0.01)."""
+    optimizer = torch.optim.SGD(module.policy.trainable_parameters(), lr=0.01)
+    module.optimizers = lambda: optimizer
+    module.lr_schedulers = lambda: None
+    module.manual_backward = lambda loss: loss.backward()
+    return lambda i: module.training_step(toy_batch(i), i)
+
+
+def test_the_ratio_of_a_stale_rollout_uses_the_behaviour_log_probs_stored_at_generation():
+    """Hand-checked: rollout 1 is drawn by w0 and trained after the update of rollout 0 moved the policy to w1, so its
+    ratio is exp(f . (w1 - w0)) and the SGD step is w1 + lr * mean_i(A_i * ratio_i * f_i) (no clipping here)."""
+    module = ToyPipelined(delay=1)
+    weight = module.policy.weight
+    w0 = weight.detach().clone()
+    step = driver(module)
+    assert step(0) is None and torch.equal(weight.detach(), w0)  # priming: no update
+    assert step(1)["policy_lag"] == 0
+    f0 = torch.cat([s.meta["features"] for s in toy_batch(0)])
+    a = torch.tensor([-1.0, 1.0, 2.0, -2.0])  # group-centred rewards (advantage_scale="none")
+    w1 = w0 + 0.01 * (a[:, None] * f0).mean(dim=0)  # lag 0: ratio exactly 1
+    torch.testing.assert_close(weight.detach(), w1)
+    assert step(2)["policy_lag"] == 1
+    f1 = torch.cat([s.meta["features"] for s in toy_batch(1)])
+    ratio = torch.exp(f1 @ (w1 - w0))  # [N]
+    assert ratio.min() > 0.8 and ratio.max() < 1.2 and (ratio - 1).abs().max() > 0.05
+    w2 = w1 + 0.01 * (a[:, None] * ratio[:, None] * f1).mean(dim=0)
+    torch.testing.assert_close(weight.detach(), w2)
+    assert not torch.allclose(weight.detach(), w1 + 0.01 * (a[:, None] * f1).mean(dim=0))  # what ratio 1 would give
+
+
+class FailingValue(ValueReward):
+    def score(self, completions, samples):
+        raise RuntimeError("scorer crashed")
+
+
+class StuckValue(ValueReward):
+    def score(self, completions, samples):
+        time.sleep(1.0)
+        return super().score(completions, samples)
+
+
+def test_a_failing_or_stuck_reward_stops_the_step_with_its_name():
+    failing = ToyPipelined(delay=1, rewards=[FailingValue(name="judge")])
+    step = driver(failing)
+    assert step(0) is None  # submitted; the error waits for the step that collects it
+    with pytest.raises(RewardError, match="reward 'judge' failed: RuntimeError: scorer crashed"):
+        step(1)
+    stuck = ToyPipelined(delay=1, rewards=[StuckValue(name="slow_judge")], reward_timeout_s=0.05)
+    step = driver(stuck)
+    step(0)
+    with pytest.raises(RewardError, match="reward 'slow_judge' gave no result within 0.05 s"):
+        step(1)
+    stuck.on_train_end()  # drops the pending rollout and shuts the workers down
+    assert stuck.dropped_rollouts == 1
+
+
+def test_delay_zero_takes_the_plain_step_with_rewards_in_the_training_thread(new_policy, new_datamodule, fit):
+    runs = {}
+    for name, pipeline in (("default", None), ("delay0", PipelineSettings(delay=0, workers="process"))):
+        L.seed_everything(0)
+        reward = SlowHashReward(pause=0)
+        module = vlm_module(new_policy, pipeline, reward)
+        _, recorder = fit(module, new_datamodule(), max_steps=2)
+        runs[name] = module, recorder, reward
+    (plain, _, _), (zero, zero_rec, reward) = runs["default"], runs["delay0"]
+    assert {thread for thread, _ in reward.calls} == {threading.main_thread().name}
+    assert (
+        zero.reward_executor is None
+        and len(zero_rec.steps) == 2
+        and "train/policy_lag" not in zero_rec.steps[-1]["metrics"]
+    )
+    for (name, a), b in zip(plain.named_parameters(), zero.parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def straight_or_resumed(new_policy, new_datamodule, fit, max_steps, ckpt_path=None, callbacks=()):
+    L.seed_everything(0)
+    module = vlm_module(new_policy, PipelineSettings(delay=1, workers="thread", num_workers=2))
+    trainer, recorder = fit(
+        module, new_datamodule(train_size=16), max_steps=max_steps, ckpt_path=ckpt_path, callbacks=callbacks,
+        enable_checkpointing=bool(callbacks),
+    )  # fmt: skip
+    return module, trainer, recorder
+
+
+def test_delayed_runs_are_deterministic_and_resume_in_the_middle_of_the_pipeline(
+    new_policy, new_datamodule, fit, params_snapshot, tmp_path
+):
+    first, _, first_rec = straight_or_resumed(new_policy, new_datamodule, fit, 4)
+    second, _, second_rec = straight_or_resumed(new_policy, new_datamodule, fit, 4)
+    saving = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
+    straight_or_resumed(new_policy, new_datamodule, fit, 2, callbacks=[saving])
+    step2 = tmp_path / "epoch=0-step=2.ckpt"
+    assert torch.load(step2, weights_only=True)["rollout_pipeline"][0]["version"] == 2  # plain data
+    resumed, trainer, resumed_rec = straight_or_resumed(new_policy, new_datamodule, fit, 4, ckpt_path=str(step2))
+    assert trainer.global_step == 4 and len(resumed_rec.steps) == 2  # no priming: the pending rollout came back
+
+    def texts(recorder):
+        return [[r.completion for r in s["outputs"]["records"]] for s in trained(recorder)]
+
+    assert texts(first_rec) == texts(second_rec)
+    assert texts(resumed_rec) == texts(first_rec)[-2:]
+    assert [s["metrics"]["train/policy_lag"] for s in trained(resumed_rec)] == [1.0, 1.0]
+    assert resumed_rec.steps[-1]["metrics"]["train/loss/policy"] == first_rec.steps[-1]["metrics"]["train/loss/policy"]
+    params = [params_snapshot(m.policy.model) for m in (first, second, resumed)]
+    for name, value in params[0].items():
+        assert torch.equal(value, params[1][name]), name
+        torch.testing.assert_close(params[2][name], value, atol=1e-6, rtol=0, msg=name)
+
+
+def test_a_pending_rollout_round_trips_through_plain_data(new_policy, samples):
+    module = vlm_module(new_policy, PipelineSettings(delay=1))
+    generation = module.generate_rollout(samples[:2])
+    generation.rewards = module.rewards(generation.outputs, [s for s in samples[:2] for _ in range(K)])
+    restored = from_plain(to_plain(generation))
+    assert restored.outputs == generation.outputs and restored.samples[0].question == samples[0].question
+    assert list(restored.samples[0].images[0].getdata()) == list(samples[0].images[0].getdata())
+    assert torch.equal(restored.parts["old_logprobs"], generation.parts["old_logprobs"])
+    assert torch.equal(restored.parts["prompt_inputs"].tensors["pixel_values"],
+                       generation.parts["prompt_inputs"].tensors["pixel_values"])  # fmt: skip
+    assert restored.rewards.total.tolist() == generation.rewards.total.tolist()
+
+
+def test_the_flow_family_trains_with_delay_one_on_stored_log_densities(fit, params_snapshot):
+    from app.models import FlowLoRASettings, FlowPolicy
+    from app.sampling.flow_rollout import FlowSamplingSettings
+
+    class Redness(RewardComponent):
+        def score(self, completions, samples):
+            return torch.stack([image[0].float().mean() for image in completions]).cpu()
+
+    torch.manual_seed(0)
+    policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
+    module = FlowGRPOModule(
+        policy, [Redness()], FlowSamplingSettings(num_generations=2, num_steps=4), learning_rate=0.05,
+        eps_low=0.5, eps_high=0.5, pipeline=PipelineSettings(delay=1, workers="thread"),
+    )  # fmt: skip
+    before = params_snapshot(module)
+    prompts = [VisualSample(images=[], question=f"a red square {i}", task="red") for i in range(3)]
+    _, recorder = fit(module, DataLoader(prompts, batch_size=1, collate_fn=list), max_steps=2)
+    steps = trained(recorder)
+    assert [s["metrics"]["train/policy_lag"] for s in steps] == [0.0, 1.0]
+    assert steps[0]["metrics"]["train/ratio_mean"] == 1.0  # drawn by the policy it trains: stored == recomputed
+    assert steps[1]["metrics"]["train/ratio_mean"] != 1.0  # drawn before the first update
+    after = params_snapshot(module)
+    assert any(not torch.equal(before[n], after[n]) for n in before if "lora" in n)
+
+
+# -------------------------------------------------------------------------------------------- dynamic sampling
+class HalfFlatReward(RewardComponent):
+    """Flat (0.5) for prompts whose question hashes even, a hash of the completion otherwise."""
+
+    def score(self, completions, samples):
+        return torch.tensor(
+            [
+                0.5 if zlib.crc32(s.question.encode()) % 2 == 0 else crc(c)
+                for c, s in zip(completions, samples, strict=True)
+            ]
+        )
+
+
+class TrainedGroups(VLMGRPOModule):
+    """Keeps, per update, the rollouts that made it."""
+
+    def _train_on(self, rollouts):
+        self.seen = getattr(self, "seen", []) + [rollouts if isinstance(rollouts, list) else [rollouts]]
+        return super()._train_on(rollouts)
+
+
+def dots_with_distinct_questions(train_size: int, batch_size: int):
+    from app.data import VisualTaskDataModule
+    from app.tasks.dots import DotsDataset
+
+    class Numbered(DotsDataset):
+        def __getitem__(self, index):
+            sample = super().__getitem__(index)
+            sample.question = f"[{index}] {sample.question}"
+            return sample
+
+    return VisualTaskDataModule(functools.partial(Numbered, dot_radius=12), train_size=train_size, val_size=2, test_size=2, batch_size=batch_size,
+                                seed=0, image_size=64)  # fmt: skip
+
+
+@pytest.mark.parametrize("delay", [0, 1])
+def test_dynamic_sampling_fills_the_batch_with_informative_groups(new_policy, fit, delay):
+    L.seed_everything(0)
+    module = TrainedGroups(
+        new_policy("tiny-qwen2-vl", lora_r=4), rewards=[HalfFlatReward()],
+        sampling=SamplingSettings(num_generations=K, max_new_tokens=8), eval_max_new_tokens=4,
+        pipeline=PipelineSettings(delay=delay, dynamic_sampling=True, max_extra_rollouts=6),
+    )  # fmt: skip
+    batch_size = 4
+    _, recorder = fit(module, dots_with_distinct_questions(64, batch_size), max_steps=3)
+    extra = [s["metrics"]["train/dynamic/extra_rollouts"] for s in trained(recorder)]
+    assert [s["metrics"]["train/dynamic/informative_groups"] for s in trained(recorder)] == [batch_size] * 3
+    assert any(extra), "no step met a flat group: the test does not exercise the refill"
+    for rollouts, n_extra in zip(module.seen, extra, strict=True):
+        assert len(rollouts) == 1 + n_extra
+        kept = 0
+        for rollout in rollouts:
+            flat = zero_std_groups(rollout.rewards.total, K)
+            in_loss = rollout.loss_mask.view(-1, K, rollout.loss_mask.shape[1]).sum(dim=(1, 2)) > 0  # [B]
+            assert not (in_loss & flat).any(), "a flat group entered the loss"
+            kept += int(in_loss.sum())
+        assert kept == batch_size
+
+
+def test_dynamic_sampling_stops_at_its_cap(new_policy, fit):
+    L.seed_everything(0)
+    module = TrainedGroups(
+        new_policy("tiny-qwen2-vl", lora_r=4), rewards=[HalfFlatReward()],
+        sampling=SamplingSettings(num_generations=K, max_new_tokens=8), eval_max_new_tokens=4,
+        pipeline=PipelineSettings(dynamic_sampling=True, max_extra_rollouts=0),
+    )  # fmt: skip
+    _, recorder = fit(module, dots_with_distinct_questions(64, 4), max_steps=3)
+    informative = [s["metrics"]["train/dynamic/informative_groups"] for s in recorder.steps]
+    assert all(len(r) == 1 for r in module.seen) and min(informative) < 4
+    assert all(s["metrics"]["train/dynamic/extra_rollouts"] == 0 for s in recorder.steps)
+
+
+# ------------------------------------------------------------------------------------------------------------ DDP
+DDP_SCRIPT = """
+import sys
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from conftest import make_policy, tiny_datamodule
+from ddp_probe import LengthReward
+from app.models.vlm import SamplingSettings
+from app.modules import VLMGRPOModule
+from app.modules.pipeline import PipelineSettings
+
+out = sys.argv[1]
+
+
+def run(name, max_steps, callbacks=(), ckpt_path=None):
+    L.seed_everything(0)
+    module = VLMGRPOModule(
+        make_policy(), rewards=[LengthReward()], sampling=SamplingSettings(num_generations=4, max_new_tokens=8),
+        learning_rate=1e-2, eval_max_new_tokens=4, pipeline=PipelineSettings(delay=1, workers="thread"),
+    )
+    trainer = L.Trainer(
+        strategy="ddp", devices=2, accelerator="cpu", max_steps=max_steps, logger=False, callbacks=list(callbacks),
+        enable_checkpointing=bool(callbacks), enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=out,
+    )
+    trainer.fit(module, datamodule=tiny_datamodule(train_size=16), ckpt_path=ckpt_path)
+    weights = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+    torch.save({"weights": weights, "global_step": trainer.global_step, "dropped": module.dropped_rollouts},
+               f"{out}/{name}{trainer.global_rank}.pt")
+
+
+run("saved", 2, [ModelCheckpoint(dirpath=out, every_n_train_steps=1, save_top_k=-1)])
+run("resumed", 3, ckpt_path=f"{out}/epoch=0-step=2.ckpt")
+run("straight", 3)
+torch.distributed.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_pipeline_their_own_rollouts_and_resume_them(new_policy, tmp_path, app_env):
+    """Two gloo ranks with delay 1: both end with the same weights, the checkpoint holds each rank's pending rollout
+    (rollouts never cross ranks), a rank takes its own back on load, and resuming at step 2 reproduces the straight
+    3-step run on every rank."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    tests = Path(__file__).resolve().parents[1]
+    script = tmp_path / "pipeline_ddp.py"
+    script.write_text(DDP_SCRIPT)
+    env = app_env(OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{tests}:{tests / 'fixtures'}"
+    result = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    runs = {name: [torch.load(tmp_path / f"{name}{r}.pt") for r in (0, 1)] for name in ("saved", "resumed", "straight")}
+    assert [r["global_step"] for r in runs["saved"]] == [2, 2] and [r["dropped"] for r in runs["saved"]] == [1, 1]
+    assert [r["global_step"] for r in runs["resumed"]] == [3, 3]
+    for name, value in runs["straight"][0]["weights"].items():
+        assert torch.equal(value, runs["straight"][1]["weights"][name]), f"{name} differs between ranks"
+        for rank in (0, 1):
+            torch.testing.assert_close(runs["resumed"][rank]["weights"][name], value, atol=1e-6, rtol=0, msg=name)
+    checkpoint = torch.load(tmp_path / "epoch=0-step=2.ckpt", weights_only=True)
+    states = checkpoint["rollout_pipeline"]
+    pending = [from_plain(state["pending"]) for state in states]
+    assert len(states) == 2 and all(len(p) == 1 for p in pending) and [s["version"] for s in states] == [2, 2]
+    questions = [{s.question + str(s.answer) + str(s.meta) for s in p[0].samples} for p in pending]
+    assert not questions[0] & questions[1], "the ranks' pending rollouts hold the same prompts"
+    module = vlm_module(new_policy, PipelineSettings(delay=1))
+    module._trainer = SimpleNamespace(world_size=2, global_rank=1)
+    module.on_load_checkpoint(checkpoint)
+    module._trainer = None
+    module._restore_pending()
+    assert [s.question for s in module._pending[0].samples] == [s.question for s in pending[1][0].samples]
+    single = vlm_module(new_policy, PipelineSettings(delay=1))
+    with pytest.raises(ValueError, match="pipeline of 2 processes, this run has 1"):
+        single.on_load_checkpoint(checkpoint)

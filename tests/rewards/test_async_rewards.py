@@ -1,0 +1,192 @@
+"""Asynchronous rewards: a reward may return a future or run in an executor (threads, processes); failures surface as a
+RewardError naming the reward, and a dead worker process or a stuck reward never hangs the caller."""
+
+import os
+import threading
+import time
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+
+import pytest
+import torch
+
+from app.rewards import RewardComponent, RewardError, WeightedReward
+from app.rewards.vbvr import VBVRScorerReward
+from app.types import VisualSample
+
+PARENT = os.getpid()
+
+
+class LengthReward(RewardComponent):
+    value_range = (0.0, 100.0)
+
+    def score(self, completions, samples):
+        return torch.tensor([float(len(c)) for c in completions])
+
+
+class FutureReward(RewardComponent):
+    """Asynchronous by contract: ``score`` returns a future resolved by a thread of its own."""
+
+    value_range = (0.0, 100.0)
+
+    def score(self, completions, samples):
+        future = Future()
+        threading.Timer(0.05, lambda: future.set_result([2.0 * len(c) for c in completions])).start()
+        return future
+
+
+class WorkerPidReward(RewardComponent):
+    """1 where it was scored outside the test's process."""
+
+    def score(self, completions, samples):
+        return torch.full((len(completions),), float(os.getpid() != PARENT))
+
+
+class BrokenReward(RewardComponent):
+    def score(self, completions, samples):
+        raise KeyError("no such label")
+
+
+class CrashingReward(RewardComponent):
+    def score(self, completions, samples):
+        os._exit(3)  # the worker dies without a word
+
+
+class StuckReward(RewardComponent):
+    def score(self, completions, samples):
+        time.sleep(1)
+        return torch.zeros(len(completions))
+
+
+def batch(n=3):
+    sample = VisualSample(images=[], question="q", task="toy")
+    return [f"completion {'x' * i}" for i in range(n)], [sample] * n
+
+
+def test_a_reward_that_returns_a_future_is_awaited_in_forward_and_in_submit():
+    completions, samples = batch()
+    rewards = WeightedReward([LengthReward(), FutureReward(weight=0.5)])
+    direct = rewards(completions, samples)
+    lengths = torch.tensor([float(len(c)) for c in completions])
+    torch.testing.assert_close(direct.components["future"], 2 * lengths)
+    torch.testing.assert_close(direct.total, lengths + lengths)
+    pending = rewards.submit(completions, samples)
+    gathered = rewards.gather(pending)
+    torch.testing.assert_close(gathered.total, direct.total)
+
+
+def test_submit_returns_before_a_slow_reward_finishes_and_gather_gives_the_synchronous_values():
+    completions, samples = batch()
+
+    class SlowLength(LengthReward):
+        def score(self, completions, samples):
+            time.sleep(0.3)
+            return super().score(completions, samples)
+
+    rewards = WeightedReward([SlowLength(name="slow"), LengthReward(weight=2.0)])
+    with ThreadPoolExecutor(2) as executor:
+        started = time.perf_counter()
+        pending = rewards.submit(completions, samples, executor=executor)
+        assert time.perf_counter() - started < 0.2 and not pending.done()
+        out = rewards.gather(pending)
+    expected = rewards(completions, samples)
+    torch.testing.assert_close(out.total, expected.total)
+    assert out.components.keys() == {"slow", "length"}
+
+
+def test_a_process_pool_runs_the_reward_in_another_process():
+    completions, samples = batch()
+    rewards = WeightedReward([WorkerPidReward()])
+    with ProcessPoolExecutor(1) as executor:
+        out = rewards.gather(rewards.submit(completions, samples, executor=executor))
+    assert out.total.tolist() == [1.0, 1.0, 1.0]
+    assert rewards(completions, samples).total.tolist() == [0.0, 0.0, 0.0]  # inline: this process
+
+
+@pytest.mark.parametrize("pool", [ThreadPoolExecutor, ProcessPoolExecutor])
+def test_an_exception_in_a_worker_names_the_reward(pool):
+    completions, samples = batch()
+    rewards = WeightedReward([LengthReward(), BrokenReward(name="labels")])
+    with pool(1) as executor:
+        pending = rewards.submit(completions, samples, executor=executor)
+        with pytest.raises(RewardError, match=r"reward 'labels' failed: KeyError: 'no such label'"):
+            rewards.gather(pending)
+
+
+def test_an_exception_of_an_inline_reward_is_reported_when_collected():
+    completions, samples = batch()
+    rewards = WeightedReward([BrokenReward()])
+    pending = rewards.submit(completions, samples)  # no executor: scored at once, the error kept for gather
+    with pytest.raises(RewardError, match="reward 'broken' failed"):
+        rewards.gather(pending)
+
+
+def test_a_dead_worker_process_fails_the_gather_instead_of_hanging():
+    completions, samples = batch()
+    rewards = WeightedReward([CrashingReward()])
+    executor = ProcessPoolExecutor(1)
+    started = time.perf_counter()
+    with pytest.raises(RewardError, match="reward 'crashing' failed: BrokenProcessPool"):
+        rewards.gather(rewards.submit(completions, samples, executor=executor))
+    assert time.perf_counter() - started < 30
+    with pytest.raises(RewardError, match="reward 'crashing' failed: BrokenProcessPool"):  # the pool stays broken
+        rewards.gather(rewards.submit(completions, samples, executor=executor))
+    executor.shutdown()
+
+
+def test_a_reward_past_the_timeout_fails_with_its_name():
+    completions, samples = batch()
+    rewards = WeightedReward([StuckReward()])
+    executor = ThreadPoolExecutor(1)
+    with pytest.raises(RewardError, match=r"reward 'stuck' gave no result within 0.2 s"):
+        rewards.gather(rewards.submit(completions, samples, executor=executor), timeout=0.2)
+    executor.shutdown(wait=False)
+
+
+def test_non_finite_values_of_a_gathered_batch_are_zeroed_and_counted():
+    completions, samples = batch(2)
+
+    class NaNReward(RewardComponent):
+        def score(self, completions, samples):
+            return torch.tensor([float("nan"), 0.5])
+
+    rewards = WeightedReward([NaNReward()])
+    with ThreadPoolExecutor(1) as executor, pytest.warns(RuntimeWarning, match="'na_n' returned 1 non-finite"):
+        out = rewards.gather(rewards.submit(completions, samples, executor=executor))
+    assert out.total.tolist() == [0.0, 0.5] and out.num_nonfinite == 1 and rewards.num_nonfinite == 1
+
+
+def test_a_wrong_shape_from_a_worker_is_the_same_error_as_inline():
+    completions, samples = batch(3)
+
+    class ShortReward(RewardComponent):
+        def score(self, completions, samples):
+            return torch.zeros(2)
+
+    rewards = WeightedReward([ShortReward()])
+    with ThreadPoolExecutor(1) as executor, pytest.raises(ValueError, match=r"score must return shape \[3\]"):
+        rewards.gather(rewards.submit(completions, samples, executor=executor))
+
+
+def vbvr_batch():
+    from app.vbvr import get_task
+
+    task = get_task("object_counting")
+    params = {"image_size": task.image_size, **task.params}
+    instances = [task.generate(seed) for seed in range(2)]
+    wrong = task.perturbations(instances[0].config, instances[0].solution)["wrong_count"]
+    samples = [
+        VisualSample(images=[], question=i.prompt, task=i.task, meta={"vbvr": {"task": i.task, "params": params,
+                                                                               "config": i.config}})
+        for i in (instances[0], instances[0], instances[1])
+    ]  # fmt: skip
+    return [instances[0].last_frame, wrong, instances[1].last_frame], samples
+
+
+def test_the_vbvr_reward_runs_in_an_injected_executor_with_the_values_it_has_inline():
+    renderings, samples = vbvr_batch()
+    reward = VBVRScorerReward()
+    rewards = WeightedReward([reward])
+    expected = rewards(renderings, samples).total
+    with ProcessPoolExecutor(1) as executor:
+        out = rewards.gather(rewards.submit(renderings, samples, executor=executor))
+    assert out.total.tolist() == expected.tolist() == [1.0, 0.0, 1.0]
