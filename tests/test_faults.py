@@ -184,3 +184,29 @@ def test_object_store_paths_go_to_lightnings_own_writer(monkeypatch, tmp_path):
     AtomicCheckpointIO().save_checkpoint({"step": 1}, tmp_path / "last.ckpt")
     assert written == ["s3://bucket/run/last.ckpt"] and torch.load(tmp_path / "last.ckpt") == {"step": 1}
     assert PreemptionCheckpoint("s3://bucket/run").checkpoint_path(None) == f"s3://bucket/run/{PREEMPTED_FILENAME}"
+
+
+# ------------------------------------------------------------------------------------- automatic optimisation
+def sft(new_policy, **kwargs):
+    from app.modules import VLMSFTModule
+
+    return VLMSFTModule(new_policy("tiny-qwen2-vl", lora_r=4), learning_rate=1e-2, eval_max_new_tokens=4, **kwargs)
+
+
+def test_sft_skips_a_nan_gradient_step_without_touching_weights_or_optimizer_state(new_policy, new_datamodule, fit):
+    module = sft(new_policy)
+    poison = PoisonGradient({0})
+    trainer, recorder = fit(module, new_datamodule(), max_steps=3, callbacks=[poison])
+    assert module.skipped_updates == 1 and recorder.metric("train/skipped_updates")[-1] == 1.0
+    assert all(torch.isfinite(p).all() for p in module.policy.trainable_parameters())
+    state = trainer.optimizers[0].state_dict()["state"]
+    assert float(state[0]["step"]) == 2, "the poisoned step must leave AdamW's state of every parameter unchanged"
+
+
+def test_sft_stops_after_consecutive_nan_gradients(new_policy, new_datamodule, fit):
+    module = sft(new_policy, max_nonfinite_steps=2)
+    before = [p.detach().clone() for p in module.policy.trainable_parameters()]
+    with pytest.raises(NonFiniteTrainingError, match="2 consecutive updates"):
+        fit(module, new_datamodule(), max_steps=4, callbacks=[PoisonGradient({0, 1, 2, 3})])
+    for b, p in zip(before, module.policy.trainable_parameters(), strict=True):
+        assert torch.equal(b, p)

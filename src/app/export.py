@@ -9,6 +9,7 @@ import lightning as L
 
 from app.errors import ConfigError
 from app.faults import check_writable
+from app.parallel.fsdp import FSDP2Strategy, is_sharded_checkpoint, read_sharded_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,11 @@ class ExportPolicy(L.Callback):
         self.output_dir = output_dir
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and isinstance(trainer.strategy, FSDP2Strategy):
+            raise ConfigError(
+                "ExportPolicy cannot export a sharded (FSDP2) policy at the end of fit; remove the callback and run "
+                "`python -m app export --config <the run's config> --ckpt_path <its checkpoint> --output_dir DIR`"
+            )
         if stage == "fit" and trainer.is_global_zero:
             check_writable(self.output_dir, "the export folder (ExportPolicy output_dir)")
 
@@ -41,7 +47,10 @@ def export_from_checkpoint(model: L.LightningModule, ckpt_path: str | Path, outp
 
     from app.modules.checkpoints import restore_frozen_parameters
 
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    if is_sharded_checkpoint(ckpt_path):  # FSDP2's folder of shards: read in this one process
+        checkpoint = read_sharded_checkpoint(ckpt_path, model)
+    else:
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     try:
         restore_frozen_parameters(model, checkpoint)  # lean checkpoints leave the frozen base out
     except ValueError as error:  # a checkpoint of another model
@@ -64,7 +73,7 @@ def find_checkpoint(ckpt_path: str | Path | None, root: str | Path) -> Path:
     """The checkpoint to export: ``ckpt_path`` if it is a file, else the newest ``*.ckpt`` under the folder
     ``ckpt_path`` (default ``root``, the run folder, where fit writes ``checkpoints/``)."""
     folder = Path(root if ckpt_path is None else ckpt_path)
-    if folder.is_file():
+    if folder.is_file() or is_sharded_checkpoint(folder):
         return folder
     found = sorted(folder.rglob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
     if found:

@@ -8,7 +8,7 @@ or ``flow_lora`` (tiny SD3); strategy ``single``, ``ddp``, ``fsdp`` (all ranks s
 ``-same`` gives every rank the same prompts and random draws, so the run equals one process on that batch.
 Rank 0 writes ``OUT/<case>.pt``: the full trainable weights after fit; every rank writes ``OUT/<case>.rank<r>.pt``:
 its local parameter and optimizer-state sizes and the groups it trained on. Case ``vlm_lora-fsdp-resume`` also
-checkpoints after step 2 (sharded) and resumes from it in a second fit.
+checkpoints after step 2 and at the end (sharded, ``last.ckpt``) and resumes from step 2 in a second fit.
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ class Report(L.Callback):
         self.same_draws = same_draws
         self.batches: list[list[str]] = []
 
-    def on_fit_start(self, trainer, pl_module):
-        if self.same_draws and isinstance(pl_module, FlowGRPOModule):  # the rollout generator ignores the rank
-            pl_module._generator = torch.Generator().manual_seed(0)
+    def on_train_start(self, trainer, pl_module):
+        if self.same_draws:  # every process draws what one process would, from here on
+            torch.manual_seed(1)
+            if isinstance(pl_module, FlowGRPOModule):  # its rollout generator is seeded with seed + rank
+                pl_module._generator = torch.Generator().manual_seed(0)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batches.append([f"{s.question}|{s.meta.get('red_xy', s.meta.get('shape', ''))}" for s in batch])
@@ -72,12 +74,22 @@ class Report(L.Callback):
         optimizer = trainer.optimizers[0]
         state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
         return {
+            "reward_mean": reward_mean_across_ranks(trainer.global_rank),
             "params": local_numel(trainable),
             "optimizer_state": local_numel(state),
             "batches": self.batches,
             "world_size": trainer.world_size,
             "global_step": trainer.global_step,
         }
+
+
+def reward_mean_across_ranks(rank: int) -> float:
+    """A reward metric updated with ``rank + 1`` completions of length ``32 * (rank + 1)`` on each rank: ``compute``
+    must return the mean over every rank's completions (TorchMetrics syncs the sums), not this rank's own mean."""
+    reward = LengthReward()
+    count = rank + 1
+    reward.update(["x" * 32 * count] * count, [None] * count)
+    return float(reward.compute())
 
 
 def build(policy_kind: str) -> tuple[L.LightningModule, L.LightningDataModule]:
@@ -98,7 +110,7 @@ def build(policy_kind: str) -> tuple[L.LightningModule, L.LightningDataModule]:
         sampling = FlowSamplingSettings(num_generations=2, num_steps=3, sampler="cps", eta=0.7)
         module = FlowGRPOModule(policy, [BrightnessReward()], sampling, learning_rate=1e-3)
         dataset = ShapePromptDataset
-    data = VisualTaskDataModule(dataset, train_size=8, val_size=0, test_size=0, batch_size=2, image_size=64)
+    data = VisualTaskDataModule(dataset, train_size=12, val_size=0, test_size=0, batch_size=2, image_size=64)
     return module, data
 
 
@@ -124,7 +136,7 @@ def trainer_for(strategy, root: Path, steps: int, callbacks: list, same_draws: b
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=False,
+        enable_checkpointing=any(isinstance(c, L.pytorch.callbacks.ModelCheckpoint) for c in callbacks),
         num_sanity_val_steps=0,
         limit_val_batches=0,
         use_distributed_sampler=not same_draws,
@@ -148,7 +160,9 @@ def run(out: Path, case: str) -> None:
     report = Report(same)
     callbacks: list = [report]
     if "resume" in flags:
-        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=out / case, every_n_train_steps=STEPS))
+        callbacks.append(
+            L.pytorch.callbacks.ModelCheckpoint(dirpath=out / case, every_n_train_steps=STEPS, save_last=True)
+        )
     trainer = trainer_for(strategy_for(strategy_kind, world), out / case, STEPS + 1, callbacks, same)
     trainer.fit(module, data)
     rank = trainer.global_rank

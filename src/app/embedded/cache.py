@@ -7,12 +7,14 @@ import hashlib
 import importlib.metadata
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 # Libraries whose version changes what a builder writes (random initialisation, serialisation formats).
 _BUILDER_LIBRARIES = ("torch", "transformers", "tokenizers", "diffusers")
+WAIT_FOR_RANK_ZERO_S = 600.0  # how long a rank > 0 waits for rank 0 to build an embedded model
 
 
 def check_embedded_name(name_or_path: str, known: dict, kind: str) -> bool:
@@ -55,10 +57,14 @@ def build_once(target: Path, marker: str, write: Callable[[Path], None]) -> Path
     """Return ``target``, first calling ``write(folder)`` to build it if ``target / marker`` is missing.
 
     ``write`` fills a private staging folder that is then renamed atomically, so concurrent processes (DDP ranks) never
-    see a half-written one; if another process wins the race, its identical copy is kept.
+    see a half-written one; if another process wins the race, its identical copy is kept. Once a process group is
+    initialised, transformers' ``save_pretrained`` writes only on rank 0, so the other ranks wait for rank 0's copy
+    instead of renaming a folder with empty model subfolders into place.
     """
     if (target / marker).exists():
         return target
+    if _is_nonzero_rank():
+        return _wait_for(target, marker)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     write(staging)
@@ -66,4 +72,22 @@ def build_once(target: Path, marker: str, write: Callable[[Path], None]) -> Path
         staging.rename(target)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _is_nonzero_rank() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
+
+
+def _wait_for(target: Path, marker: str, timeout_s: float = WAIT_FOR_RANK_ZERO_S) -> Path:
+    deadline = time.monotonic() + timeout_s
+    while not (target / marker).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"waited {timeout_s:.0f} s for rank 0 to build the embedded model {target.name} into {target.parent}; "
+                "every rank must build the same embedded models (rank 0 writes them, the others read its copy)"
+            )
+        time.sleep(0.2)
     return target

@@ -12,6 +12,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from app.parallel.plan import ShardingPlan
+
 
 @runtime_checkable
 class Policy(Protocol):
@@ -36,6 +38,8 @@ class Policy(Protocol):
     def reference(self) -> AbstractContextManager[None]: ...
 
     def export(self, output_dir: str | Path) -> Path: ...
+
+    def sharding_plan(self) -> ShardingPlan: ...
 
 
 class SwitchableReference:

@@ -3,8 +3,8 @@ families, and flow-matching pretraining."""
 
 from app.modules.flow_grpo import FlowGRPOModule
 from app.modules.flow_matching import FlowMatchingModule
-from app.modules.grpo import GRPOModule, NonFiniteTrainingError
-from app.modules.policy_module import PolicyModule
+from app.modules.grpo import GRPOModule
+from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
 from app.modules.sft import VLMSFTModule
 from app.modules.vlm_grpo import VLMGRPOModule
 

@@ -40,7 +40,7 @@ from app.modules.pipeline import (
     to_device,
     to_plain,
 )
-from app.modules.policy_module import PolicyModule
+from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
 from app.rewards import PendingRewards, RewardComponent, WeightedReward
 from app.types import CompletionRecord, RewardOutput, VisualSample
 
@@ -48,10 +48,6 @@ log = logging.getLogger(__name__)
 
 LOSS_TERMS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")
 """The :class:`~app.algorithms.GRPOLossOutput` fields summed over a rollout's micro-batches and logged."""
-
-
-class NonFiniteTrainingError(RuntimeError):
-    """Training cannot go on: updates or rewards stayed non-finite for ``max_nonfinite_steps`` steps in a row."""
 
 
 class Rollout(Protocol):
@@ -125,13 +121,11 @@ class GRPOModule(PolicyModule):
         max_nonfinite_steps: int = 3,
         pipeline: PipelineSettings | None = None,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
-        if max_nonfinite_steps < 1:
-            raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
         if num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1, got {num_iterations}")
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
-        super().__init__(policy, learning_rate, weight_decay, warmup_steps)
+        super().__init__(policy, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps)
         self.automatic_optimization = False
         self.sampling = sampling
         self.hparams["sampling"] = dataclasses.asdict(sampling)  # plain data, so checkpoints load with weights_only
@@ -142,8 +136,6 @@ class GRPOModule(PolicyModule):
         self.rewards = WeightedReward(rewards)
         if beta > 0:
             policy.enable_reference()
-        self.skipped_updates = 0  # non-finite updates skipped so far
-        self._consecutive_skips = 0
         self._consecutive_nonfinite_rewards = 0
         self.reward_executor: Executor | None = None  # built from ``pipeline`` when first needed; may be set instead
         self._own_executor = False
@@ -199,8 +191,12 @@ class GRPOModule(PolicyModule):
     # --------------------------------------------------------------------------------------------- the skeleton
     def rollout(self, samples: list[VisualSample]) -> Rollout:
         """Draw K outputs per prompt, score them (:meth:`score`) and keep what the updates need."""
-        generation = self.generate_rollout(samples)
+        generation = self._generate(samples)
         return self.finish_rollout(generation, self.score(generation.outputs, samples))
+
+    def _generate(self, samples: list[VisualSample]) -> Generation:
+        with self.gathered_policy():  # FSDP2: one all-gather for the whole rollout, resharded before the update
+            return self.generate_rollout(samples)
 
     def score(self, outputs: Sequence[Any], samples: list[VisualSample]) -> ScoredGroups:
         """Rewards of the N = B * K ``outputs`` (row ``b * K + k`` from prompt ``b``), their group advantages, and
@@ -282,7 +278,7 @@ class GRPOModule(PolicyModule):
         }  # fmt: skip
 
     def _generate_and_submit(self, samples: list[VisualSample]) -> Generation:
-        generation = self.generate_rollout(samples)
+        generation = self._generate(samples)
         generation.version = self._version
         k = self.group_size
         grouped_samples = [s for s in samples for _ in range(k)]
@@ -421,29 +417,6 @@ class GRPOModule(PolicyModule):
         return sums
 
     # --------------------------------------------------------------------------------------------------- faults
-    def _any_rank(self, decision: bool) -> bool:
-        """True on every rank when ``decision`` is True on any (so all ranks skip or stop together)."""
-        trainer = self._trainer
-        return trainer.strategy.reduce_boolean_decision(decision, all=False) if trainer is not None else decision
-
-    def _count_skip(self, skipped: bool) -> None:
-        if not skipped:
-            self._consecutive_skips = 0
-            return
-        self.skipped_updates += 1
-        self._consecutive_skips += 1
-        log.warning(
-            "skipped a GRPO update with a non-finite loss or gradient (%d in a row, %d in all)",
-            self._consecutive_skips,
-            self.skipped_updates,
-        )
-        if self._consecutive_skips >= self.hparams.max_nonfinite_steps:
-            raise NonFiniteTrainingError(
-                f"{self._consecutive_skips} consecutive updates had a non-finite loss or gradient and were skipped; "
-                "stopping (the weights are unchanged since the last finite update). Lower the learning rate, check "
-                "the rewards and the model's dtype, or raise model.init_args.max_nonfinite_steps"
-            )
-
     def _check_rewards(self, all_nonfinite: bool) -> None:
         if not self._any_rank(all_nonfinite):
             self._consecutive_nonfinite_rewards = 0

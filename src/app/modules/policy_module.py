@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager
 
 import lightning as L
+import torch
 
 from app.models.policy import Policy
 from app.modules.checkpoints import (
@@ -15,10 +17,16 @@ from app.modules.checkpoints import (
     rng_states,
 )
 from app.modules.optim import adamw_with_warmup
-from app.parallel.fsdp import FSDP2Strategy, gathered, is_sharded, shard_policy
+from app.parallel.fsdp import FSDP2Strategy, full_tensor, gathered, is_sharded, shard_policy
+
+log = logging.getLogger(__name__)
 
 HPARAMS_IGNORED = ["policy", "rewards", "eval_rewards", "sampling"]
 """Constructor arguments that are objects, not hyper-parameters (``sampling`` is stored as plain data instead)."""
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Training cannot go on: updates or rewards stayed non-finite for ``max_nonfinite_steps`` steps in a row."""
 
 
 class PolicyModule(L.LightningModule):
@@ -33,14 +41,29 @@ class PolicyModule(L.LightningModule):
         learning_rate: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up, in optimizer steps.
+        max_nonfinite_steps: an update whose loss or gradients are not finite is skipped (the weights and the
+            optimizer state stay as they were; counted as ``train/skipped_updates``), so NaN never reaches the weights
+            or a checkpoint; after this many consecutive skips the run stops with :class:`NonFiniteTrainingError`.
+            Every rank takes the same decision. With Lightning's automatic optimisation (SFT, flow matching) the
+            learning-rate schedule still advances on a skipped step.
     """
 
     def __init__(
-        self, policy: Policy, learning_rate: float, weight_decay: float = 0.0, warmup_steps: int = 0
+        self,
+        policy: Policy,
+        learning_rate: float,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        max_nonfinite_steps: int = 3,
     ):  # pragma: no mutate block (save_hyperparameters reads the subclasses' frames; a trampoline would hide them)
+        if max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
         super().__init__()
         self.save_hyperparameters(ignore=HPARAMS_IGNORED)
         self.policy = policy
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.skipped_updates = 0  # non-finite updates skipped so far
+        self._consecutive_skips = 0
 
     def configure_model(self) -> None:
         """Shard the policy when the trainer runs :class:`~app.parallel.FSDP2Strategy` (Lightning calls this before
@@ -61,6 +84,44 @@ class PolicyModule(L.LightningModule):
         hp = self.hparams
         return adamw_with_warmup(parameters, hp.learning_rate, hp.weight_decay, hp.warmup_steps)
 
+    # --------------------------------------------------------------------------------------------------- faults
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Automatic optimisation (SFT, flow matching): drop the gradients of a non-finite step, so the optimizer
+        leaves every parameter and its state unchanged (manual optimisation checks in its own update)."""
+        if not self.automatic_optimization:
+            return
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norm = full_tensor(torch.nn.utils.get_total_norm(grads)) if grads else torch.tensor(0.0)
+        skipped = self._any_rank(not bool(torch.isfinite(norm)))
+        if skipped:
+            optimizer.zero_grad(set_to_none=True)
+        self._count_skip(skipped)
+        self.log("train/skipped_updates", float(self.skipped_updates), batch_size=1)
+
+    def _any_rank(self, decision: bool) -> bool:
+        """True on every rank when ``decision`` is True on any (so all ranks skip or stop together)."""
+        trainer = self._trainer
+        return trainer.strategy.reduce_boolean_decision(decision, all=False) if trainer is not None else decision
+
+    def _count_skip(self, skipped: bool) -> None:
+        if not skipped:
+            self._consecutive_skips = 0
+            return
+        self.skipped_updates += 1
+        self._consecutive_skips += 1
+        log.warning(
+            "skipped an update with a non-finite loss or gradient (%d in a row, %d in all)",
+            self._consecutive_skips,
+            self.skipped_updates,
+        )
+        if self._consecutive_skips >= self.max_nonfinite_steps:
+            raise NonFiniteTrainingError(
+                f"{self._consecutive_skips} consecutive updates had a non-finite loss or gradient and were skipped; "
+                "stopping (the weights are unchanged since the last finite update). Lower the learning rate, check "
+                "the rewards and the model's dtype, or raise model.init_args.max_nonfinite_steps"
+            )
+
+    # ---------------------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Sampling draws from the global generators: save them so a resumed run samples what an uninterrupted one would.
         checkpoint["rng_states"] = rng_states()

@@ -62,7 +62,8 @@ class FSDP2Strategy(ModelParallelStrategy):
     Args:
         shard_size: ranks that share one copy of the weights (the inner mesh dimension; a node's GPUs for HSDP).
             ``"auto"``: all ranks (plain FSDP) when ``replicate_size`` is 1, else world / replicate_size.
-        replicate_size: groups holding a full copy each (the outer dimension; the number of nodes for HSDP).
+        replicate_size: groups holding a full copy each (the outer dimension). ``"auto"``: the number of nodes, which
+            is HSDP as VBVR-Pro runs it (shard within a node, all-reduce across nodes); 1 shards over every rank.
         param_dtype: dtype of the gathered parameters in forward/backward (``bfloat16`` for bf16 compute over
             float32 master weights); None keeps the weights' dtype.
         reduce_dtype: dtype of the gradient reduction (``float32`` keeps reductions exact under bf16 compute).
@@ -76,7 +77,7 @@ class FSDP2Strategy(ModelParallelStrategy):
     def __init__(
         self,
         shard_size: int | Literal["auto"] = "auto",
-        replicate_size: int = 1,
+        replicate_size: int | Literal["auto"] = 1,
         param_dtype: str | None = None,
         reduce_dtype: str | None = None,
         cpu_offload: bool = False,
@@ -88,11 +89,11 @@ class FSDP2Strategy(ModelParallelStrategy):
         for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
             if dtype is not None and dtype not in _DTYPES:
                 raise ConfigError(f"FSDP2Strategy {name} must be one of {sorted(_DTYPES)} or null, got {dtype!r}")
-        if replicate_size < 1 or (shard_size != "auto" and shard_size < 1):
-            raise ConfigError(f"FSDP2Strategy needs replicate_size >= 1 and shard_size >= 1 or 'auto', got "
+        if any(size != "auto" and (not isinstance(size, int) or size < 1) for size in (replicate_size, shard_size)):
+            raise ConfigError(f"FSDP2Strategy needs replicate_size and shard_size >= 1 or 'auto', got "
                               f"replicate_size={replicate_size}, shard_size={shard_size!r}")  # fmt: skip
         kwargs = {"timeout": timeout} if timeout is not None else {}
-        super().__init__(
+        super().__init__(  # Lightning's sizes are unused: build_mesh makes the mesh
             data_parallel_size=replicate_size,
             tensor_parallel_size=shard_size,
             save_distributed_checkpoint=save_distributed_checkpoint,
@@ -115,15 +116,16 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def build_mesh(self) -> DeviceMesh:
         world = self.world_size
-        shard = world // self.replicate_size if self.shard_size == "auto" else self.shard_size
-        if shard * self.replicate_size != world:
+        replicate = self.num_nodes if self.replicate_size == "auto" else self.replicate_size
+        shard = world // replicate if self.shard_size == "auto" else self.shard_size
+        if shard * replicate != world:
             raise ConfigError(
-                f"FSDP2Strategy: replicate_size ({self.replicate_size}) x shard_size ({shard}) must equal the number "
-                f"of processes ({world} = num_nodes x devices)"
+                f"FSDP2Strategy: replicate_size ({replicate}) x shard_size ({shard}) must equal the number of "
+                f"processes ({world} = num_nodes x devices)"
             )
         if self.cpu_offload and self.root_device.type == "cpu":
             raise ConfigError("FSDP2Strategy cpu_offload needs an accelerator (the weights are already in CPU memory)")
-        return init_device_mesh(self.root_device.type, (self.replicate_size, shard), mesh_dim_names=MESH_DIMS)
+        return init_device_mesh(self.root_device.type, (replicate, shard), mesh_dim_names=MESH_DIMS)
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
@@ -195,6 +197,7 @@ def is_sharded_checkpoint(path: str | Path) -> bool:
 
 # ---------------------------------------------------------------------------------------------- sharding a policy
 _RESHARDS_AFTER_FORWARD: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+_GATHERED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # modules inside a ``gathered`` block
 
 
 def shard_policy(plan: ShardingPlan, settings: dict[str, Any], reshard_after_forward: bool = True) -> None:
@@ -227,17 +230,20 @@ def _has_dtensors(module: nn.Module) -> bool:
 def gathered(module: nn.Module) -> Iterator[None]:
     """Inside, every FSDP unit of ``module`` holds its full parameters and keeps them across forwards (one all-gather
     per unit for a whole rollout, not one per generated token or denoising step); on exit every unit is resharded, so
-    the next optimizer step updates the parameters the next forward reads. A no-op for unsharded modules."""
+    the next optimizer step updates the parameters the next forward reads. A no-op for unsharded modules and inside
+    an enclosing ``gathered`` of the same module (a rollout gathers the policy, and its ``generate`` does too)."""
     units = fsdp_modules(module)
-    if not units:
+    if not units or module in _GATHERED:  # unsharded, or already gathered by an enclosing call
         yield
         return
+    _GATHERED.add(module)
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
     try:
         yield
     finally:
+        _GATHERED.discard(module)
         for unit in units:
             unit.reshard()
             unit.set_reshard_after_forward(_RESHARDS_AFTER_FORWARD.get(unit, True), recurse=False)

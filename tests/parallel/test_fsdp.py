@@ -1,0 +1,233 @@
+"""FSDP2 / HSDP through Lightning on CPU (gloo): the sharded runs train the same weights as DDP and as one process on
+the same global batch, each rank holds its share of the parameters and optimizer state, groups stay on their rank,
+a sharded checkpoint resumes exactly and exports to a folder that ``from_pretrained`` loads.
+
+The multi-process runs are launched once per module (``torchrun``, see ``fsdp_probe.py``) and shared by the tests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from app.errors import ConfigError
+from app.parallel import FSDP2Strategy, gathered
+from app.parallel.plan import repeated_blocks
+
+# The first test that needs them launches the three probe runs (about 4 minutes on 2 idle cores in all).
+pytestmark = pytest.mark.timeout(1200)
+HERE = Path(__file__).resolve().parent
+PROBE = HERE / "fsdp_probe.py"
+TWO_PROCESS_CASES = [
+    "vlm_lora-ddp", "vlm_lora-fsdp", "vlm_full-ddp", "vlm_full-fsdp", "flow_lora-ddp", "flow_lora-fsdp",
+    "vlm_lora-fsdp-same", "vlm_lora-fsdp-resume",
+]  # fmt: skip
+FOUR_PROCESS_CASES = ["vlm_lora-ddp", "vlm_lora-hsdp", "vlm_lora-hsdp-same"]
+TOLERANCE = 1e-4  # a tenth of the learning rate: float32 reductions in another order (reduce-scatter vs all-reduce)
+# change near-zero gradients in the last bits, and Adam's normalisation turns that into up to ~lr/30 per step
+
+
+def launch(out: Path, processes: int, cases: list[str], app_env) -> None:
+    env = app_env(OMP_NUM_THREADS="1")
+    if processes == 1:
+        command = [sys.executable, str(PROBE), str(out), *cases]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+                   str(PROBE), str(out), *cases]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, app_env) -> dict[int, Path]:
+    """Output folders of the probe runs by number of processes."""
+    folders = {n: tmp_path_factory.mktemp(f"fsdp{n}") for n in (1, 2, 4)}
+    launch(folders[1], 1, ["vlm_lora-single-same"], app_env)
+    launch(folders[2], 2, TWO_PROCESS_CASES, app_env)
+    launch(folders[4], 4, FOUR_PROCESS_CASES, app_env)
+    return folders
+
+
+def weights(folder: Path, case: str) -> dict[str, torch.Tensor]:
+    return torch.load(folder / f"{case}.pt", weights_only=True)
+
+
+def rank_reports(folder: Path, case: str, world: int) -> list[dict]:
+    return [torch.load(folder / f"{case}.rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def assert_same_weights(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == expected.keys() and got
+    worst = max((got[k] - expected[k]).abs().max().item() for k in got)
+    assert worst < TOLERANCE, f"largest difference {worst:.2e}"
+
+
+# ----------------------------------------------------------------------------------------- multi-process runs
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["vlm_lora", "vlm_full", "flow_lora"])
+def test_two_process_fsdp_trains_the_weights_ddp_trains(runs, policy):
+    fsdp, ddp = weights(runs[2], f"{policy}-fsdp"), weights(runs[2], f"{policy}-ddp")
+    assert_same_weights(fsdp, ddp)
+    if policy.endswith("lora"):  # LoRA's B starts at zero: the adapters must have moved
+        still_zero = {k for k, v in fsdp.items() if "lora_B" in k and not v.abs().sum()}
+        adapters = [k for k in fsdp if "lora_B" in k]
+        # SD3's last block keeps only the image stream, so its context query gets no gradient under any strategy
+        assert still_zero == {k for k, v in ddp.items() if "lora_B" in k and not v.abs().sum()}
+        assert len(still_zero) <= len(adapters) // 10, f"adapters that did not train: {sorted(still_zero)[:3]}"
+
+
+@pytest.mark.slow
+def test_full_fine_tuning_moves_the_weights(runs):
+    from fsdp_probe import build
+
+    initial = {n: p.detach() for n, p in build("vlm_full")[0].named_parameters() if p.requires_grad}
+    trained = weights(runs[2], "vlm_full-fsdp")
+    moved = [k for k in trained if not torch.equal(trained[k], initial[k])]
+    assert len(moved) == len(trained), f"{len(trained) - len(moved)} trainable tensors did not move"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world, case", [(2, "vlm_lora-fsdp-same"), (4, "vlm_lora-hsdp-same")])
+def test_sharded_run_equals_one_process_on_the_same_global_batch(runs, world, case):
+    assert_same_weights(weights(runs[world], case), weights(runs[1], "vlm_lora-single-same"))
+
+
+@pytest.mark.slow
+def test_four_process_hsdp_trains_the_weights_ddp_trains(runs):
+    assert_same_weights(weights(runs[4], "vlm_lora-hsdp"), weights(runs[4], "vlm_lora-ddp"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "world, case, shards",
+    [(2, "vlm_lora-fsdp", 2), (2, "vlm_full-fsdp", 2), (2, "flow_lora-fsdp", 2), (4, "vlm_lora-hsdp", 2),
+     (2, "vlm_lora-ddp", 1)],
+)  # fmt: skip
+def test_each_rank_holds_its_share_of_parameters_and_optimizer_state(runs, world, case, shards):
+    for report in rank_reports(runs[world], case, world):
+        for what in ("params", "optimizer_state"):
+            local, full = report[what]
+            assert full > 0 and local <= full / shards * 1.10, f"{what}: {local} of {full} on one rank"
+            assert local >= full / shards * 0.90, f"{what}: {local} of {full} is less than this rank's share"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world, case", [(2, "vlm_lora-fsdp"), (2, "flow_lora-fsdp"), (4, "vlm_lora-hsdp")])
+def test_ranks_train_on_different_prompts_and_keep_their_groups(runs, world, case):
+    reports = rank_reports(runs[world], case, world)
+    seen = [{prompt for batch in r["batches"] for prompt in batch} for r in reports]
+    for i in range(world):
+        for j in range(i + 1, world):
+            assert not seen[i] & seen[j], f"ranks {i} and {j} drew the same prompts"
+    assert all(r["global_step"] == 3 for r in reports)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world, case", [(2, "vlm_lora-ddp"), (2, "vlm_lora-fsdp"), (4, "vlm_lora-hsdp")])
+def test_reward_metrics_sync_across_ranks(runs, world, case):
+    counts = range(1, world + 1)  # rank r scores r + 1 completions worth r + 1 each
+    expected = sum(c * c for c in counts) / sum(counts)
+    for report in rank_reports(runs[world], case, world):
+        assert report["reward_mean"] == pytest.approx(expected)
+
+
+@pytest.mark.slow
+def test_resume_from_a_sharded_checkpoint_reproduces_the_straight_run(runs):
+    checkpoint = runs[2] / "vlm_lora-fsdp-resume" / "epoch=0-step=2.ckpt"
+    assert checkpoint.is_dir(), "FSDP2 should write a folder of shards"
+    assert_same_weights(weights(runs[2], "vlm_lora-fsdp-resume.resumed"), weights(runs[2], "vlm_lora-fsdp-resume"))
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_is_lean(runs):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    checkpoint = runs[2] / "vlm_lora-fsdp-resume" / "last.ckpt"
+    keys = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+    model_keys = [k for k in keys if k.startswith("state_dict.")]
+    assert model_keys and all("lora_" in k for k in model_keys), f"frozen weights saved: {model_keys[:3]}"
+
+
+@pytest.mark.slow
+def test_export_from_a_sharded_checkpoint_loads_with_from_pretrained(runs, tmp_path, new_samples):
+    from fsdp_probe import build
+    from transformers import AutoModelForImageTextToText
+
+    from app.export import export_from_checkpoint, find_checkpoint
+
+    checkpoint = find_checkpoint(runs[2] / "vlm_lora-fsdp-resume" / "last.ckpt", tmp_path)
+    module, _ = build("vlm_lora")
+    out = export_from_checkpoint(module, checkpoint, tmp_path / "policy")
+
+    trained, _ = build("vlm_lora")
+    missing, unexpected = trained.load_state_dict(weights(runs[2], "vlm_lora-fsdp-resume"), strict=False)
+    assert not unexpected and all("lora_" not in k for k in missing)
+    policy = trained.policy.eval()
+    prompts = policy.encode_prompts(new_samples(2))
+    targets = policy.encode_targets(["<answer>yes</answer>", "<think>left</think><answer>no</answer>"])
+    exported = AutoModelForImageTextToText.from_pretrained(out).eval()
+    with torch.no_grad():
+        expected = policy.sequence_logprobs(prompts, targets.completion_ids, targets.completion_mask)
+        base = policy.reference_logprobs(prompts, targets.completion_ids, targets.completion_mask)
+        got = policy.sequence_logprobs(prompts, targets.completion_ids, targets.completion_mask, hf_model=exported)
+    mask = targets.completion_mask.bool()
+    assert (expected - base)[mask].abs().max() > 1e-4, "the trained adapter should change the policy"
+    assert (got - expected)[mask].abs().max() < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------- one process
+def test_strategy_rejects_unknown_dtypes_and_sizes():
+    with pytest.raises(ConfigError, match="param_dtype must be one of"):
+        FSDP2Strategy(param_dtype="fp8")
+    with pytest.raises(ConfigError, match="replicate_size and shard_size >= 1 or 'auto'"):
+        FSDP2Strategy(replicate_size=0)
+
+
+def test_strategy_holds_the_mixed_precision_policy():
+    strategy = FSDP2Strategy(param_dtype="bfloat16", reduce_dtype="float32", replicate_size=2)
+    assert strategy.mixed_precision.param_dtype == torch.bfloat16
+    assert strategy.mixed_precision.reduce_dtype == torch.float32
+    assert strategy.replicate_size == 2 and strategy.shard_size == "auto"
+
+
+def test_repeated_blocks_are_the_outermost_matches_in_order():
+    class Block(nn.Module):
+        def __init__(self, inner: bool):
+            super().__init__()
+            self.inner = Block(False) if inner else nn.Identity()
+
+    model = nn.Sequential(Block(True), nn.Linear(2, 2), Block(False))
+    assert repeated_blocks(model, ("Block",)) == [model[0], model[2]]
+
+
+def test_vlm_plan_shards_every_decoder_layer_and_the_vision_tower(new_policy):
+    policy = new_policy(lora_r=None)
+    policy.enable_reference()
+    plan = policy.sharding_plan()
+    layers = [m for net in (policy.hf_model, policy.frozen_reference) for m in net.model.language_model.layers]
+    visual = [policy.hf_model.model.visual, policy.frozen_reference.model.visual]
+    assert all(any(u is m for u in plan.units) for m in layers + visual)
+    assert len(plan.units) == len(layers) + 2 and plan.roots == [policy]
+
+
+def test_flow_plan_shards_the_transformer_blocks():
+    from app.models import FlowLoRASettings, FlowPolicy
+
+    policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=2, alpha=4))
+    plan = policy.sharding_plan()
+    blocks = list(policy.transformer.transformer_blocks)
+    assert plan.units == blocks and plan.roots == [policy.transformer]
+    assert any(part is policy.vae for part in plan.replicated)
+
+
+def test_gathered_leaves_an_unsharded_module_alone():
+    layer = nn.Linear(2, 2)
+    before = layer.weight.detach().clone()
+    with gathered(layer):
+        layer.weight.data += 1
+    assert torch.equal(layer.weight, before + 1)
