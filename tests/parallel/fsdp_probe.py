@@ -8,7 +8,7 @@ or ``flow_lora`` (tiny SD3); strategy ``single``, ``ddp``, ``fsdp`` (all ranks s
 ``-same`` gives every rank the same prompts and random draws, so the run equals one process on that batch.
 Rank 0 writes ``OUT/<case>.pt``: the full trainable weights after fit; every rank writes ``OUT/<case>.rank<r>.pt``:
 its local parameter and optimizer-state sizes and the groups it trained on. Case ``vlm_lora-fsdp-resume`` also
-checkpoints after step 2 and at the end (sharded, ``last.ckpt``) and resumes from step 2 in a second fit.
+checkpoints after every step (sharded; ``last.ckpt`` is the last one) and resumes from step 2 in a second fit.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def build(policy_kind: str) -> tuple[L.LightningModule, L.LightningDataModule]:
         sampling = FlowSamplingSettings(num_generations=2, num_steps=3, sampler="cps", eta=0.7)
         module = FlowGRPOModule(policy, [BrightnessReward()], sampling, learning_rate=1e-3)
         dataset = ShapePromptDataset
-    data = VisualTaskDataModule(dataset, train_size=12, val_size=0, test_size=0, batch_size=2, image_size=64)
+    data = VisualTaskDataModule(dataset, train_size=24, val_size=0, test_size=0, batch_size=2, image_size=64)
     return module, data
 
 
@@ -161,7 +161,9 @@ def run(out: Path, case: str) -> None:
     callbacks: list = [report]
     if "resume" in flags:
         callbacks.append(
-            L.pytorch.callbacks.ModelCheckpoint(dirpath=out / case, every_n_train_steps=STEPS, save_last=True)
+            L.pytorch.callbacks.ModelCheckpoint(
+                dirpath=out / case, every_n_train_steps=1, save_top_k=-1, save_last=True
+            )
         )
     trainer = trainer_for(strategy_for(strategy_kind, world), out / case, STEPS + 1, callbacks, same)
     trainer.fit(module, data)
