@@ -231,3 +231,29 @@ def test_gathered_leaves_an_unsharded_module_alone():
     with gathered(layer):
         layer.weight.data += 1
     assert torch.equal(layer.weight, before + 1)
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    ["grpo_qwen2_5_vl_3b", "grpo_qwen2_5_vl_7b_full", "flow_grpo_sd3_5_medium", "flow_grpo_wan2_1_t2v_1_3b"],
+)
+def test_gpu_recipes_build_their_fsdp2_strategy(recipe):
+    import yaml
+
+    config = yaml.safe_load((HERE.parents[1] / "configs" / f"{recipe}.yaml").read_text())
+    strategy = config["trainer"]["strategy"]
+    assert strategy["class_path"] == "app.parallel.FSDP2Strategy"
+    built = FSDP2Strategy(**strategy.get("init_args", {}))
+    assert built.replicate_size == "auto" and built.mixed_precision.reduce_dtype == torch.float32
+    callbacks = [c["class_path"] for c in config["trainer"].get("callbacks", [])]
+    assert "app.export.ExportPolicy" not in callbacks, "fit-end export is refused under FSDP2"
+
+
+def test_fit_end_export_is_refused_under_fsdp2_with_the_command_to_use(tmp_path):
+    from types import SimpleNamespace
+
+    from app.export import ExportPolicy
+
+    trainer = SimpleNamespace(strategy=FSDP2Strategy(), is_global_zero=True)
+    with pytest.raises(ConfigError, match="python -m app export --config"):
+        ExportPolicy(str(tmp_path / "policy")).setup(trainer, None, "fit")
