@@ -4,7 +4,8 @@ HSDP, and writes what the multi-process tests compare.
     torchrun --nproc_per_node 2 tests/parallel/fsdp_probe.py OUT CASE [CASE ...]
 
 A case is ``<policy>-<strategy>[-same]``: policy ``vlm_lora``, ``vlm_full`` (full fine-tuning with a KL reference copy)
-or ``flow_lora`` (tiny SD3); strategy ``single``, ``ddp``, ``fsdp`` (all ranks shard) or ``hsdp`` (2 x world/2);
+or ``flow_lora`` (tiny SD3); strategy ``single``, ``ddp``, ``fsdp`` (all ranks shard), ``fsdpbf16`` (FSDP2's bf16 mixed precision) or ``hsdp``
+(2 x world/2); ``-gc`` turns on activation checkpointing;
 ``-same`` gives every rank the same prompts and random draws, so the run equals one process on that batch.
 Rank 0 writes ``OUT/<case>.pt``: the full trainable weights after fit; every rank writes ``OUT/<case>.rank<r>.pt``:
 its local parameter and optimizer-state sizes and the groups it trained on. Case ``vlm_lora-fsdp-resume`` also
@@ -92,10 +93,10 @@ def reward_mean_across_ranks(rank: int) -> float:
     return float(reward.compute())
 
 
-def build(policy_kind: str) -> tuple[L.LightningModule, L.LightningDataModule]:
+def build(policy_kind: str, checkpointing: bool = False) -> tuple[L.LightningModule, L.LightningDataModule]:
     if policy_kind.startswith("vlm"):
         lora = LoRASettings(r=4, alpha=8, dropout=0.0) if policy_kind == "vlm_lora" else None
-        policy = VLMPolicy("tiny-qwen2-vl", lora=lora, instruction="")
+        policy = VLMPolicy("tiny-qwen2-vl", lora=lora, instruction="", gradient_checkpointing=checkpointing)
         module = VLMGRPOModule(
             policy,
             [LengthReward()],
@@ -121,6 +122,8 @@ def strategy_for(kind: str, world: int):
         return "ddp"
     if kind == "fsdp":
         return FSDP2Strategy()
+    if kind == "fsdpbf16":  # bf16 gathered weights and compute, float32 master weights and gradient reduction
+        return FSDP2Strategy(param_dtype="bfloat16", reduce_dtype="float32")
     if kind == "hsdp":
         return FSDP2Strategy(replicate_size=2, shard_size=world // 2)
     raise ValueError(f"unknown strategy {kind!r}")
@@ -156,7 +159,7 @@ def run(out: Path, case: str) -> None:
     same = "same" in flags
     world = int(os.environ.get("WORLD_SIZE", "1"))
     L.seed_everything(0, verbose=False)
-    module, data = build(policy_kind)
+    module, data = build(policy_kind, checkpointing="gc" in flags)
     report = Report(same)
     callbacks: list = [report]
     if "resume" in flags:
