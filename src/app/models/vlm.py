@@ -17,11 +17,12 @@ from torch import nn
 
 from app.embedded.models import load_vlm
 from app.formats import REASONING_INSTRUCTION
-from app.models.kernels import apply_optional_kernels
+from app.models.kernels import apply_liger_kernels, require_liger, validate_attn_implementation
 from app.models.policy import SwitchableReference
 from app.parallel.fsdp import gathered
 from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.logprobs import chunked_token_logprobs
+from app.sampling.shared_prefix import PER_TOKEN_KEYS, group_heads, prefill_shared_prefix, repeat_rows
 from app.types import CompletionBatch, PromptInputs, VisualSample
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,13 @@ class VLMPolicy(SwitchableReference, nn.Module):
         lora: LoRA settings; None trains all language-model parameters (full fine-tuning).
         freeze_vision: keep the vision tower (and its merger) frozen.
         dtype: weight dtype: float32, bfloat16 or float16.
-        attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``flash_attention_2``, ...); None = library default.
-        use_liger_kernel: patch the model with Liger kernels when liger-kernel is installed and CUDA is available.
+        attn_implementation: ``sdpa`` (PyTorch picks its flash kernel when the inputs allow it), ``eager`` or
+            ``flash_attention_2`` (needs flash-attn and CUDA); None = library default.
+        use_liger_kernel: replace the language model's RMSNorm, SwiGLU MLP and rotary with Liger's fused kernels
+            (needs liger-kernel and CUDA: an error otherwise, see :mod:`app.models.kernels`).
         gradient_checkpointing: recompute activations in backward to save memory.
+        shared_prefix: in ``generate``, run the vision tower and the prompt prefill once per group of identical rows
+            and expand the KV cache to the group (same completions for the same seed); False prefills every row.
         logprob_chunk_size: completion tokens per chunk when computing log-probs (bounds the float32 logits in memory).
         instruction: appended to every question; the reasoning-format instruction of the papers by default.
         seed: seed of the embedded model's random weights (ignored for real checkpoints).
@@ -101,6 +106,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         attn_implementation: str | None = None,
         use_liger_kernel: bool = False,
         gradient_checkpointing: bool = False,
+        shared_prefix: bool = True,
         logprob_chunk_size: int = 1024,
         instruction: str = REASONING_INSTRUCTION,
         seed: int = 0,
@@ -108,14 +114,18 @@ class VLMPolicy(SwitchableReference, nn.Module):
         super().__init__()
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        attn_implementation = validate_attn_implementation(attn_implementation)
+        if use_liger_kernel:
+            require_liger()  # before loading the weights
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
         hf_model, self.processor = load_vlm(model, dtype=_DTYPES[dtype], seed=seed, **extra)
         self.processor.tokenizer.padding_side = "left"
         self.model_name = model
         self.instruction = instruction
         self.logprob_chunk_size = logprob_chunk_size
+        self.shared_prefix = shared_prefix
         self.uses_lora = lora is not None
-        apply_optional_kernels(hf_model, use_liger_kernel)
+        self.kernels = apply_liger_kernels(hf_model) if use_liger_kernel else None  # LigerTargets: what was replaced
         if gradient_checkpointing:
             hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = self._wrap(hf_model, lora, freeze_vision)  # PeftModel with LoRA, the HF model otherwise
@@ -156,12 +166,16 @@ class VLMPolicy(SwitchableReference, nn.Module):
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode_prompts(self, samples: Sequence[VisualSample], repeats: int = 1) -> PromptInputs:
-        """Processor inputs for the prompts, each row repeated ``repeats`` times (group-major), left-padded."""
-        texts = [self.prompt_text(s) for s in samples for _ in range(repeats)]
-        images = [list(s.images) for s in samples for _ in range(repeats)]
+        """Processor inputs for the prompts, each row repeated ``repeats`` times (group-major), left-padded. Each
+        prompt goes through the processor once; its tensors are then repeated."""
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        texts = [self.prompt_text(s) for s in samples]
+        images = [list(s.images) for s in samples]
         inputs = self.processor(text=texts, images=images if any(images) else None, return_tensors="pt", padding=True)
         tensors = {k: v.to(self.device) for k, v in inputs.items()}
-        return PromptInputs(tensors, [len(row) for row in images])
+        prompts = PromptInputs(tensors, [len(row) for row in images])
+        return repeat_rows(prompts, repeats) if repeats > 1 else prompts
 
     # ------------------------------------------------------------------------------------------------- sampling
     @torch.no_grad()
@@ -172,7 +186,10 @@ class VLMPolicy(SwitchableReference, nn.Module):
         greedy: bool = False,
         group_size: int = 1,
     ) -> CompletionBatch:
-        """Draw one completion per row of ``prompt_inputs`` (already repeated K times by ``encode_prompts``)."""
+        """Draw one completion per row of ``prompt_inputs`` (already repeated K times by ``encode_prompts``).
+
+        With ``shared_prefix`` and groups of ``group_size`` identical rows, each prompt's images and text are encoded
+        and prefilled once and the KV cache is expanded to its K rows (see :mod:`app.sampling.shared_prefix`)."""
         sampling = sampling or SamplingSettings()
         kwargs = (
             dict(do_sample=False)
@@ -183,8 +200,13 @@ class VLMPolicy(SwitchableReference, nn.Module):
         self.model.eval()
         try:
             with gathered(self):  # FSDP: one all-gather for the whole generation, resharded after it
+                inputs = dict(prompt_inputs.tensors)
+                heads = group_heads(prompt_inputs, group_size) if self.shared_prefix else None
+                if heads is not None:
+                    inputs = {k: v for k, v in inputs.items() if k in PER_TOKEN_KEYS}
+                    inputs["cache"] = prefill_shared_prefix(self.hf_model, heads, group_size)
                 sequences = self.model.generate(
-                    **prompt_inputs.tensors,
+                    **inputs,
                     max_new_tokens=sampling.max_new_tokens,
                     suppress_tokens=self.suppressed_token_ids,
                     pad_token_id=self.pad_token_id,

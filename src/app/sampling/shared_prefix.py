@@ -1,0 +1,95 @@
+"""Shared-prefix rollouts: the K completions of a prompt share its images and text, so the vision tower and the
+prefill of the prompt run once per prompt and the KV cache is expanded to the K rows before decoding.
+
+The prefill covers the prompt without its last token; ``generate`` is then called on all ``B*K`` rows with that cache
+and processes the last prompt token itself, so the first sampled token is drawn from the same ``[B*K, V]`` distribution,
+with the same RNG draw, as without sharing. The prefill gets the positions ``generate`` would give the whole prompt
+(left padding; Qwen-VL's 3-D mRoPE positions of the image tokens), and Qwen-VL's rotary offsets (``rope_deltas``, one
+per row, which the decode steps add to the text positions) are expanded to the K rows with the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from app.types import PromptInputs
+
+_IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+PER_TOKEN_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
+"""Prompt tensors with one entry per token (``[N, P]``): the ones ``generate`` needs once the prefix is cached."""
+
+
+def take_rows(inputs: PromptInputs, rows: Sequence[int]) -> PromptInputs:
+    """The prompt rows ``rows`` (any order, repeats allowed), each with the patches of its own images."""
+    t = inputs.tensors
+    index = torch.tensor(list(rows), dtype=torch.long, device=t["input_ids"].device)
+    out = {k: v.index_select(0, index) for k, v in t.items() if k not in _IMAGE_KEYS}
+    if "image_grid_thw" in t:
+        image_slices, patch_slices = _image_slices(inputs)
+        images = [i for r in rows for i in range(image_slices[r].start, image_slices[r].stop)]
+        patch_index = [torch.arange(patch_slices[r].start, patch_slices[r].stop) for r in rows]
+        patch_index = torch.cat(patch_index) if patch_index else torch.zeros(0, dtype=torch.long)
+        out["image_grid_thw"] = t["image_grid_thw"][torch.tensor(images, dtype=torch.long, device=index.device)]
+        out["pixel_values"] = t["pixel_values"].index_select(0, patch_index.to(t["pixel_values"].device))
+    return PromptInputs(out, [inputs.images_per_row[r] for r in rows])
+
+
+def repeat_rows(inputs: PromptInputs, repeats: int) -> PromptInputs:
+    """Each row repeated ``repeats`` times, group-major (row ``b * repeats + k`` is a copy of row ``b``)."""
+    return take_rows(inputs, [r for r in range(len(inputs)) for _ in range(repeats)])
+
+
+def group_heads(inputs: PromptInputs, group_size: int) -> PromptInputs | None:
+    """The first row of each group of ``group_size`` consecutive rows when the rows of every group are identical
+    (tokens and images) and the prompts end in a text token; None when the prefix cannot be shared."""
+    t, n, k = inputs.tensors, len(inputs), group_size
+    if k < 2 or n % k or t["input_ids"].shape[1] < 2 or set(t) - set(PER_TOKEN_KEYS) - set(_IMAGE_KEYS):
+        return None  # nothing to share, or inputs (videos, ...) this module does not know how to split
+    for key, value in t.items():
+        if key not in _IMAGE_KEYS:
+            grouped = value.view(n // k, k, *value.shape[1:])  # [B, K, P]
+            if not torch.equal(grouped, grouped[:, :1].expand_as(grouped)):
+                return None
+    if "mm_token_type_ids" in t and bool(t["mm_token_type_ids"][:, -1].any()):
+        return None  # generate processes the last prompt token without the images: it must be text
+    if "image_grid_thw" in t:
+        image_slices, patch_slices = _image_slices(inputs)
+        for row in range(n):
+            head = row - row % k
+            same_grid = torch.equal(t["image_grid_thw"][image_slices[row]], t["image_grid_thw"][image_slices[head]])
+            if not same_grid or not torch.equal(
+                t["pixel_values"][patch_slices[row]], t["pixel_values"][patch_slices[head]]
+            ):
+                return None
+    return take_rows(inputs, range(0, n, k))
+
+
+def _image_slices(inputs: PromptInputs) -> tuple[list[slice], list[slice]]:
+    """For each row, the slice of its images in ``image_grid_thw`` and of their patches in ``pixel_values``."""
+    patches = inputs.tensors["image_grid_thw"].prod(dim=1).tolist()  # [num_images]
+    image_slices, patch_slices, image, patch = [], [], 0, 0
+    for count in inputs.images_per_row:
+        size = sum(patches[image : image + count])
+        image_slices.append(slice(image, image + count))
+        patch_slices.append(slice(patch, patch + size))
+        image, patch = image + count, patch + size
+    return image_slices, patch_slices
+
+
+@torch.no_grad()
+def prefill_shared_prefix(hf_model: nn.Module, heads: PromptInputs, group_size: int):
+    """Run the vision tower and the prefill of the prompts ``heads`` (one row per group) without their last token,
+    and expand the resulting cache and rotary offsets to ``group_size`` rows per prompt. Returns the cache."""
+    inner = hf_model.model  # the multimodal backbone, without the output head (no logits needed here)
+    tensors = dict(heads.tensors)
+    # the positions generate would give the whole prompt (left padding, mRoPE); for Qwen-VL this also sets rope_deltas
+    positions = hf_model._prepare_position_ids_for_generation(tensors["input_ids"], tensors)  # [..., B, P]
+    prefix = {k: v[:, :-1] if k in PER_TOKEN_KEYS else v for k, v in tensors.items()}
+    cache = inner(**prefix, position_ids=positions[..., :-1], use_cache=True).cache
+    cache.batch_repeat_interleave(group_size)
+    if getattr(inner, "rope_deltas", None) is not None:  # Qwen-VL mRoPE: one offset per row, read by the decode steps
+        inner.rope_deltas = inner.rope_deltas.repeat_interleave(group_size, dim=0)
+    return cache

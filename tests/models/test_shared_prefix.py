@@ -1,0 +1,139 @@
+"""Shared-prefix rollouts: the prompt is encoded and prefilled once per group and the KV cache expanded to K rows; the
+completions are the same, token for token, as with one prefill per row for the same seed."""
+
+import pytest
+import torch
+from PIL import Image
+
+from app.models import SamplingSettings
+from app.sampling.shared_prefix import group_heads, repeat_rows, take_rows
+from app.types import VisualSample
+
+K = 3
+
+
+def image(width: int, height: int, color) -> Image.Image:
+    img = Image.new("RGB", (width, height), (230, 230, 230))
+    img.paste(color, (width // 4, height // 4, width // 2, height // 2))
+    return img
+
+
+@pytest.fixture(scope="module")
+def samples():
+    """Rows of unequal lengths and image counts: one image, two images of different sizes, one image again."""
+    return [
+        VisualSample(images=[image(64, 64, (220, 30, 30))], question="Is the dot red?", task="t", answer="yes"),
+        VisualSample(
+            images=[image(96, 64, (30, 60, 220)), image(64, 120, (40, 170, 60))],
+            question="Which image is wider, the first or the second one?",
+            task="t",
+            answer="first",
+        ),
+        VisualSample(images=[image(80, 80, (40, 170, 60))], question="Count.", task="t", answer="1"),
+    ]
+
+
+def rollout(policy, prompts, shared: bool, seed: int, greedy: bool = False, max_new_tokens: int = 12):
+    policy.shared_prefix = shared
+    torch.manual_seed(seed)
+    try:
+        return policy.generate(prompts, SamplingSettings(max_new_tokens=max_new_tokens), greedy, group_size=K)
+    finally:
+        policy.shared_prefix = True
+
+
+def count_vision_images(policy):
+    """A forward hook on the vision tower that records how many images each call encodes."""
+    calls = []
+    visual = policy.hf_model.model.visual
+    return calls, visual.register_forward_hook(
+        lambda m, args, kw, out: calls.append(kw["grid_thw"].shape[0]), with_kwargs=True
+    )
+
+
+# -------------------------------------------------------------------------------------------------- prompt rows
+def test_encode_prompts_runs_the_processor_once_and_equals_the_processor_on_repeated_rows(tiny_policy, samples):
+    prompts = tiny_policy.encode_prompts(samples, repeats=K)
+    texts = [tiny_policy.prompt_text(s) for s in samples for _ in range(K)]
+    images = [list(s.images) for s in samples for _ in range(K)]
+    expected = tiny_policy.processor(text=texts, images=images, return_tensors="pt", padding=True)
+    assert set(prompts.tensors) == set(expected)
+    for key, value in expected.items():
+        assert torch.equal(prompts.tensors[key], value), key
+    assert prompts.images_per_row == [1] * K + [2] * K + [1] * K
+
+
+def test_take_rows_keeps_each_rows_own_image_patches(tiny_policy, samples):
+    prompts = tiny_policy.encode_prompts(samples)
+    picked = take_rows(prompts, [2, 1, 1])
+    assert picked.images_per_row == [1, 2, 2]
+    assert torch.equal(picked.tensors["input_ids"], prompts.tensors["input_ids"][[2, 1, 1]])
+    for row, source in enumerate([2, 1, 1]):
+        assert torch.equal(
+            picked.select(slice(row, row + 1)).tensors["pixel_values"],
+            prompts.select(slice(source, source + 1)).tensors["pixel_values"],
+        )
+    assert torch.equal(repeat_rows(prompts, 1).tensors["pixel_values"], prompts.tensors["pixel_values"])
+
+
+def test_group_heads_only_when_every_group_is_identical(tiny_policy, samples):
+    repeated = tiny_policy.encode_prompts(samples, repeats=K)
+    heads = group_heads(repeated, K)
+    assert heads is not None and len(heads) == 3
+    assert torch.equal(heads.tensors["pixel_values"], tiny_policy.encode_prompts(samples).tensors["pixel_values"])
+    assert group_heads(repeated, 1) is None  # nothing to share
+    assert group_heads(repeated, 2) is None  # 9 rows do not split into groups of 2
+    assert group_heads(tiny_policy.encode_prompts(samples), 3) is None  # three different prompts
+    same_text = [VisualSample(images=[image(64, 64, c)], question="Q?", task="t") for c in ((255, 0, 0), (0, 0, 255))]
+    assert group_heads(tiny_policy.encode_prompts(same_text), 2) is None  # same tokens, different pixels
+
+
+# ------------------------------------------------------------------------------------------------------ sampling
+@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_shared_prefix_draws_the_same_completions_for_the_same_seed(new_policy, samples, model, random_seed):
+    policy = new_policy(model, lora_r=None).eval()
+    prompts = policy.encode_prompts(samples, repeats=K)
+    calls, handle = count_vision_images(policy)
+    try:
+        plain = rollout(policy, prompts, shared=False, seed=random_seed)
+        assert calls == [4 * K]  # every row's images encoded
+        shared = rollout(policy, prompts, shared=True, seed=random_seed)
+        assert calls == [4 * K, 4]  # each prompt's images encoded once
+    finally:
+        handle.remove()
+    assert shared.completion_ids.shape[1] > 1
+    assert torch.equal(shared.completion_ids, plain.completion_ids)
+    assert torch.equal(shared.completion_mask, plain.completion_mask)
+    assert shared.texts == plain.texts
+    other = rollout(policy, prompts, shared=True, seed=random_seed + 1)
+    assert not torch.equal(other.completion_ids, shared.completion_ids)  # the seed matters: the test can fail
+
+
+def test_shared_prefix_with_lora_greedy_and_a_second_rollout(tiny_policy, samples):
+    """The LoRA policy (PeftModel.generate), greedy decoding, and no state left behind for the next rollout."""
+    prompts = tiny_policy.encode_prompts(samples, repeats=K)
+    plain = rollout(tiny_policy, prompts, shared=False, seed=0, greedy=True)
+    first = rollout(tiny_policy, prompts, shared=True, seed=0, greedy=True)
+    second = rollout(tiny_policy, prompts, shared=True, seed=0, greedy=True)
+    assert torch.equal(first.completion_ids, plain.completion_ids)
+    assert torch.equal(second.completion_ids, plain.completion_ids)
+    for b in range(3):  # greedy: the K rows of a group agree
+        assert all(torch.equal(first.completion_ids[b * K], first.completion_ids[b * K + k]) for k in range(K))
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_shared_prefix_on_text_only_prompts_after_an_image_rollout(new_policy, samples, model, random_seed):
+    """Left-padded prompts without images, after a rollout with images (whose rotary offsets the model keeps)."""
+    policy = new_policy(model, lora_r=None).eval()
+    policy.generate(policy.encode_prompts(samples[:1], repeats=K), SamplingSettings(max_new_tokens=2), group_size=K)
+    text = [
+        VisualSample(images=[], question="Short?", task="t"),
+        VisualSample(
+            images=[], question="A much longer question, with many more words in it than the first?", task="t"
+        ),
+    ]
+    prompts = policy.encode_prompts(text, repeats=K)
+    assert (prompts.tensors["attention_mask"] == 0).any(), "the test needs left padding"
+    plain = rollout(policy, prompts, shared=False, seed=random_seed)
+    shared = rollout(policy, prompts, shared=True, seed=random_seed)
+    assert torch.equal(shared.completion_ids, plain.completion_ids)
