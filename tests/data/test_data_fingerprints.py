@@ -35,8 +35,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG_FINGERPRINTS = {
     "configs/consistency_dots.yaml": ("ae8ad7b3702f22e6", "5320c0c4519dc71d", "405964605de807f9"),
-    "configs/flow_grpo_sd3_5_medium.yaml": ("ccbd122d4ac01082", "f6cdb135e7fd92f3", "3a474229ffcd3c78"),
-    "configs/flow_grpo_wan2_1_t2v_1_3b.yaml": ("ccbd122d4ac01082", "f6cdb135e7fd92f3", "3a474229ffcd3c78"),
+    "configs/flow_grpo_sd3_5_medium.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
+    "configs/flow_grpo_wan2_1_t2v_1_3b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
+    "configs/flow_grpo_wan2_2_ti2v_5b.yaml": ("66c935cec4716fbc", "3b4d71849cc2f37e", "342a411464af3178"),
+    "configs/flow_grpo_wan2_1_i2v_14b.yaml": ("6b98281d0dc04b72", "310b910c9c2ae769", "4464b82c2e4ca7b8"),
+    "configs/quickstart_vbvr.yaml": ("c5998104666a4839", "06a302f58967da93", "e20d472debfda762"),
+    "configs/quickstart_vbvr_pretrain.yaml": ("3fa428131048d768", "06a302f58967da93", "e20d472debfda762"),
     "configs/grpo_qwen2_5_vl_3b.yaml": ("cf878707ac2ad478", "bb80e24f632f9fa3", "1a0769a52650b52c"),
     "configs/quickstart.yaml": ("96dda23eb0aa661f", "ab22a3d9fae8c114", "29cbec44f35c0172"),
     "configs/quickstart_flow.yaml": ("f4f8f909e377c142", "379f6a67b9f47a0c", "f5f5c58de5dc851f"),
@@ -75,7 +79,7 @@ DATASET_FINGERPRINTS = {
     ),
     "vbvr_prompts": (
         (functools.partial(VBVRPromptDataset, tasks=["object_counting", "maze_path"]), 96),
-        ("56da399c4583dbcc", "9e32fa7cb3d81cae", "73d85d458e4c527d"),
+        ("277a8e17a31a02e2", "0d078ca019d7ffc5", "c89e47bec6bd20aa"),
     ),
     "dots_left_of_pairs": (
         (functools.partial(PairedDotsDataset, labeled=False), 64),

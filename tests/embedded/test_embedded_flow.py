@@ -36,7 +36,10 @@ def velocity(components, seed: int = 0) -> torch.Tensor:
 
 
 def test_the_three_families_are_embedded():
-    assert sorted(TINY_FLOWS) == sorted([*NAMES, "tiny-flux"])  # tiny-flux is covered by tests/models/test_flow_flux
+    # tiny-flux is covered by tests/models/test_flow_flux, the image-conditioned variants by
+    # tests/models/test_flow_conditioning
+    conditioned = ["tiny-flux-kontext", "tiny-wan-i2v", "tiny-wan-ti2v"]
+    assert sorted(TINY_FLOWS) == sorted([*NAMES, "tiny-flux", *conditioned])
 
 
 @pytest.mark.parametrize("name", NAMES)

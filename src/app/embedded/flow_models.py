@@ -14,6 +14,11 @@ size) and ``pooled_projection_dim = 64`` (its projection); Wan ``text_dim = 32``
 layout: a CLIP text model (``text_encoder``, pooled output 32 = ``pooled_projection_dim``) and a T5 encoder
 (``text_encoder_2``, width 32 = ``joint_attention_dim``), each with its own tokenizer slot.
 
+Image-conditioned variants (docs/conditioning.md): ``tiny-wan-i2v`` (Wan2.1 I2V: mask + first-frame latents
+concatenated on channels, a tiny CLIP vision encoder for the image embeddings), ``tiny-wan-ti2v`` (Wan2.2 TI2V:
+first-frame latent replacement, ``expand_timesteps``) and ``tiny-flux-kontext`` (FLUX.1 Kontext: reference-image tokens
+appended to the sequence); their ``model_index.json`` names ``WanImageToVideoPipeline`` / ``FluxKontextPipeline``.
+
 Sizes: ``tiny-sd3`` makes 64x64 images from 4x16x16 latents (VAE factor 4, patch 2: 64 tokens); ``tiny-wan`` makes
 5-frame 32x32 videos from 4x2x4x4 latents (VAE factors 4 in time, 8 in space); ``tiny-flux`` makes 64x64 images from
 16x16x16 latents (VAE factor 4, packed into 2x2 patches: 64 tokens of 64 channels), with FLUX's dynamic-shifting
@@ -56,6 +61,8 @@ class TinyFlowSpec:
     pipeline_class: str
     sample_size: dict[str, int] | None = None
     text_encoder_2: str | None = None  # a second encoder (FLUX's T5), with its own copy of the tokenizer
+    pipeline_config: dict[str, Any] | None = None  # extra model_index.json entries (Wan TI2V's expand_timesteps)
+    image_encoder: bool = False  # a tiny CLIP vision encoder + image processor (Wan2.1 I2V's image embeddings)
 
 
 _TINY_IMAGE_VAE = dict(  # the embedded image VAE: 64 px images, factor 4 latents
@@ -69,6 +76,61 @@ _TINY_IMAGE_VAE = dict(  # the embedded image VAE: 64 px images, factor 4 latent
     sample_size=64,
 )
 
+
+_TINY_WAN_TRANSFORMER = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=12,
+    in_channels=4,
+    out_channels=4,
+    text_dim=32,
+    freq_dim=32,
+    ffn_dim=32,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
+_TINY_WAN_VAE = dict(
+    base_dim=8,
+    z_dim=4,
+    dim_mult=[1, 2, 2, 2],
+    num_res_blocks=1,
+    temperal_downsample=[False, True, True],
+    latents_mean=[0.0] * 4,
+    latents_std=[1.0] * 4,
+)
+_TINY_FLUX_TRANSFORMER = dict(
+    patch_size=1,
+    in_channels=64,  # 16 latent channels packed in 2x2 patches
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=8,
+    num_attention_heads=4,
+    joint_attention_dim=32,
+    pooled_projection_dim=32,
+    guidance_embeds=True,  # as FLUX.1-dev and FLUX.1 Kontext-dev
+    axes_dims_rope=(2, 2, 4),
+)
+_TINY_FLUX_VAE = dict(  # FLUX's latent channels and scaling, no quant convs
+    _TINY_IMAGE_VAE,
+    latent_channels=16,
+    scaling_factor=0.3611,
+    shift_factor=0.1159,
+    use_quant_conv=False,
+    use_post_quant_conv=False,
+)
+_FLUX_SCHEDULER = dict(  # FLUX.1-dev's scheduler config
+    num_train_timesteps=1000,
+    shift=3.0,
+    use_dynamic_shifting=True,
+    base_image_seq_len=256,
+    max_image_seq_len=4096,
+    base_shift=0.5,
+    max_shift=1.15,
+)
+_WAN_SIZE = dict(height=32, width=32, num_frames=5)
+_TINY_IMAGE_EMBED_DIM = 32  # hidden size of the tiny CLIP vision encoder (Wan2.1 I2V's is 1280)
 
 TINY_FLOWS: dict[str, TinyFlowSpec] = {
     "tiny-sd3": TinyFlowSpec(
@@ -94,70 +156,72 @@ TINY_FLOWS: dict[str, TinyFlowSpec] = {
     ),
     "tiny-wan": TinyFlowSpec(
         transformer_class="WanTransformer3DModel",
-        transformer_config=dict(
-            patch_size=(1, 2, 2),
-            num_attention_heads=2,
-            attention_head_dim=12,
-            in_channels=4,
-            out_channels=4,
-            text_dim=32,
-            freq_dim=32,
-            ffn_dim=32,
-            num_layers=2,
-            cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads",
-            rope_max_seq_len=32,
-        ),
+        transformer_config=_TINY_WAN_TRANSFORMER,
         vae_class="AutoencoderKLWan",
-        vae_config=dict(
-            base_dim=8,
-            z_dim=4,
-            dim_mult=[1, 2, 2, 2],
-            num_res_blocks=1,
-            temperal_downsample=[False, True, True],
-            latents_mean=[0.0] * 4,
-            latents_std=[1.0] * 4,
-        ),
+        vae_config=_TINY_WAN_VAE,
         text_encoder="t5",
         scheduler_config=dict(num_train_timesteps=1000, shift=3.0),
         pipeline_class="WanPipeline",
-        sample_size=dict(height=32, width=32, num_frames=5),
+        sample_size=_WAN_SIZE,
     ),
     "tiny-flux": TinyFlowSpec(
         transformer_class="FluxTransformer2DModel",
-        transformer_config=dict(
-            patch_size=1,
-            in_channels=64,  # 16 latent channels packed in 2x2 patches
-            num_layers=1,
-            num_single_layers=1,
-            attention_head_dim=8,
-            num_attention_heads=4,
-            joint_attention_dim=32,
-            pooled_projection_dim=32,
-            guidance_embeds=True,  # as FLUX.1-dev
-            axes_dims_rope=(2, 2, 4),
-        ),
+        transformer_config=_TINY_FLUX_TRANSFORMER,
         vae_class="AutoencoderKL",
-        vae_config=dict(  # FLUX's latent channels and scaling, no quant convs
-            _TINY_IMAGE_VAE,
-            latent_channels=16,
-            scaling_factor=0.3611,
-            shift_factor=0.1159,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-        ),
+        vae_config=_TINY_FLUX_VAE,
         text_encoder="clip-pooled",
         text_encoder_2="t5",
-        scheduler_config=dict(  # FLUX.1-dev's scheduler config
-            num_train_timesteps=1000,
-            shift=3.0,
-            use_dynamic_shifting=True,
-            base_image_seq_len=256,
-            max_image_seq_len=4096,
-            base_shift=0.5,
-            max_shift=1.15,
-        ),
+        scheduler_config=_FLUX_SCHEDULER,
         pipeline_class="FluxPipeline",
+        sample_size=dict(height=64, width=64),
+    ),
+    # Wan2.1-I2V style: noisy latents ++ (4 mask channels + 4 first-frame condition latents) = 12 input channels, and
+    # CLIP image embeddings through the cross-attention's added key / value projections (image_dim, added_kv_proj_dim)
+    "tiny-wan-i2v": TinyFlowSpec(
+        transformer_class="WanTransformer3DModel",
+        transformer_config=dict(
+            _TINY_WAN_TRANSFORMER, in_channels=12, image_dim=_TINY_IMAGE_EMBED_DIM, added_kv_proj_dim=24
+        ),
+        vae_class="AutoencoderKLWan",
+        vae_config=_TINY_WAN_VAE,
+        text_encoder="t5",
+        scheduler_config=dict(num_train_timesteps=1000, shift=3.0),
+        pipeline_class="WanImageToVideoPipeline",
+        sample_size=_WAN_SIZE,
+        image_encoder=True,
+    ),
+    # Wan2.2-TI2V style: the first latent frame is replaced by the problem frame's latents, with timestep 0 there
+    "tiny-wan-ti2v": TinyFlowSpec(
+        transformer_class="WanTransformer3DModel",
+        transformer_config=_TINY_WAN_TRANSFORMER,
+        vae_class="AutoencoderKLWan",
+        vae_config=_TINY_WAN_VAE,
+        text_encoder="t5",
+        scheduler_config=dict(num_train_timesteps=1000, shift=3.0),
+        pipeline_class="WanImageToVideoPipeline",
+        sample_size=_WAN_SIZE,
+        pipeline_config=dict(expand_timesteps=True),
+    ),
+    # FLUX.1 Kontext style: the reference image's packed latent tokens follow the noisy ones in the sequence
+    "tiny-flux-kontext": TinyFlowSpec(
+        transformer_class="FluxTransformer2DModel",
+        # two heads of 16 (same width as tiny-flux): 6 rotary dims per image axis, so a noisy token finds the reference
+        # token at its own position (editing copies most of the problem frame); one more single-stream block; 4 latent
+        # channels (16 per packed token) instead of FLUX's 16, so the tiny flow learns within the CPU quickstart
+        transformer_config=dict(
+            _TINY_FLUX_TRANSFORMER,
+            in_channels=16,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            axes_dims_rope=(4, 6, 6),
+            num_single_layers=2,
+        ),
+        vae_class="AutoencoderKL",
+        vae_config=dict(_TINY_FLUX_VAE, latent_channels=4),
+        text_encoder="clip-pooled",
+        text_encoder_2="t5",
+        scheduler_config=_FLUX_SCHEDULER,
+        pipeline_class="FluxKontextPipeline",
         sample_size=dict(height=64, width=64),
     ),
 }
@@ -226,12 +290,33 @@ def build_tiny_flow(name: str, seed: int = 0) -> dict[str, Any]:
             components |= dict(
                 text_encoder_2=_text_encoder(spec.text_encoder_2, tokenizer), tokenizer_2=_tokenizer(seed)
             )
+        if spec.image_encoder:
+            components |= _image_encoder(spec.sample_size or {})
     return components
+
+
+def _image_encoder(sample_size: dict[str, int]) -> dict[str, Any]:
+    """A tiny CLIP vision encoder and its image processor at the model's frame size (Wan2.1 I2V's are ViT-H/14 at
+    224 px); the pipeline feeds the encoder's penultimate hidden states to the transformer."""
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    side = min(sample_size.get("height", 32), sample_size.get("width", 32))
+    config = CLIPVisionConfig(
+        hidden_size=_TINY_IMAGE_EMBED_DIM,
+        intermediate_size=64,
+        projection_dim=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=side,
+        patch_size=8,
+    )
+    processor = CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    return dict(image_encoder=CLIPVisionModel(config), image_processor=processor)
 
 
 def _model_index(spec: TinyFlowSpec, components: dict[str, Any]) -> dict[str, Any]:
     """A ``model_index.json`` naming each component's library and class, as diffusers writes it."""
-    index: dict[str, Any] = {"_class_name": spec.pipeline_class}
+    index: dict[str, Any] = {"_class_name": spec.pipeline_class, **(spec.pipeline_config or {})}
     for key, component in components.items():
         library = type(component).__module__.split(".")[0]
         index[key] = [library, type(component).__name__]
@@ -288,7 +373,9 @@ def load_flow_components(name_or_path: str, dtype: torch.dtype | None = None, se
 
     Returns a dict with ``transformer``, ``vae``, ``scheduler``, ``text_encoders`` and ``tokenizers`` (by pipeline
     slot: ``text_encoder``, ``text_encoder_2``, ... and ``tokenizer``, ``tokenizer_2``, ...; only the slots the folder
-    fills), ``sample_size`` (the ``app_flow.json`` dict or None) and ``path``.
+    fills), ``sample_size`` (the ``app_flow.json`` dict or None), ``path``, ``pipeline_class`` (``model_index.json``'s
+    ``_class_name``), ``pipeline_config`` (its plain entries, e.g. ``expand_timesteps``) and ``image_encoder`` /
+    ``image_processor`` (a CLIP vision model and its processor where the folder has them, else None).
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
     from transformers import AutoTokenizer
@@ -309,4 +396,14 @@ def load_flow_components(name_or_path: str, dtype: torch.dtype | None = None, se
         if slot in slots
     }
     components["sample_size"] = _read_json(path, SAMPLE_SIZE_FILE)
+    components["pipeline_class"] = index.get("_class_name")
+    components["pipeline_config"] = {
+        k: v for k, v in index.items() if not k.startswith("_") and not isinstance(v, list)
+    }
+    components["image_encoder"] = components["image_processor"] = None
+    if isinstance(index.get("image_encoder"), list) and index["image_encoder"][0] is not None:
+        from transformers import CLIPImageProcessor
+
+        components["image_encoder"] = _load_component(path, "image_encoder", "transformers", dtype)
+        components["image_processor"] = CLIPImageProcessor.from_pretrained(path, subfolder="image_processor")
     return components

@@ -11,6 +11,10 @@ decoded pixels. The samplers (:mod:`app.sampling.flow`) are pure step functions;
         x = ode_step(x, v, sigmas[i], sigmas[i + 1]).sample       # or sde_step / cps_step with log-probs
     pixels = policy.decode(x)                                     # [B, 3, H, W] or [B, T, 3, H, W] in [0, 1]
 
+Image-to-video (Wan I2V / TI2V) and image-edit (FLUX Kontext) models are conditioned on a problem frame as their
+diffusers pipelines do (:mod:`app.models.flow_conditioning`, docs/conditioning.md): ``cond |= policy.encode_conditions(
+images)`` adds the condition tensors, and :meth:`FlowPolicy.velocity` feeds them to the transformer.
+
 Text encoding (:mod:`app.models.flow_text`) follows the diffusers pipelines, SD3's three encoders and FLUX's two
 included.
 
@@ -35,8 +39,11 @@ import torch
 from torch import Tensor, nn
 
 from app.embedded.flow_models import SAMPLE_SIZE_FILE, load_flow_components
+from app.models import flow_conditioning as conditioning_lib
 from app.models.flow_text import DEFAULT_MAX_SEQUENCE_LENGTH, FlowTextEncoder
+from app.models.kernels import set_flow_attention_backend
 from app.models.policy import SwitchableReference
+from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.flow import flow_sigmas
 
 log = logging.getLogger(__name__)
@@ -77,7 +84,8 @@ class FlowPolicy(SwitchableReference, nn.Module):
     """A rectified-flow image or video generator loaded through ``from_pretrained``.
 
     Args:
-        model: an embedded name (``tiny-sd3``, ``tiny-wan``, ``tiny-flux``), a diffusers pipeline folder or hub id (its
+        model: an embedded name (``tiny-sd3``, ``tiny-wan``, ``tiny-flux``; image-conditioned ``tiny-wan-i2v``,
+            ``tiny-wan-ti2v``, ``tiny-flux-kontext``), a diffusers pipeline folder or hub id (its
             ``transformer/``, ``vae/``, ``scheduler/`` and every ``text_encoder*/`` with its ``tokenizer*/`` are
             loaded), or a folder written by :meth:`export`.
         lora: LoRA settings; None trains the whole transformer (and :meth:`enable_reference` keeps a frozen copy as
@@ -92,6 +100,9 @@ class FlowPolicy(SwitchableReference, nn.Module):
             ``enable_gradient_checkpointing``): less activation memory for about one more forward per update.
         flux_guidance: the distilled guidance fed to a FLUX transformer with ``guidance_embeds`` (FLUX.1-dev's
             default 3.5, ``FluxPipeline``'s ``guidance_scale``); unused by other models.
+        attention_backend: diffusers' attention dispatcher backend of the transformer: ``native`` (PyTorch SDPA),
+            ``_native_flash`` (PyTorch's flash kernel, CUDA), ``flash`` (flash-attn), ``_flash_3`` (FlashAttention-3);
+            None keeps diffusers' default. A short error when unavailable, see :mod:`app.models.kernels`.
     """
 
     prompt_cache_size: int = 4096  # prompts whose text conditioning is kept (least recently used dropped first)
@@ -106,6 +117,7 @@ class FlowPolicy(SwitchableReference, nn.Module):
         resolution: dict[str, int] | None = None,
         gradient_checkpointing: bool = False,
         flux_guidance: float = 3.5,
+        attention_backend: str | None = None,
     ):
         super().__init__()
         if dtype not in _DTYPES:
@@ -116,6 +128,13 @@ class FlowPolicy(SwitchableReference, nn.Module):
         self.source_path = components["path"]
         self.uses_lora = lora is not None
         self.scheduler = components["scheduler"]
+        self.conditioning_mode: str | None = conditioning_lib.conditioning_mode(
+            components.get("pipeline_class"), components.get("pipeline_config")
+        )  # "kontext", "wan_i2v", "wan_ti2v" or None (text only), see app.models.flow_conditioning
+        self.image_encoder = components.get("image_encoder")
+        if self.image_encoder is not None:
+            self.image_encoder.requires_grad_(False).eval()
+        self.image_processor = components.get("image_processor")
         unknown = sorted(set(resolution or {}) - {"height", "width", "num_frames"})
         if unknown:
             raise ValueError(f"resolution takes height, width and num_frames; got unknown keys {unknown}")
@@ -124,6 +143,8 @@ class FlowPolicy(SwitchableReference, nn.Module):
         transformer = components["transformer"]
         if gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
+        if attention_backend is not None:
+            set_flow_attention_backend(transformer, attention_backend)
         self.is_video: bool = "temperal_downsample" in self.vae.config  # Wan-style causal video VAE
         self.is_flux: bool = _pipeline_class(transformer) == "FluxPipeline"  # packed 2x2-patch latent tokens
         self.flux_guidance = float(flux_guidance)
@@ -131,6 +152,11 @@ class FlowPolicy(SwitchableReference, nn.Module):
         if max_sequence_length is None:
             long_text = self.is_video or self.is_flux  # WanPipeline and FluxPipeline encode 512 tokens
             max_sequence_length = _LONG_TEXT_LENGTH if long_text else DEFAULT_MAX_SEQUENCE_LENGTH
+        if transformer.config.get("added_kv_proj_dim") is not None and max_sequence_length != _LONG_TEXT_LENGTH:
+            raise ValueError(  # diffusers' Wan I2V attention takes all but the last 512 context tokens as image tokens
+                f"a Wan I2V model with image embeddings needs max_sequence_length = {_LONG_TEXT_LENGTH} (its attention "
+                f"splits the context at 512 text tokens), got {max_sequence_length}"
+            )
         self.text_encoder = FlowTextEncoder(
             components["text_encoders"],
             components["tokenizers"],
@@ -164,14 +190,18 @@ class FlowPolicy(SwitchableReference, nn.Module):
         if self.is_flux:
             return self._flux_latent_shape(transformer)
         channels = transformer.config.in_channels
+        if self.is_video:  # an I2V transformer also takes the mask and condition channels: the latents are the VAE's
+            channels = self.vae.config.z_dim
         if not self.is_video:
             spatial = 2 ** (len(self.vae.config.block_out_channels) - 1)
             size = self.sample_size or {}
             height = size.get("height", transformer.config.sample_size * spatial) // spatial
             width = size.get("width", transformer.config.sample_size * spatial) // spatial
             return (channels, height, width)
-        downsample = self.vae.config.temperal_downsample
-        temporal, spatial = 2 ** sum(downsample), 2 ** len(downsample)
+        config, downsample = self.vae.config, self.vae.config.temperal_downsample
+        # the VAE's own factors where it states them (Wan2.2's VAE patchifies: spatial 16 with three downsamples)
+        temporal = config.get("scale_factor_temporal") or 2 ** sum(downsample)
+        spatial = config.get("scale_factor_spatial") or 2 ** len(downsample)
         size = {**_WAN_DEFAULT_SIZE, **(self.sample_size or {})}
         if (size["num_frames"] - 1) % temporal:
             raise ValueError(f"num_frames must be 1 + {temporal} k for this VAE, got {size['num_frames']}")
@@ -233,7 +263,42 @@ class FlowPolicy(SwitchableReference, nn.Module):
         return self._prompt_cache.get(prompt)
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
-        return self.text_encoder(prompts)
+        encoded = self.text_encoder(prompts)
+        hidden = encoded["encoder_hidden_states"]  # [B, L, D]
+        if self.transformer.config.get("added_kv_proj_dim") is not None and hidden.shape[1] < _LONG_TEXT_LENGTH:
+            # Wan I2V's attention reads the context's last 512 tokens as text: zero-pad as WanPipeline does
+            padding = hidden.new_zeros(hidden.shape[0], _LONG_TEXT_LENGTH - hidden.shape[1], hidden.shape[2])
+            encoded["encoder_hidden_states"] = torch.cat([hidden, padding], dim=1)
+        return encoded
+
+    # ------------------------------------------------------------------------------------------------ conditions
+    @property
+    def is_conditioned(self) -> bool:
+        """Whether the model takes a problem image (image-to-video or image edit)."""
+        return self.conditioning_mode is not None
+
+    @property
+    def num_frames(self) -> int:
+        """Pixel frames of a video sample (1 + temporal factor * (latent frames - 1))."""
+        return 1 + self.vae.config.scale_factor_temporal * (self.latent_shape[1] - 1) if self.is_video else 1
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        """``(height, width)`` of a generated frame in pixels."""
+        factor = (
+            self.vae.config.scale_factor_spatial
+            if self.is_video
+            else 2 ** (len(self.vae.config.block_out_channels) - 1)
+        )
+        return self.latent_shape[-2] * factor, self.latent_shape[-1] * factor
+
+    def encode_conditions(self, images: Tensor) -> dict[str, Tensor]:
+        """The condition tensors of problem images ``[B, 3, H, W]`` in [0, 1] at :attr:`frame_size`, one row per image
+        (see :mod:`app.models.flow_conditioning`): ``image_latents`` (Kontext), ``condition`` and, with an image
+        encoder, ``encoder_hidden_states_image`` (Wan I2V), ``first_frame_latents`` (Wan TI2V)."""
+        if images.shape[-2:] != self.frame_size:
+            raise ValueError(f"condition images must be {self.frame_size} (H, W), got {tuple(images.shape[-2:])}")
+        return conditioning_lib.encode_conditions(self, images)
 
     # ------------------------------------------------------------------------------------------------- sampling
     def initial_noise(self, batch: int, generator: torch.Generator | None = None) -> Tensor:
@@ -254,16 +319,34 @@ class FlowPolicy(SwitchableReference, nn.Module):
         timestep = sigma * self.scheduler.config.num_train_timesteps  # [B]
         conditioning = {k: v.expand(batch, *v.shape[1:]) if v.shape[0] == 1 else v for k, v in conditioning.items()}
         dtype = self.transformer.dtype
-        kwargs = {k: v.to(dtype) for k, v in conditioning.items()}
+        kwargs = {k: v.to(dtype) for k, v in conditioning.items() if k not in conditioning_lib.CONDITION_KEYS}
         model = self.frozen_reference if self._use_reference else self.model
         if self.is_flux:
-            out = self._flux_forward(model, latents.to(dtype), timestep, kwargs).float()
-        else:
-            out = model(hidden_states=latents.to(dtype), timestep=timestep, return_dict=False, **kwargs)[0].float()
+            image_latents = conditioning.get(conditioning_lib.IMAGE_LATENTS)
+            return self._flux_forward(model, latents.to(dtype), timestep, kwargs, image_latents).float()
+        model_input = latents.to(dtype)
+        first_frame = conditioning.get(conditioning_lib.FIRST_FRAME)
+        if first_frame is not None:  # Wan TI2V: first latent frame replaced, per-token timesteps
+            model_input, timestep = conditioning_lib.ti2v_inputs(
+                model_input, first_frame, timestep, self.transformer.config.patch_size
+            )
+        elif conditioning_lib.CONDITION in conditioning:  # Wan I2V: mask + condition latents on the channel axis
+            model_input = torch.cat([model_input, conditioning[conditioning_lib.CONDITION].to(dtype)], dim=1)
+        elif model_input.shape[1] != self.transformer.config.in_channels:
+            raise ValueError(
+                f"{self.model_name!r} is an image-to-video model ({self.transformer.config.in_channels} input channels): "
+                "its conditioning needs the problem frame's 'condition' (FlowPolicy.encode_conditions)"
+            )
+        out = model(hidden_states=model_input, timestep=timestep, return_dict=False, **kwargs)[0].float()
+        if first_frame is not None:
+            out = conditioning_lib.ti2v_velocity(out, latents.float(), first_frame.float(), sigma)
         return out  # [B, *latent_shape]
 
-    def _flux_forward(self, model: nn.Module, latents: Tensor, timestep: Tensor, kwargs: dict[str, Tensor]) -> Tensor:
-        """One FLUX transformer call as in ``FluxPipeline.__call__``, on latents ``[B, C, h, w]`` -> ``[B, C, h, w]``."""
+    def _flux_forward(
+        self, model: nn.Module, latents: Tensor, timestep: Tensor, kwargs: dict[str, Tensor], image_latents=None
+    ) -> Tensor:
+        """One FLUX transformer call as in ``FluxPipeline.__call__``, on latents ``[B, C, h, w]`` -> ``[B, C, h, w]``;
+        with ``image_latents`` ``[B, C, h', w']`` as ``FluxKontextPipeline.__call__`` (reference tokens appended)."""
         from diffusers import FluxPipeline
 
         batch, channels, height, width = latents.shape
@@ -271,13 +354,16 @@ class FlowPolicy(SwitchableReference, nn.Module):
         img_ids = FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, latents.device, latents.dtype)
         text_length = kwargs["encoder_hidden_states"].shape[1]
         txt_ids = torch.zeros(text_length, 3, device=latents.device, dtype=latents.dtype)  # as encode_prompt's
+        tokens = packed.shape[1]
+        if image_latents is not None:
+            packed, img_ids = conditioning_lib.kontext_tokens(packed, image_latents, img_ids)
         guidance = None
         if self.transformer.config.guidance_embeds:
             guidance = torch.full((batch,), self.flux_guidance, device=latents.device, dtype=torch.float32)
         out = model(
             hidden_states=packed, timestep=timestep / 1000, guidance=guidance, img_ids=img_ids, txt_ids=txt_ids,
             return_dict=False, **kwargs,
-        )[0]  # fmt: skip
+        )[0][:, :tokens]  # fmt: skip
         # _unpack_latents takes pixel sizes and the VAE factor; latent sizes with factor 1 give the same [B, C, h, w]
         return FluxPipeline._unpack_latents(out, height, width, vae_scale_factor=1)
 
@@ -315,7 +401,7 @@ class FlowPolicy(SwitchableReference, nn.Module):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        for frozen in (self.vae, self.text_encoder, self.frozen_reference):
+        for frozen in (self.vae, self.text_encoder, self.frozen_reference, self.image_encoder):
             if frozen is not None:
                 frozen.eval()
         return self
@@ -340,8 +426,13 @@ class FlowPolicy(SwitchableReference, nn.Module):
         else:
             merged = self.model
         merged.save_pretrained(output_dir / "transformer")
-        index = {"_class_name": _pipeline_class(merged), "transformer": ["diffusers", type(merged).__name__]}
-        for key, part in dict(vae=self.vae, scheduler=self.scheduler).items():
+        index = {"_class_name": self.pipeline_class, "transformer": ["diffusers", type(merged).__name__]}
+        if self.conditioning_mode == conditioning_lib.WAN_TI2V:
+            index["expand_timesteps"] = True
+        parts = dict(vae=self.vae, scheduler=self.scheduler)
+        if self.image_encoder is not None:
+            parts |= dict(image_encoder=self.image_encoder, image_processor=self.image_processor)
+        for key, part in parts.items():
             part.save_pretrained(output_dir / key)
             index[key] = [type(part).__module__.split(".")[0], type(part).__name__]
         index |= self.text_encoder.save_pretrained(output_dir)
@@ -351,6 +442,25 @@ class FlowPolicy(SwitchableReference, nn.Module):
         return output_dir
 
     # ---------------------------------------------------------------------------------------------------- utils
+    @property
+    def pipeline_class(self) -> str:
+        """The diffusers pipeline that runs this model: the text-to-X one, or the conditioned style's."""
+        conditioned = {
+            conditioning_lib.KONTEXT: "FluxKontextPipeline",
+            conditioning_lib.WAN_I2V: "WanImageToVideoPipeline",
+            conditioning_lib.WAN_TI2V: "WanImageToVideoPipeline",
+        }
+        return conditioned.get(self.conditioning_mode, _pipeline_class(self.transformer))
+
+    def sharding_plan(self) -> ShardingPlan:
+        """FSDP units: the transformer blocks of the policy and of its frozen reference; roots: the transformer and
+        the reference (their forwards are what :meth:`velocity` calls); the VAE and text encoders stay whole."""
+        networks = [self.transformer] + ([self.frozen_reference] if self.frozen_reference is not None else [])
+        units = [block for network in networks for block in repeated_blocks(network, ("TransformerBlock",))]
+        parts = (self.vae, self.text_encoder, getattr(self, "image_encoder", None))
+        frozen = [part for part in parts if part is not None]
+        return ShardingPlan(units=units, roots=networks, replicated=frozen)
+
     @property
     def base_network(self) -> nn.Module:
         return self.transformer

@@ -1,42 +1,94 @@
-"""Evaluation of a flow policy on deterministic (Euler) samples, shared by flow-matching pretraining and flow-GRPO."""
+"""Evaluation of a flow policy on deterministic samples, shared by flow-matching pretraining and flow-GRPO.
+
+Image-conditioned policies (:mod:`app.models.flow_conditioning`) see each sample's problem frame (``images[0]``).
+VBVR samples (``meta["vbvr"]``) are also scored per split, task and regime (:mod:`app.vbvr.regimes`), with the scorer's
+failed checks counted per task, so one ``validate`` run gives the in-domain and out-of-domain tables side by side.
+"""
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 import torch
 from torch import Tensor
 
+from app.models.flow_conditioning import condition_images
 from app.types import VisualSample
+from app.vbvr.regimes import failed_check_names, score_regimes
 
 
 class FlowEvaluation:
-    """Validation, test and predict steps of a LightningModule holding a ``sampler``
+    """Validation, test and predict steps of a LightningModule holding a ``policy``, a ``sampler``
     (:class:`~app.sampling.FlowSampler`), ``eval_rewards`` (a :class:`~app.rewards.WeightedReward` or None) and a
     ``seed`` hyper-parameter.
 
     Every evaluation samples one image per prompt from noise seeded by ``seed + batch_idx`` (so every evaluation sees
-    the same starting noise) and logs ``<stage>/reward/total`` and ``<stage>/reward/<name>``.
+    the same starting noise) with the sampler's ``eval_sampler`` (Euler or UniPC) and logs ``<stage>/reward/total`` and
+    ``<stage>/reward/<name>``. Samples with ``meta["vbvr"]`` add ``<stage>/<split>/<task>/<regime>`` (the scorer's mean
+    score; split from ``meta["split"]``, ``in_domain`` when absent) and ``<stage>/failed/<split>/<task>/<check>`` (the
+    fraction of that task's Last-Frame samples failing the check). The steps return ``{"images": ...}`` (the samples,
+    on the CPU) for callbacks such as :class:`callbacks.vbvr_eval.VBVRGridWriter`.
     """
+
+    def condition_images(self, samples: list[VisualSample]) -> Tensor | None:
+        """The problem frames ``[B, 3, H, W]`` of an image-conditioned policy, else None."""
+        if not getattr(self.policy, "is_conditioned", False):
+            return None
+        return condition_images(samples, *self.policy.frame_size)
 
     @torch.no_grad()
     def generate(self, samples: list[VisualSample], batch_idx: int = 0) -> Tensor:
-        """One deterministic (Euler) sample per prompt, from noise seeded by ``seed + batch_idx``: ``[B, 3, H, W]``."""
+        """One deterministic sample per prompt, from noise seeded by ``seed + batch_idx``: ``[B, 3, H, W]`` (or
+        ``[B, F, 3, H, W]``)."""
         prompts = [s.question for s in samples]
-        return self.sampler.generate(prompts, seed=self.hparams.seed + batch_idx, device=self.device)
+        images = self.condition_images(samples)
+        return self.sampler.generate(prompts, seed=self.hparams.seed + batch_idx, device=self.device, images=images)
 
-    def validation_step(self, batch: list[VisualSample], batch_idx: int) -> None:
-        self._evaluate(batch, batch_idx, stage="val")
+    def validation_step(self, batch: list[VisualSample], batch_idx: int) -> dict[str, Tensor] | None:
+        return self._evaluate(batch, batch_idx, stage="val")
 
-    def test_step(self, batch: list[VisualSample], batch_idx: int) -> None:
-        self._evaluate(batch, batch_idx, stage="test")
+    def test_step(self, batch: list[VisualSample], batch_idx: int) -> dict[str, Tensor] | None:
+        return self._evaluate(batch, batch_idx, stage="test")
 
     @torch.no_grad()
-    def _evaluate(self, samples: list[VisualSample], batch_idx: int, stage: str) -> None:
+    def _evaluate(self, samples: list[VisualSample], batch_idx: int, stage: str) -> dict[str, Tensor] | None:
         if self.eval_rewards is None:
-            return
-        rewards = self.eval_rewards(list(self.generate(samples, batch_idx)), samples)
+            return None
+        generated = self.generate(samples, batch_idx)
+        rewards = self.eval_rewards(list(generated), samples)
         self.log(f"{stage}/reward/total", rewards.total.mean().to(self.device), batch_size=len(samples), sync_dist=True)
         for name, values in rewards.components.items():
             self.log(f"{stage}/reward/{name}", values.mean().to(self.device), batch_size=len(samples), sync_dist=True)
+        self._log_vbvr(generated, samples, stage)
+        return {"images": generated.cpu()}
+
+    def _log_vbvr(self, generated: Tensor, samples: list[VisualSample], stage: str) -> None:
+        """Per split / task / regime scores and per task failed-check fractions of the VBVR samples of a batch.
+
+        Logged without cross-process sync: a batch need not hold every group on every rank (per-rank figures under
+        DDP; the ``reward/*`` totals are synced)."""
+        scores: dict[str, list[float]] = defaultdict(list)
+        checks: dict[tuple[str, str], list[tuple[str, bool]]] = defaultdict(list)  # (split, task) -> (check, failed)
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for rendering, sample in zip(generated, samples, strict=True):
+            spec = sample.meta.get("vbvr")
+            if not spec:
+                continue
+            split = sample.meta.get("split", "in_domain")
+            results = score_regimes(rendering, spec)
+            for regime, result in results.items():
+                scores[f"{stage}/{split}/{spec['task']}/{regime}"].append(result.score if result else 0.0)
+            counts[split, spec["task"]] += 1
+            last = results["last_frame"]
+            failed = set(failed_check_names(last))
+            checks[split, spec["task"]] += [(c.name, c.name in failed) for c in (last.checks if last else ())]
+        for key, values in scores.items():
+            self.log(key, sum(values) / len(values), batch_size=len(values))
+        for (split, task), seen in checks.items():
+            n = counts[split, task]
+            for name in sorted({name for name, _ in seen}):
+                fraction = sum(bad for check, bad in seen if check == name) / n
+                self.log(f"{stage}/failed/{split}/{task}/{name}", fraction, batch_size=n)
 
     def predict_step(self, batch: list[VisualSample], batch_idx: int) -> list[dict]:
         """Deterministic samples for ``python -m app predict``: the prompt and its image (``[3, H, W]``, CPU)."""

@@ -10,6 +10,10 @@ detached latents. After ``vae_warmup_steps`` steps of VAE-only training the flow
 ``vae_train_steps`` steps the VAE stops training (frozen, in eval mode), so the flow learns on fixed latents and each
 step is cheaper.
 
+An image-conditioned policy (image edit, e.g. ``tiny-flux-kontext``) learns ``problem -> solution`` pairs: a sample's
+``images`` are ``[problem, solution]``; the flow is conditioned on the problem frame's latents and regresses onto the
+solution's (the VAE learns both). Video targets are not supported here.
+
 Validation samples one image per prompt with the Euler (ODE) sampler from noise seeded per batch and logs
 ``val/reward/total`` and ``val/reward/<name>`` of ``eval_rewards``, as :class:`~app.modules.FlowGRPOModule` does, so the
 two stages report comparable figures. Export the result with :class:`app.export.ExportPolicy` (it calls
@@ -37,9 +41,9 @@ from app.types import VisualSample
 __all__ = ["FlowMatchingModule", "foreground_mask", "images_to_tensor"]
 
 
-def images_to_tensor(samples: Sequence[VisualSample]) -> Tensor:
-    """The first image of each sample as float32 ``[B, 3, H, W]`` in [0, 1]."""
-    arrays = [np.asarray(s.images[0].convert("RGB"), dtype=np.float32) / 255.0 for s in samples]
+def images_to_tensor(samples: Sequence[VisualSample], index: int = 0) -> Tensor:
+    """Image ``index`` (default the first) of each sample as float32 ``[B, 3, H, W]`` in [0, 1]."""
+    arrays = [np.asarray(s.images[index].convert("RGB"), dtype=np.float32) / 255.0 for s in samples]
     return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
 
 
@@ -72,6 +76,7 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
         num_steps: Euler steps of validation sampling.
         eval_rewards: rewards logged as ``val/reward/<name>`` on validation samples; None logs only the losses.
         seed: seeds the validation noise (``seed + batch_idx``).
+        max_nonfinite_steps: see :class:`~app.modules.policy_module.PolicyModule`.
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
         num_steps: int = 10,
         eval_rewards: Sequence[RewardComponent] | None = None,
         seed: int = 0,
+        max_nonfinite_steps: int = 3,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         if sigma_sampling not in ("logit_normal", "uniform"):
             raise ValueError(f"sigma_sampling must be 'logit_normal' or 'uniform', got {sigma_sampling!r}")
@@ -97,7 +103,7 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         if vae_train_steps is not None and vae_train_steps < 1:
             raise ValueError(f"vae_train_steps must be >= 1 or null, got {vae_train_steps}")
-        super().__init__(policy, learning_rate, weight_decay, warmup_steps)
+        super().__init__(policy, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps)
         # validation samples: Euler steps only (the sampler's stochastic settings are unused), no guidance
         self.sampler = FlowSampler(policy, FlowSamplingSettings(num_generations=1, num_steps=num_steps))
         if train_vae:
@@ -144,18 +150,34 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
             return False
         return True
 
+    def _targets(self, batch: list[VisualSample]) -> tuple[Tensor, Tensor | None]:
+        """The target images ``[B, 3, H, W]``, and for an image-conditioned policy the problem frames: a sample is
+        then ``images = [problem, solution]`` (the solution is the target)."""
+        if not self.policy.is_conditioned:
+            return images_to_tensor(batch).to(self.device), None
+        short = [i for i, s in enumerate(batch) if len(s.images) < 2]
+        if short:
+            raise ValueError(
+                f"conditioned flow matching needs images = [problem, solution] per sample; samples {short} have fewer "
+                "(VBVRPromptDataset(with_solution=True) provides them)"
+            )
+        return images_to_tensor(batch, index=-1).to(self.device), images_to_tensor(batch).to(self.device)
+
     def training_step(self, batch: list[VisualSample], batch_idx: int) -> Tensor:
-        images = images_to_tensor(batch).to(self.device)  # [B, 3, H, W]
+        images, problems = self._targets(batch)  # [B, 3, H, W] each
         logs = {}
         loss = images.new_zeros(())
-        if self._vae_training():
-            vae_loss, x0 = self._vae_loss(images)
+        if self._vae_training():  # the VAE also learns the problem frames, whose latents condition the flow
+            vae_loss, x0 = self._vae_loss(images if problems is None else torch.cat([images, problems]))
+            x0 = x0[: len(images)]
             loss = loss + vae_loss
             logs["train/loss/vae"] = vae_loss.detach()
         else:
             x0 = self.policy.encode(images)  # [B, *latent_shape]
         if self.global_step >= self.hparams.vae_warmup_steps or not self._vae_training():
             conditioning = self.policy.encode_prompts([s.question for s in batch])
+            if problems is not None:
+                conditioning |= self.policy.encode_conditions(problems)
             sigma = self._sigmas(x0.shape[0])  # [B]
             noise = torch.randn_like(x0)
             s = sigma.view(-1, *([1] * (x0.ndim - 1)))
@@ -171,9 +193,9 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
 
     # ------------------------------------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def _evaluate(self, samples: list[VisualSample], batch_idx: int, stage: str) -> None:
-        if samples and samples[0].images:
+    def _evaluate(self, samples: list[VisualSample], batch_idx: int, stage: str) -> dict[str, Tensor] | None:
+        if samples and samples[0].images and not self.policy.is_video:
             images = images_to_tensor(samples).to(self.device)
             recon = self.policy.decode(self.policy.encode(images))
             self.log(f"{stage}/loss/reconstruction", F.l1_loss(recon, images), batch_size=len(samples), sync_dist=True)
-        super()._evaluate(samples, batch_idx, stage)
+        return super()._evaluate(samples, batch_idx, stage)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from app.sampling.batching import micro_batches
-from app.sampling.flow import StepOutput, cps_step, is_trainable_step, ode_step, sde_step
+from app.sampling.flow import StepOutput, cps_step, is_trainable_step, ode_step, sde_step, unipc_sample
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,10 @@ class FlowSamplingSettings:
             draws one starting noise per trajectory, whose effect on the reward the gradient cannot credit.
         guidance_scale: classifier-free guidance weight; > 1 runs the empty prompt alongside (twice the compute):
             ``v = v_uncond + g (v_cond - v_uncond)``. On a guidance-distilled FLUX it comes on top of the policy's
-            ``flux_guidance``.
+            ``flux_guidance``. An image condition is kept in both branches (as the I2V and Kontext pipelines do).
+        eval_sampler: the solver of deterministic evaluation samples (:meth:`FlowSampler.generate`): ``euler`` (the
+            rollout's ODE step) or ``unipc`` (diffusers' ``UniPCMultistepScheduler`` in flow mode, order 2, on the same
+            sigmas), the two samplers VBVR-Pro evaluates with.
     """
 
     num_generations: int = 8
@@ -59,6 +62,7 @@ class FlowSamplingSettings:
     sde_window: tuple[int, int] | None = None
     shared_initial_noise: bool = False
     guidance_scale: float = 1.0
+    eval_sampler: Literal["euler", "unipc"] = "euler"
 
     def __post_init__(self):
         if self.num_generations < 1 or self.num_steps < 1:
@@ -73,6 +77,8 @@ class FlowSamplingSettings:
             )
         if not 0 < self.timestep_fraction <= 1:
             raise ValueError(f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        if self.eval_sampler not in ("euler", "unipc"):
+            raise ValueError(f"eval_sampler must be 'euler' or 'unipc', got {self.eval_sampler!r}")
         if self.guidance_scale < 1.0:
             raise ValueError(f"guidance_scale must be >= 1 (1 disables guidance), got {self.guidance_scale}")
         if self.sde_window is not None:
@@ -178,16 +184,24 @@ class FlowSampler:
             return self.policy.velocity(x, sigma, conditioning)
         batch = x.shape[0]
         conditioning = {k: v.expand(batch, *v.shape[1:]) if v.shape[0] == 1 else v for k, v in conditioning.items()}
-        empty = self.policy.encode_prompts([""])
-        both = {k: torch.cat([empty[k].expand_as(v), v]) for k, v in conditioning.items()}
+        empty = self.policy.encode_prompts([""])  # text only: an image condition is kept in both branches
+        both = {k: torch.cat([empty[k].expand_as(v) if k in empty else v, v]) for k, v in conditioning.items()}
         uncond, cond = self.policy.velocity(torch.cat([x, x]), torch.cat([sigma, sigma]), both).chunk(2)
         return uncond + scale * (cond - uncond)
 
     # ------------------------------------------------------------------------------------------------ the loop
-    def conditioning(self, prompts: Sequence[str], repeats: int = 1) -> dict[str, Tensor]:
-        """The text conditioning of each prompt, repeated ``repeats`` times (group-major rows)."""
+    def conditioning(self, prompts: Sequence[str], repeats: int = 1, images: Tensor | None = None) -> dict[str, Tensor]:
+        """The text conditioning of each prompt, and with ``images`` (``[B, 3, H, W]`` problem frames, one per
+        prompt) the policy's image conditions, encoded once per prompt; every row repeated ``repeats`` times
+        (group-major rows)."""
         with torch.no_grad():
-            return self.policy.encode_prompts([p for p in prompts for _ in range(repeats)])
+            conditioning = self.policy.encode_prompts([p for p in prompts for _ in range(repeats)])
+            if images is not None:
+                if len(images) != len(prompts):
+                    raise ValueError(f"got {len(images)} condition images for {len(prompts)} prompts")
+                encoded = self.policy.encode_conditions(images)  # [B, ...] each
+                conditioning |= {k: v.repeat_interleave(repeats, dim=0) for k, v in encoded.items()}
+            return conditioning
 
     @torch.no_grad()
     def denoise(
@@ -261,9 +275,21 @@ class FlowSampler:
         )
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[str], seed: int, device: torch.device | str = "cpu") -> Tensor:
-        """One deterministic (Euler) sample per prompt from noise seeded by ``seed``: ``[B, 3, H, W]`` (or video)."""
+    def generate(
+        self,
+        prompts: Sequence[str],
+        seed: int,
+        device: torch.device | str = "cpu",
+        images: Tensor | None = None,
+    ) -> Tensor:
+        """One deterministic sample per prompt (conditioned on ``images`` ``[B, 3, H, W]`` where given) from noise
+        seeded by ``seed``, with the ``eval_sampler`` (Euler or UniPC): ``[B, 3, H, W]`` (or video)."""
         generator = torch.Generator(device=device).manual_seed(seed)
         noise = self.policy.initial_noise(len(prompts), generator=generator).to(device)
         sigmas = self.policy.sigmas(self.settings.num_steps).float().cpu()
-        return self.decode(self.denoise(self.conditioning(prompts), noise, sigmas).final)
+        conditioning = self.conditioning(prompts, images=images)
+        if self.settings.eval_sampler == "unipc":
+            final = unipc_sample(lambda x, s: self.velocity(x, s, conditioning), noise.float(), sigmas)
+        else:
+            final = self.denoise(conditioning, noise, sigmas).final
+        return self.decode(final)

@@ -6,8 +6,8 @@ problem image (first frame) is ``images[0]`` for image-to-image or image-to-vide
 the suite; instance seeds derive from ``(seed, i)``.
 
 >>> sample = VBVRPromptDataset(num_samples=2, seed=0, image_size=64, tasks=["object_counting"])[0]
->>> sample.task, sorted(sample.meta["vbvr"])
-('object_counting', ['config', 'params', 'task'])
+>>> sample.task, sorted(sample.meta["vbvr"]), sample.meta["split"]
+('object_counting', ['config', 'key_frame_indices', 'num_frames', 'params', 'task'], 'in_domain')
 """
 
 from __future__ import annotations
@@ -23,7 +23,16 @@ from app.vbvr.registry import TASKS, get_task
 
 
 class VBVRPromptDataset(SeededDataset):
-    """``num_samples`` prompts cycling over ``tasks`` (all registered tasks by default) for one split."""
+    """``num_samples`` prompts cycling over ``tasks`` (all registered tasks by default) and over ``split``.
+
+    Args:
+        num_samples, seed, image_size: see :class:`~app.tasks.base.SeededDataset`.
+        tasks: task names; None: every registered task.
+        split: ``in_domain``, ``out_of_domain`` or a list of both (item ``i`` takes task ``i mod n_tasks`` and split
+            ``(i // n_tasks) mod n_splits``, so every split holds every task); ``meta["split"]`` names it.
+        with_solution: ``images = [problem, solution]`` (the first and last frames), the pairs that flow-matching
+            pretraining of an image-conditioned model learns from; False: ``images = [problem]``.
+    """
 
     def __init__(
         self,
@@ -31,19 +40,34 @@ class VBVRPromptDataset(SeededDataset):
         seed: int,
         image_size: int = 128,
         tasks: Sequence[str] | None = None,
-        split: str = "in_domain",
+        split: str | Sequence[str] = "in_domain",
+        with_solution: bool = False,
     ) -> None:
         self.tasks = sorted(tasks or TASKS)
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown:
             raise ValueError(f"unknown VBVR tasks {unknown}; known: {sorted(TASKS)}")
         super().__init__(num_samples, seed, image_size)
-        self.split = split
-        self.params = {name: task_params(name, split, image_size) for name in self.tasks}
+        self.splits = [split] if isinstance(split, str) else list(split)
+        if not self.splits:
+            raise ValueError("split must name at least one split")
+        self.split = self.splits[0]
+        self.with_solution = with_solution
+        self.params = {(name, s): task_params(name, s, image_size) for name in self.tasks for s in self.splits}
 
     def sample(self, index: int) -> VisualSample:
         name = self.tasks[index % len(self.tasks)]
-        params = self.params[name]
+        split = self.splits[(index // len(self.tasks)) % len(self.splits)]
+        params = self.params[name, split]
         instance = get_task(name, **params).generate(self.seed * 1_000_003 + index)
-        spec = {"task": name, "params": params, "config": instance.config}
-        return VisualSample([Image.fromarray(instance.first_frame)], instance.prompt, name, meta={"vbvr": spec})
+        spec = {
+            "task": name,
+            "params": params,
+            "config": instance.config,
+            "key_frame_indices": list(instance.key_frame_indices),
+            "num_frames": len(instance.frames),
+        }
+        images = [Image.fromarray(instance.first_frame)]
+        if self.with_solution:
+            images.append(Image.fromarray(instance.last_frame))
+        return VisualSample(images, instance.prompt, name, meta={"vbvr": spec, "split": split})
