@@ -117,7 +117,7 @@ def data_module_of(path: Path) -> LightningDataModule:
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(LightningDataModule, "data", required=True)
     config = parser.parse_object({"data": yaml.safe_load(path.read_text())["data"]})
-    return parser.instantiate_classes(config).data
+    return parser.instantiate(config).data
 
 
 def test_every_config_with_a_visual_task_data_module_is_pinned():

@@ -298,7 +298,7 @@ def test_a_pending_rollout_round_trips_through_plain_data(new_policy, samples):
     generation.rewards = module.rewards(generation.outputs, [s for s in samples[:2] for _ in range(K)])
     restored = from_plain(to_plain(generation))
     assert restored.outputs == generation.outputs and restored.samples[0].question == samples[0].question
-    assert list(restored.samples[0].images[0].getdata()) == list(samples[0].images[0].getdata())
+    assert list(restored.samples[0].images[0].get_flattened_data()) == list(samples[0].images[0].get_flattened_data())
     assert torch.equal(restored.parts["old_logprobs"], generation.parts["old_logprobs"])
     assert torch.equal(restored.parts["prompt_inputs"].tensors["pixel_values"],
                        generation.parts["prompt_inputs"].tensors["pixel_values"])  # fmt: skip

@@ -127,7 +127,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         self.uses_lora = lora is not None
         self.kernels = apply_liger_kernels(hf_model) if use_liger_kernel else None  # LigerTargets: what was replaced
         if gradient_checkpointing:
-            hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.model = self._wrap(hf_model, lora, freeze_vision)  # PeftModel with LoRA, the HF model otherwise
         self.model.train()  # from_pretrained returns eval mode; generation switches to eval and back itself
         self.frozen_reference: nn.Module | None = None  # full fine-tuning's KL reference, see enable_reference

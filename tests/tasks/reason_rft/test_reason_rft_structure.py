@@ -168,7 +168,7 @@ def assert_visible(sample, box: list[float]) -> None:
     assert 0 <= x0 < x1 <= SIZE and 0 <= y0 < y1 <= SIZE, box
     crop = sample.images[0].crop((math.floor(x0), math.floor(y0), math.ceil(x1), math.ceil(y1)))
     background = sample.images[0].getpixel((0, 0))
-    ink = max(sum(abs(a - b) for a, b in zip(px, background, strict=True)) for px in crop.getdata())
+    ink = max(sum(abs(a - b) for a, b in zip(px, background, strict=True)) for px in crop.get_flattened_data())
     assert ink > 150, f"no ink in text box {box}"
 
 
@@ -192,7 +192,7 @@ def test_givens_and_point_letters_are_written_inside_the_image(samples):
 
 def test_styles_textbook_blue_in_domain_monochrome_antialiased_domain_shift(samples):
     for s in samples:
-        pixels = list(s.images[0].getdata())
+        pixels = list(s.images[0].get_flattened_data())
         coloured = sum(1 for r, g, b in pixels if b - r > 60)
         if s.meta["split"] == "test_domain_shift":
             assert s.meta["style"] == "monochrome" and coloured == 0
