@@ -40,3 +40,18 @@ def test_resume_skips_this_ranks_first_indices_of_that_epoch_only():
 def test_rank_outside_the_world_is_refused():
     with pytest.raises(ValueError, match="rank must be in"):
         ResumableShuffleSampler(4, seed=0, num_replicas=2, rank=2)
+
+
+def test_an_empty_set_draws_nothing_and_a_set_smaller_than_the_world_is_refused():
+    empty = ResumableShuffleSampler(0, seed=0, num_replicas=2, rank=1)
+    assert len(empty) == 0 and list(empty) == []
+    with pytest.raises(ValueError, match="3 training samples cannot be shared by 4 processes"):
+        ResumableShuffleSampler(3, seed=0, num_replicas=4, rank=0)
+
+
+def test_a_resume_saved_for_another_epoch_is_ignored():
+    sampler = ResumableShuffleSampler(6, seed=2)
+    sampler.set_epoch(1)
+    expected = list(sampler)
+    sampler.resume(epoch=0, num_indices=3)
+    assert list(sampler) == expected

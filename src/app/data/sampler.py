@@ -22,12 +22,15 @@ class ResumableShuffleSampler(DistributedSampler):
     def __init__(self, length: int, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, num_replicas), got rank={rank}, num_replicas={num_replicas}")
+        if 0 < length < num_replicas:
+            raise ValueError(f"{length} training samples cannot be shared by {num_replicas} processes")
         # DistributedSampler's attributes, set here: its __init__ would ask torch.distributed for the ranks.
-        self.dataset, self.shuffle, self.drop_last = None, True, False
+        self.dataset = None
+        self.shuffle, self.drop_last = True, False  # pragma: no mutate (equivalent: informational, nothing reads them)
         self.length = length
         self.seed = seed
         self.num_replicas, self.rank = num_replicas, rank
-        self.num_samples = math.ceil(length / num_replicas) if length else 0
+        self.num_samples = math.ceil(length / num_replicas)
         self.total_size = self.num_samples * num_replicas
         self.epoch = 0
         self._resume: tuple[int, int] | None = None
@@ -42,11 +45,9 @@ class ResumableShuffleSampler(DistributedSampler):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.length, generator=generator).tolist()
         order += order[: self.total_size - len(order)]  # pad to a multiple of num_replicas (length >= num_replicas)
-        share = order[self.rank : self.total_size : self.num_replicas]
-        start = 0
-        if self._resume is not None and self._resume[0] == self.epoch:
-            start = self._resume[1]
-        self._resume = None
+        share = order[self.rank :: self.num_replicas]
+        resume, self._resume = self._resume, None
+        start = resume[1] if resume is not None and resume[0] == self.epoch else 0
         return iter(share[start:])
 
     def __len__(self) -> int:
