@@ -47,6 +47,9 @@ def test_an_empty_set_draws_nothing_and_a_set_smaller_than_the_world_is_refused(
     assert len(empty) == 0 and list(empty) == []
     with pytest.raises(ValueError, match="3 training samples cannot be shared by 4 processes"):
         ResumableShuffleSampler(3, seed=0, num_replicas=4, rank=0)
+    with pytest.raises(ValueError, match="1 training samples cannot be shared by 2 processes"):
+        ResumableShuffleSampler(1, seed=0, num_replicas=2, rank=0)
+    assert [len(list(ResumableShuffleSampler(2, seed=0, num_replicas=2, rank=r))) for r in (0, 1)] == [1, 1]
 
 
 def test_a_resume_saved_for_another_epoch_is_ignored():
