@@ -42,7 +42,8 @@ class FlowEvaluation:
         ``[B, F, 3, H, W]``)."""
         prompts = [s.question for s in samples]
         images = self.condition_images(samples)
-        return self.sampler.generate(prompts, seed=self.hparams.seed + batch_idx, device=self.device, images=images)
+        with self.gathered_policy():  # FSDP2: one all-gather for all denoising steps
+            return self.sampler.generate(prompts, seed=self.hparams.seed + batch_idx, device=self.device, images=images)
 
     def validation_step(self, batch: list[VisualSample], batch_idx: int) -> dict[str, Tensor] | None:
         return self._evaluate(batch, batch_idx, stage="val")
