@@ -210,3 +210,22 @@ def test_sft_stops_after_consecutive_nan_gradients(new_policy, new_datamodule, f
         fit(module, new_datamodule(), max_steps=4, callbacks=[PoisonGradient({0, 1, 2, 3})])
     for b, p in zip(before, module.policy.trainable_parameters(), strict=True):
         assert torch.equal(b, p)
+
+
+def test_only_consecutive_skips_count_towards_the_stop_and_each_is_logged(new_policy, caplog):
+    module = sft(new_policy, max_nonfinite_steps=2)
+    with caplog.at_level("WARNING", logger="app.modules.policy_module"):
+        module._count_skip(True)
+        module._count_skip(False)  # a finite update resets the run of skips
+        module._count_skip(True)
+    assert module.skipped_updates == 2 and module._consecutive_skips == 1
+    assert caplog.messages == [
+        "skipped an update with a non-finite loss or gradient (1 in a row, 1 in all)",
+        "skipped an update with a non-finite loss or gradient (1 in a row, 2 in all)",
+    ]
+    stop = (
+        r"^2 consecutive updates had a non-finite loss or gradient and were skipped; stopping \(the weights are "
+        r"unchanged since the last finite update\)\. Lower the learning rate, check the rewards"
+    )
+    with pytest.raises(NonFiniteTrainingError, match=stop):
+        module._count_skip(True)

@@ -91,12 +91,13 @@ class PolicyModule(L.LightningModule):
         if not self.automatic_optimization:
             return
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        norm = full_tensor(torch.nn.utils.get_total_norm(grads)) if grads else torch.tensor(0.0)
+        norm = full_tensor(torch.nn.utils.get_total_norm(grads))  # 0 without gradients
         skipped = self._any_rank(not bool(torch.isfinite(norm)))
         if skipped:
             optimizer.zero_grad(set_to_none=True)
         self._count_skip(skipped)
-        self.log("train/skipped_updates", float(self.skipped_updates), batch_size=1)
+        # batch_size only weighs epoch means: this on_step value never reads it
+        self.log("train/skipped_updates", float(self.skipped_updates), batch_size=1)  # pragma: no mutate
 
     def _any_rank(self, decision: bool) -> bool:
         """True on every rank when ``decision`` is True on any (so all ranks skip or stop together)."""
