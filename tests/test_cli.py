@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from transformers import AutoModelForImageTextToText
+from export_checks import assert_export_matches_policy
 
 from app.cli import AppCLI, main
 
@@ -232,17 +232,7 @@ def test_export_command_writes_a_folder_that_loads_with_from_pretrained(cli_fit,
     assert f"exported to {out}" in result.stdout
     assert (out / "config.json").exists() and (out / "adapter" / "adapter_config.json").exists()
 
-    policy = cli.model.policy.eval()
-    prompts = policy.encode_prompts(new_samples(2))
-    targets = policy.encode_targets(["<think>red x=3</think><answer>yes</answer>", "<answer>no</answer>"])
-    exported = AutoModelForImageTextToText.from_pretrained(out).eval()
-    with torch.no_grad():
-        expected = policy.sequence_logprobs(prompts, targets.completion_ids, targets.completion_mask)
-        base = policy.reference_logprobs(prompts, targets.completion_ids, targets.completion_mask)
-        got = policy.sequence_logprobs(prompts, targets.completion_ids, targets.completion_mask, hf_model=exported)
-    mask = targets.completion_mask.bool()
-    assert (expected - base)[mask].abs().max() > 1e-3, "the checkpoint's adapter should change the policy"
-    assert (got - expected)[mask].abs().max() < 1e-5
+    assert_export_matches_policy(cli.model.policy, out, new_samples(2), min_change=1e-3)
 
 
 def test_export_without_required_options_names_them(capsys):

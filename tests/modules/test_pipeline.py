@@ -2,7 +2,6 @@
 update k uses rollout k and its rewards with a lag of exactly one rollout, the ratio uses the behaviour log-probs stored
 at generation time, runs are deterministic and resume in the middle of the pipeline, delay 0 keeps the plain step."""
 
-import contextlib
 import functools
 import threading
 import time
@@ -13,7 +12,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch import nn
+from test_grpo_skeleton import LinearPolicy  # the skeleton tests' toy policy (a full Policy)
 from torch.utils.data import DataLoader
 
 from app.algorithms import grpo_loss, zero_std_groups
@@ -94,34 +93,6 @@ def test_delay_one_trains_rollout_k_with_its_own_rewards_one_rollout_late(new_po
 @dataclass
 class Settings:
     num_generations: int = 2
-
-
-class LinearPolicy(nn.Module):
-    """log-prob of output ``i`` = ``w . features[i]``."""
-
-    uses_lora = True
-    frozen_reference = None
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.tensor([0.5, -0.25]))
-
-    @property
-    def device(self):
-        return self.weight.device
-
-    def trainable_parameters(self):
-        return [self.weight]
-
-    def enable_reference(self):
-        pass
-
-    @contextlib.contextmanager
-    def reference(self):
-        yield
-
-    def export(self, output_dir):
-        return output_dir
 
 
 class ValueReward(RewardComponent):

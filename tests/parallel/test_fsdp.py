@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from export_checks import assert_export_matches_policy
 from torch import nn
 
 from app.errors import ConfigError
@@ -174,7 +175,6 @@ def test_sharded_checkpoint_is_lean(runs):
 @pytest.mark.slow
 def test_export_from_a_sharded_checkpoint_loads_with_from_pretrained(runs, tmp_path, new_samples):
     from fsdp_probe import build
-    from transformers import AutoModelForImageTextToText
 
     from app.export import export_from_checkpoint, find_checkpoint
 
@@ -185,17 +185,7 @@ def test_export_from_a_sharded_checkpoint_loads_with_from_pretrained(runs, tmp_p
     trained, _ = build("vlm_lora")
     missing, unexpected = trained.load_state_dict(weights(runs[2], "vlm_lora-fsdp-resume"), strict=False)
     assert not unexpected and all("lora_" not in k for k in missing)
-    policy = trained.policy.eval()
-    prompts = policy.encode_prompts(new_samples(2))
-    targets = policy.encode_targets(["<answer>yes</answer>", "<think>left</think><answer>no</answer>"])
-    exported = AutoModelForImageTextToText.from_pretrained(out).eval()
-    with torch.no_grad():
-        expected = policy.sequence_logprobs(prompts, targets.completion_ids, targets.completion_mask)
-        base = policy.reference_logprobs(prompts, targets.completion_ids, targets.completion_mask)
-        got = policy.sequence_logprobs(prompts, targets.completion_ids, targets.completion_mask, hf_model=exported)
-    mask = targets.completion_mask.bool()
-    assert (expected - base)[mask].abs().max() > 1e-4, "the trained adapter should change the policy"
-    assert (got - expected)[mask].abs().max() < 1e-5
+    assert_export_matches_policy(trained.policy, out, new_samples(2), min_change=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------- one process
