@@ -50,7 +50,7 @@ CONFIG_FINGERPRINTS = {
     "configs/reason_rft_counting.yaml": ("94808dac33fc3a15", "137b6d276e74151c", "99b76f2453bbbd39"),
     "configs/reason_rft_transform.yaml": ("6b967b29f58aa98b", "b517552bff3b767b", "127158ca6c60d9c3"),
     "configs/trisr_dots.yaml": ("624ac8a6e25ff223", "079f05ae662d577c", "6cbea93a6aa26d8f"),
-    "configs/vbvr_pipeline_cpu.yaml": ("47e8c93342fa1cd6", "06a302f58967da93", "e20d472debfda762"),
+    "configs/vbvr_pipeline_cpu.yaml": ("c5998104666a4839", "06a302f58967da93", "e20d472debfda762"),
     "tests/fixtures/tiny_grpo.yaml": ("fb56df4e51aa5439", "ab22a3d9fae8c114", "29cbec44f35c0172"),
     "tests/fixtures/tiny_sft.yaml": ("fb56df4e51aa5439", "ab22a3d9fae8c114", "29cbec44f35c0172"),
 }

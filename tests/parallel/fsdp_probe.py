@@ -5,7 +5,8 @@ HSDP, and writes what the multi-process tests compare.
 
 A case is ``<policy>-<strategy>[-same]``: policy ``vlm_lora``, ``vlm_full`` (full fine-tuning with a KL reference copy)
 or ``flow_lora`` (tiny SD3); strategy ``single``, ``ddp``, ``fsdp`` (all ranks shard), ``fsdpbf16`` (FSDP2's bf16 mixed precision) or ``hsdp``
-(2 x world/2); ``-gc`` turns on activation checkpointing;
+(2 x world/2); ``-gc`` turns on activation checkpointing; ``-delay1`` the one-step-delayed reward pipeline (rewards
+in a thread);
 ``-same`` gives every rank the same prompts and random draws, so the run equals one process on that batch.
 Rank 0 writes ``OUT/<case>.pt``: the full trainable weights after fit; every rank writes ``OUT/<case>.rank<r>.pt``:
 its local parameter and optimizer-state sizes and the groups it trained on. Case ``vlm_lora-fsdp-resume`` also
@@ -27,6 +28,7 @@ from app.models import FlowPolicy, VLMPolicy
 from app.models.flow import FlowLoRASettings
 from app.models.vlm import LoRASettings, SamplingSettings
 from app.modules import FlowGRPOModule, VLMGRPOModule
+from app.modules.pipeline import PipelineSettings
 from app.parallel import FSDP2Strategy
 from app.parallel.fsdp import local_numel
 from app.rewards import RewardComponent
@@ -81,6 +83,8 @@ class Report(L.Callback):
             "batches": self.batches,
             "world_size": trainer.world_size,
             "global_step": trainer.global_step,
+            "policy_lag": float(trainer.callback_metrics.get("train/policy_lag", -1.0)),
+            "dropped_rollouts": pl_module.dropped_rollouts,
         }
 
 
@@ -93,7 +97,10 @@ def reward_mean_across_ranks(rank: int) -> float:
     return float(reward.compute())
 
 
-def build(policy_kind: str, checkpointing: bool = False) -> tuple[L.LightningModule, L.LightningDataModule]:
+def build(
+    policy_kind: str, checkpointing: bool = False, delay: int = 0
+) -> tuple[L.LightningModule, L.LightningDataModule]:
+    pipeline = PipelineSettings(delay=delay)
     if policy_kind.startswith("vlm"):
         lora = LoRASettings(r=4, alpha=8, dropout=0.0) if policy_kind == "vlm_lora" else None
         policy = VLMPolicy("tiny-qwen2-vl", lora=lora, instruction="", gradient_checkpointing=checkpointing)
@@ -104,12 +111,13 @@ def build(policy_kind: str, checkpointing: bool = False) -> tuple[L.LightningMod
             beta=0.0 if lora else 0.04,
             learning_rate=1e-3,
             micro_batch_size=4,
+            pipeline=pipeline,
         )
         dataset = DotsDataset
     else:
         policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
         sampling = FlowSamplingSettings(num_generations=2, num_steps=3, sampler="cps", eta=0.7)
-        module = FlowGRPOModule(policy, [BrightnessReward()], sampling, learning_rate=1e-3)
+        module = FlowGRPOModule(policy, [BrightnessReward()], sampling, learning_rate=1e-3, pipeline=pipeline)
         dataset = ShapePromptDataset
     data = VisualTaskDataModule(dataset, train_size=24, val_size=0, test_size=0, batch_size=2, image_size=64)
     return module, data
@@ -159,7 +167,7 @@ def run(out: Path, case: str) -> None:
     same = "same" in flags
     world = int(os.environ.get("WORLD_SIZE", "1"))
     L.seed_everything(0, verbose=False)
-    module, data = build(policy_kind, checkpointing="gc" in flags)
+    module, data = build(policy_kind, checkpointing="gc" in flags, delay=int("delay1" in flags))
     report = Report(same)
     callbacks: list = [report]
     if "resume" in flags:
@@ -177,7 +185,7 @@ def run(out: Path, case: str) -> None:
         torch.save(weights, out / f"{case}.pt")
     if "resume" in flags:  # a second fit from the step-2 checkpoint must end where the first one did
         L.seed_everything(123, verbose=False)  # the checkpoint's generator states must override this
-        module, data = build(policy_kind)
+        module, data = build(policy_kind, delay=int("delay1" in flags))
         trainer = trainer_for(strategy_for(strategy_kind, world), out / case, STEPS + 1, [Report(same)], same)
         checkpoint = out / case / f"epoch=0-step={STEPS}.ckpt"
         trainer.fit(module, data, ckpt_path=str(checkpoint))

@@ -27,6 +27,7 @@ PROBE = HERE / "fsdp_probe.py"
 TWO_PROCESS_CASES = [
     "vlm_lora-ddp", "vlm_lora-fsdp", "vlm_full-ddp", "vlm_full-fsdp", "flow_lora-ddp", "flow_lora-fsdp",
     "vlm_lora-fsdp-same", "vlm_lora-fsdp-resume", "vlm_lora-fsdp-gc", "vlm_lora-fsdpbf16",
+    "vlm_lora-ddp-delay1", "vlm_lora-fsdp-delay1-resume",
 ]  # fmt: skip
 FOUR_PROCESS_CASES = ["vlm_lora-ddp", "vlm_lora-hsdp", "vlm_lora-hsdp-same"]
 TOLERANCE = 1e-4  # a tenth of the learning rate: float32 reductions in another order (reduce-scatter vs all-reduce)
@@ -160,6 +161,21 @@ def test_resume_from_a_sharded_checkpoint_reproduces_the_straight_run(runs):
     checkpoint = runs[2] / "vlm_lora-fsdp-resume" / "epoch=0-step=2.ckpt"
     assert checkpoint.is_dir(), "FSDP2 should write a folder of shards"
     assert_same_weights(weights(runs[2], "vlm_lora-fsdp-resume.resumed"), weights(runs[2], "vlm_lora-fsdp-resume"))
+
+
+@pytest.mark.slow
+def test_delayed_pipeline_under_fsdp2_trains_what_ddp_trains_and_resumes_mid_pipeline(runs):
+    """Each rank pipelines its own rollouts: FSDP2 with delay 1 ends where DDP with delay 1 does (and elsewhere than
+    delay 0), at lag 1 with the last rollout dropped, and resuming from the step-2 checkpoint (a pending rollout in
+    it) reproduces the straight run."""
+    fsdp = weights(runs[2], "vlm_lora-fsdp-delay1-resume")
+    assert_same_weights(fsdp, weights(runs[2], "vlm_lora-ddp-delay1"))
+    undelayed = weights(runs[2], "vlm_lora-fsdp")
+    assert max((fsdp[k] - undelayed[k]).abs().max().item() for k in fsdp) > 10 * TOLERANCE
+    assert_same_weights(weights(runs[2], "vlm_lora-fsdp-delay1-resume.resumed"), fsdp)
+    for report in rank_reports(runs[2], "vlm_lora-fsdp-delay1-resume", 2):
+        assert report["policy_lag"] == 1.0 and report["dropped_rollouts"] == 1
+        assert report["global_step"] == 3 and len(report["batches"]) == 4  # the first batch only primed the pipeline
 
 
 @pytest.mark.slow

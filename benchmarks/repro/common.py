@@ -1,0 +1,111 @@
+"""What every reproduction script shares: run one recipe stage for one seed, read its summary, aggregate over seeds,
+and write a claim's section of ``docs/results.md``.
+
+Each stage runs ``python -m app fit`` in a subprocess inside the seed's own folder, so the recipes' relative
+``runs/...`` paths (and the stage-2 recipes' ``model: runs/<stage1>/policy`` starts) land in that folder. The
+recipe's ``seed_everything``, module seed and data seed are all set to the seed; a stage whose ``summary.json`` is
+already there is reused when ``reuse`` is true (rerunning a script after an interruption skips finished work).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results.md"
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """One finished ``fit``: its held-out metrics before and after, and its wall time (NaN when reused)."""
+
+    before: dict[str, float]
+    after: dict[str, float]
+    seconds: float
+
+
+def run_stage(
+    config: str,
+    seed: int,
+    folder: Path,
+    overrides: Sequence[str] = (),
+    *,
+    run_dir: str | None = None,
+    log_name: str | None = None,
+    reuse: bool = False,
+    seed_module: bool = True,
+    seed_data: bool = True,
+) -> StageResult:
+    """Run ``configs/<config>`` for ``seed`` in ``folder``; return its ``summary.json``.
+
+    ``overrides`` are ``KEY=VALUE`` CLI options (``model.init_args.learning_rate=1e-4``). ``run_dir`` is the folder
+    (relative to ``folder``) holding ``summary.json`` -- the recipe's ``runs/<config stem>`` unless given.
+    """
+    stem = config.removesuffix(".yaml")
+    log_name = log_name or stem
+    summary_path = folder / (run_dir or f"runs/{stem}") / "summary.json"
+    if reuse and summary_path.is_file():
+        return _read(summary_path, float("nan"))
+    folder.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "app", "fit", "--config", str(ROOT / "configs" / config),
+            "--seed_everything", str(seed), "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    if seed_module:
+        args += ["--model.init_args.seed", str(seed)]
+    if seed_data:
+        args += ["--data.init_args.seed", str(seed)]
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"override {item!r} is not KEY=VALUE")
+        args += [f"--{key}", value]
+    summary_path.unlink(missing_ok=True)
+    log = folder / f"{log_name}.log"
+    start = time.time()
+    with log.open("w") as out:
+        code = subprocess.run(args, cwd=folder, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy()).returncode
+    if code:
+        raise SystemExit(f"seed {seed}: {config} failed (exit {code}), see {log}")
+    return _read(summary_path, time.time() - start)
+
+
+def _read(path: Path, seconds: float) -> StageResult:
+    summary = json.loads(path.read_text())
+    return StageResult(before=summary.get("before", {}), after=summary.get("after", {}), seconds=seconds)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (NaN spread for one value)."""
+    spread = statistics.stdev(values) if len(values) > 1 else float("nan")
+    return statistics.mean(values), spread
+
+
+def fmt(values: Sequence[float], digits: int = 3) -> str:
+    """``mean ± std`` of ``values``."""
+    mean, spread = mean_std(values)
+    return f"{mean:.{digits}f} ± {spread:.{digits}f}"
+
+
+def write_section(name: str, markdown: str, path: Path = RESULTS) -> None:
+    """Replace (or append) the section between ``<!-- repro:NAME -->`` markers in ``docs/results.md``."""
+    start, end = f"<!-- repro:{name} -->", f"<!-- /repro:{name} -->"
+    block = f"{start}\n{markdown.strip()}\n{end}"
+    text = path.read_text() if path.is_file() else "# Reproductions\n"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + f"\n\n{block}\n"
+    path.write_text(text)
+    print(f"wrote the {name!r} section of {path}", flush=True)
+
+
+def command_line() -> str:
+    """The command that produced a table, for the results document."""
+    script = Path(sys.argv[0]).resolve().relative_to(ROOT)
+    return " ".join(["OMP_NUM_THREADS=1 python", str(script), *sys.argv[1:]])

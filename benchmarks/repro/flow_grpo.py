@@ -1,0 +1,111 @@
+"""Flow-GRPO over seeds (issue 18, claim 4): the two flow quickstarts' held-out reward before and after GRPO, per arm.
+
+    OMP_NUM_THREADS=1 python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde cps_delay1
+    OMP_NUM_THREADS=1 python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps sde
+
+Per seed, stage 1 (the task's pretraining recipe) runs once in ``<out>/seed<S>``; every arm's GRPO stage then starts
+from that same model, at equal steps and data. Arms:
+
+- ``cps``: the quickstart recipe as it is (coefficients-preserving sampler, eta 0.7).
+- ``sde``: the same with Flow-GRPO's SDE sampler at the same eta (VBVR-Pro prefers CPS).
+- ``cps_delay1``: the one-step-delayed reward pipeline, scorers in a process pool (``configs/vbvr_pipeline_cpu.yaml``;
+  VBVR only).
+
+Prints per seed and arm the held-out reward before -> after, then mean ± sample std of the rise, and writes the table
+to the ``flow-grpo-<task>`` section of ``docs/results.md``. ``--reuse`` skips stages whose ``summary.json`` exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import StageResult, command_line, fmt, run_stage, write_section
+
+
+@dataclass(frozen=True)
+class Task:
+    pretrain: str
+    grpo: str
+    key: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Arm:
+    config: str | None  # None: the task's GRPO recipe
+    overrides: tuple[str, ...] = ()
+    what: str = ""
+
+
+TASKS = {
+    "vbvr": Task("quickstart_vbvr_pretrain.yaml", "quickstart_vbvr.yaml", "val/reward/vbvr_scorer",
+                 "Flow-GRPO on the conditioned VBVR quickstart (image edit; colour mixing + object counting)"),
+    "flow": Task("quickstart_flow_pretrain.yaml", "quickstart_flow.yaml", "val/reward/color_region",
+                 "Flow-GRPO on the flow quickstart (colour / region / shape reward)"),
+}  # fmt: skip
+ARMS = {
+    "cps": Arm(None, what="CPS, eta 0.7 (the recipe)"),
+    "sde": Arm(None, ("model.init_args.sampling.sampler=sde",), "SDE, eta 0.7"),
+    "cps_delay1": Arm("vbvr_pipeline_cpu.yaml", what="CPS, one-step-delayed rewards (process pool)"),
+}
+
+
+def run_arm(task: Task, arm_name: str, seed: int, folder: Path, reuse: bool) -> StageResult:
+    """Run one arm in ``<folder>/<arm>``, where ``runs/<pretrain stem>`` links to the seed's stage-1 output (the GRPO
+    recipes load it by that relative path, and each arm keeps its own grids, policy and logs)."""
+    arm = ARMS[arm_name]
+    arm_folder = folder / arm_name
+    pretrained = f"runs/{task.pretrain.removesuffix('.yaml')}"
+    link = arm_folder / pretrained
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(folder / pretrained, target_is_directory=True)
+    return run_stage(arm.config or task.grpo, seed, arm_folder, arm.overrides, log_name=arm_name, reuse=reuse)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("seeds", type=int, nargs="+")
+    parser.add_argument("--task", choices=sorted(TASKS), default="vbvr")
+    parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["cps"])
+    parser.add_argument("--out", default=None, help="default: runs/repro/flow_grpo_<task>")
+    parser.add_argument("--reuse", action="store_true", help="skip stages whose summary.json exists")
+    args = parser.parse_args()
+    task = TASKS[args.task]
+    if args.task != "vbvr" and "cps_delay1" in args.arms:
+        parser.error("the cps_delay1 arm is the VBVR pipeline recipe: use it with --task vbvr")
+    out = Path(args.out or f"runs/repro/flow_grpo_{args.task}").resolve()
+    results: dict[str, list[tuple[int, StageResult]]] = {arm: [] for arm in args.arms}
+    for seed in args.seeds:
+        folder = out / f"seed{seed}"
+        pre = run_stage(task.pretrain, seed, folder, reuse=args.reuse)
+        print(f"seed {seed}: pretraining {pre.before.get(task.key, float('nan')):.3f} -> {pre.after[task.key]:.3f} "
+              f"({pre.seconds / 60:.1f} min)", flush=True)  # fmt: skip
+        for arm in args.arms:
+            result = run_arm(task, arm, seed, folder, args.reuse)
+            results[arm].append((seed, result))
+            print(f"seed {seed} {arm}: {result.before[task.key]:.3f} -> {result.after[task.key]:.3f} "
+                  f"({result.seconds / 60:.1f} min)", flush=True)  # fmt: skip
+
+    lines = [f"### {task.title}", "", f"Command: `{command_line()}`", "",
+             f"Held-out `{task.key}` (deterministic Euler samples), before -> after GRPO from the same stage-1 model "
+             "per seed; mean ± sample std over seeds.", "",
+             "| arm | seeds | before | after | rise | per seed (before -> after) | GRPO minutes |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for arm, rows in results.items():
+        before = [r.before[task.key] for _, r in rows]
+        after = [r.after[task.key] for _, r in rows]
+        rise = [a - b for a, b in zip(after, before, strict=True)]
+        per_seed = ", ".join(f"{s}: {r.before[task.key]:.3f} -> {r.after[task.key]:.3f}" for s, r in rows)
+        minutes = ", ".join(f"{r.seconds / 60:.1f}" for _, r in rows)
+        lines.append(f"| {ARMS[arm].what} | {len(rows)} | {fmt(before)} | {fmt(after)} | {fmt(rise)} | {per_seed} | "
+                     f"{minutes} |")  # fmt: skip
+    table = "\n".join(lines)
+    print("\n" + table, flush=True)
+    write_section(f"flow-grpo-{args.task}", table)
+
+
+if __name__ == "__main__":
+    main()
