@@ -7,17 +7,16 @@ failed checks counted per task, so one ``validate`` run gives the in-domain and 
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 from torch import Tensor
 
 from app.models.flow_conditioning import condition_images
+from app.modules.grouped_means import GroupedEvaluation
 from app.types import VisualSample
-from app.vbvr.regimes import failed_check_names, score_regimes
+from app.vbvr.regimes import score_regimes
 
 
-class FlowEvaluation:
+class FlowEvaluation(GroupedEvaluation):
     """Validation, test and predict steps of a LightningModule holding a ``policy``, a ``sampler``
     (:class:`~app.sampling.FlowSampler`), ``eval_rewards`` (a :class:`~app.rewards.WeightedReward` or None) and a
     ``seed`` hyper-parameter.
@@ -26,7 +25,7 @@ class FlowEvaluation:
     the same starting noise) with the sampler's ``eval_sampler`` (Euler or UniPC) and logs ``<stage>/reward/total`` and
     ``<stage>/reward/<name>``. Samples with ``meta["vbvr"]`` add ``<stage>/<split>/<task>/<regime>`` (the scorer's mean
     score; split from ``meta["split"]``, ``in_domain`` when absent) and ``<stage>/failed/<split>/<task>/<check>`` (the
-    fraction of that task's Last-Frame samples failing the check). The steps return ``{"images": ...}`` (the samples,
+    fraction of that task's measured Last-Frame samples failing the check), means over every process's samples. The steps return ``{"images": ...}`` (the samples,
     on the CPU) for callbacks such as :class:`callbacks.vbvr_eval.VBVRGridWriter`.
     """
 
@@ -64,13 +63,10 @@ class FlowEvaluation:
         return {"images": generated.cpu()}
 
     def _log_vbvr(self, generated: Tensor, samples: list[VisualSample], stage: str) -> None:
-        """Per split / task / regime scores and per task failed-check fractions of the VBVR samples of a batch.
-
-        Logged without cross-process sync: a batch need not hold every group on every rank (per-rank figures under
-        DDP; the ``reward/*`` totals are synced)."""
-        scores: dict[str, list[float]] = defaultdict(list)
-        checks: dict[tuple[str, str], list[tuple[str, bool]]] = defaultdict(list)  # (split, task) -> (check, failed)
-        counts: dict[tuple[str, str], int] = defaultdict(int)
+        """Per split / task / regime scores and per task failed checks of the VBVR samples of a batch, accumulated
+        for the epoch's end (:class:`~app.modules.grouped_means.GroupedEvaluation`: a process's share of the set
+        need not hold every split and task). A failed-check fraction counts the samples whose Last-Frame rendering the
+        scorer could measure (an unmeasurable one scores 0 and has no checks)."""
         for rendering, sample in zip(generated, samples, strict=True):
             spec = sample.meta.get("vbvr")
             if not spec:
@@ -78,18 +74,16 @@ class FlowEvaluation:
             split = sample.meta.get("split", "in_domain")
             results = score_regimes(rendering, spec)
             for regime, result in results.items():
-                scores[f"{stage}/{split}/{spec['task']}/{regime}"].append(result.score if result else 0.0)
-            counts[split, spec["task"]] += 1
+                self.log_grouped(f"{stage}/{split}/{spec['task']}/{regime}", [result.score if result else 0.0])
             last = results["last_frame"]
-            failed = set(failed_check_names(last))
-            checks[split, spec["task"]] += [(c.name, c.name in failed) for c in (last.checks if last else ())]
-        for key, values in scores.items():
-            self.log(key, sum(values) / len(values), batch_size=len(values))
-        for (split, task), seen in checks.items():
-            n = counts[split, task]
-            for name in sorted({name for name, _ in seen}):
-                fraction = sum(bad for check, bad in seen if check == name) / n
-                self.log(f"{stage}/failed/{split}/{task}/{name}", fraction, batch_size=n)
+            for check in last.checks if last else ():
+                self.log_grouped(f"{stage}/failed/{split}/{spec['task']}/{check.name}", [float(not check.passed)])
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_grouped_means()
+
+    def on_test_epoch_end(self) -> None:
+        self.log_grouped_means()
 
     def predict_step(self, batch: list[VisualSample], batch_idx: int) -> list[dict]:
         """Deterministic samples for ``python -m app predict``: the prompt and its image (``[3, H, W]``, CPU)."""

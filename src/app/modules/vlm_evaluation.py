@@ -4,7 +4,6 @@ completions and a breakdown per task and per evaluation set (docs/evaluation.md)
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ from torch import Tensor
 
 from app.data.eval_sets import EVAL_SET_KEY
 from app.models.vlm import SamplingSettings
+from app.modules.grouped_means import GroupedEvaluation
 from app.rewards import AccuracyReward, FormatReward, RewardComponent
 from app.types import CompletionBatch, VisualSample
 
@@ -55,7 +55,7 @@ class PassAtK:
             raise ValueError(f"pass@k needs num_samples >= 1 and every k in [1, num_samples], got {self}")
 
 
-class GreedyEvaluation:
+class GreedyEvaluation(GroupedEvaluation):
     """Validation, test and predict steps of a LightningModule holding a VLM ``policy`` and ``eval_rewards``.
 
     Each reward is scored on greedy completions (``hparams.eval_max_new_tokens`` tokens at most) and logged as
@@ -123,31 +123,30 @@ class GreedyEvaluation:
     def _log_grouped(self, stage: str, key: str, values: Tensor, samples: list[VisualSample]) -> None:
         """Log the mean of ``values`` ``[B]`` as ``<stage>/<key>``, per task (``<stage>/<key>/<task>``) and per
         evaluation set (``<stage>/<set>/<key>`` and ``<stage>/<set>/<key>/<task>``)."""
-        groups: dict[str, list[Tensor]] = defaultdict(list)
-        for sample, value in zip(samples, values, strict=True):
-            groups[f"{key}/{sample.task}"].append(value)
+        self.log(f"{stage}/{key}", values.mean(), batch_size=len(samples), sync_dist=True)
+        for sample, value in zip(samples, values.tolist(), strict=True):  # groups: means at the epoch's end
+            self.log_grouped(f"{stage}/{key}/{sample.task}", [value])
             eval_set = sample.meta.get(EVAL_SET_KEY)
             if eval_set is not None:
                 self.eval_set_names = sorted({*getattr(self, "eval_set_names", ()), str(eval_set)})
-                groups[f"{eval_set}/{key}"].append(value)
-                groups[f"{eval_set}/{key}/{sample.task}"].append(value)
-        self.log(f"{stage}/{key}", values.mean(), batch_size=len(samples), sync_dist=True)
-        for name, group in groups.items():
-            self.log(f"{stage}/{name}", torch.stack(group).mean(), batch_size=len(group), sync_dist=True)
+                self.log_grouped(f"{stage}/{eval_set}/{key}", [value])
+                self.log_grouped(f"{stage}/{eval_set}/{key}/{sample.task}", [value])
 
     def on_validation_epoch_end(self) -> None:
-        self._remember("val")
+        self._remember("val", self.log_grouped_means())
 
     def on_test_epoch_end(self) -> None:
-        self._remember("test")
+        self._remember("test", self.log_grouped_means())
 
-    def _remember(self, stage: str) -> None:
-        """Keep this evaluation's figures."""
+    def _remember(self, stage: str, grouped: dict[str, float]) -> None:
+        """Keep this evaluation's figures: the per-step ones (already in ``callback_metrics``) and ``grouped``, the
+        means just logged at the epoch's end (which reach ``callback_metrics`` only after this hook)."""
         metrics = {
             k: float(v)
             for k, v in self.trainer.callback_metrics.items()
             if k.startswith(f"{stage}/") and v.numel() == 1
         }
+        metrics.update(grouped)
         if metrics and not self.trainer.sanity_checking:
             self.eval_results[f"{stage}@step{self.global_step}"] = metrics
 
