@@ -7,7 +7,7 @@ import cv2
 import numpy as np
 import pytest
 
-from app.cv import PALETTE, Blob, _shape, blobs, color_mask, palette_hue
+from app.cv import PALETTE, Blob, _shape, blobs, color_mask, frames_at_size, palette_hue
 
 
 def test_palette_hue_is_the_opencv_hue_of_the_rgb_colour():
@@ -114,3 +114,13 @@ def test_to_uint8_frames_refuses_empty_renderings_naming_the_shape():
         with pytest.raises(ValueError, match=re.escape(f"empty rendering of shape {shape} as [T, H, W, 3]")):
             to_uint8_frames(rendering)
     assert to_uint8_frames(torch.ones(3, 1, 1)).tolist() == [[[[255, 255, 255]]]]
+
+
+def test_frames_at_size_resizes_within_the_aspect_ratio_and_refuses_to_stretch():
+    frames = np.zeros((2, 8, 16, 3), np.uint8)
+    frames[:, :, 8:] = 200  # right half bright
+    assert frames_at_size(frames, 8, 16) is frames
+    half = frames_at_size(frames, 4, 8)
+    assert half.shape == (2, 4, 8, 3) and (half[:, :, 4:] == 200).all() and (half[:, :, :4] == 0).all()
+    with pytest.raises(ValueError, match="rendering of 16x8 pixels does not have the problem's aspect ratio \\(8x8\\)"):
+        frames_at_size(frames, 8, 8)

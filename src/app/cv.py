@@ -125,3 +125,19 @@ def to_uint8_frames(rendering: Any) -> np.ndarray:
     if 0 in array.shape:
         raise ValueError(f"empty rendering of shape {tuple(array.shape)} as [T, H, W, 3]: no frames or no pixels")
     return np.ascontiguousarray(array)
+
+
+def frames_at_size(frames: np.ndarray, height: int, width: int, aspect_tolerance: float = 0.01) -> np.ndarray:
+    """uint8 ``frames`` ``[T, H, W, 3]`` resized to ``height x width`` (area interpolation; unchanged at that size).
+
+    Raises ``ValueError`` when the aspect ratios differ by more than ``aspect_tolerance``: stretching would move what a
+    scorer measures (a generator must draw at the problem's aspect ratio)."""
+    h, w = frames.shape[1:3]
+    if (h, w) == (height, width):
+        return frames
+    if abs((w / h) / (width / height) - 1) > aspect_tolerance:
+        raise ValueError(
+            f"rendering of {w}x{h} pixels does not have the problem's aspect ratio ({width}x{height}): generate at "
+            "the problem's aspect ratio (the flow policy's resolution)"
+        )
+    return np.stack([cv2.resize(frame, (width, height), interpolation=cv2.INTER_AREA) for frame in frames])

@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG_FINGERPRINTS = {
     "configs/consistency_dots.yaml": ("ae8ad7b3702f22e6", "5320c0c4519dc71d", "405964605de807f9"),
     "configs/flow_grpo_sd3_5_medium.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
-    "configs/flow_grpo_wan2_1_i2v_14b.yaml": ("6b98281d0dc04b72", "310b910c9c2ae769", "4464b82c2e4ca7b8"),
+    "configs/flow_grpo_wan2_1_i2v_14b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/flow_grpo_wan2_1_t2v_1_3b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
-    "configs/flow_grpo_wan2_2_ti2v_5b.yaml": ("66c935cec4716fbc", "3b4d71849cc2f37e", "342a411464af3178"),
+    "configs/flow_grpo_wan2_2_ti2v_5b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/grpo_qwen2_5_vl_3b.yaml": ("cf878707ac2ad478", "bb80e24f632f9fa3", "1a0769a52650b52c"),
     "configs/grpo_qwen2_5_vl_7b_full.yaml": ("cf878707ac2ad478", "bb80e24f632f9fa3", "1a0769a52650b52c"),
     "configs/quickstart.yaml": ("96dda23eb0aa661f", "ab22a3d9fae8c114", "29cbec44f35c0172"),

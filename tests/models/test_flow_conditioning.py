@@ -119,10 +119,12 @@ def test_bad_conditioning_is_refused_with_a_clear_error():
         condition_images([VisualSample([Image.new("RGB", (8, 8))], "q", "t"), VisualSample([], "q", "t")], 8, 8)
 
 
-def test_condition_images_are_resized_to_the_frame_size():
-    image = Image.fromarray(np.full((10, 20, 3), 255, np.uint8))
-    out = condition_images([VisualSample([image], "q", "t")], 32, 32)
-    assert out.shape == (1, 3, 32, 32) and torch.allclose(out, torch.ones_like(out))
+def test_condition_images_are_resized_to_the_frame_size_never_stretched():
+    image = Image.fromarray(np.full((10, 20, 3), 255, np.uint8))  # 20 x 10 pixels
+    out = condition_images([VisualSample([image], "q", "t")], 16, 32)
+    assert out.shape == (1, 3, 16, 32) and torch.allclose(out, torch.ones_like(out))
+    with pytest.raises(ValueError, match=r"sample 0 .*problem frame is 20x10 but the policy generates 32x32"):
+        condition_images([VisualSample([image], "q", "t")], 32, 32)
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -3,8 +3,8 @@ HSDP, and writes what the multi-process tests compare.
 
     torchrun --nproc_per_node 2 tests/parallel/fsdp_probe.py OUT CASE [CASE ...]
 
-A case is ``<policy>-<strategy>[-same]``: policy ``vlm_lora``, ``vlm_full`` (full fine-tuning with a KL reference copy)
-or ``flow_lora`` (tiny SD3); strategy ``single``, ``ddp``, ``fsdp`` (all ranks shard), ``fsdpbf16`` (FSDP2's bf16 mixed precision) or ``hsdp``
+A case is ``<policy>-<strategy>[-same]``: policy ``vlm_lora``, ``vlm_full`` (full fine-tuning with a KL reference copy),
+``flow_lora`` (tiny SD3) or ``flowi2v_lora`` (tiny Wan image-to-video, conditioned on VBVR problem frames); strategy ``single``, ``ddp``, ``fsdp`` (all ranks shard), ``fsdpbf16`` (FSDP2's bf16 mixed precision) or ``hsdp``
 (2 x world/2); ``-gc`` turns on activation checkpointing; ``-delay1`` the one-step-delayed reward pipeline (rewards
 in a thread);
 ``-same`` gives every rank the same prompts and random draws, so the run equals one process on that batch.
@@ -15,6 +15,7 @@ checkpoints after every step (sharded; ``last.ckpt`` is the last one) and resume
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ from app.parallel.fsdp import local_numel
 from app.rewards import RewardComponent
 from app.sampling import FlowSamplingSettings
 from app.tasks.dots import DotsDataset, ShapePromptDataset
+from app.tasks.vbvr import VBVRPromptDataset
 
 STEPS = 2
 
@@ -113,13 +115,19 @@ def build(
             micro_batch_size=4,
             pipeline=pipeline,
         )
-        dataset = DotsDataset
+        dataset, image_size = DotsDataset, 64
     else:
-        policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
+        name, text_length = ("tiny-wan-i2v", 512) if policy_kind == "flowi2v_lora" else ("tiny-sd3", None)
+        policy = FlowPolicy(name, lora=FlowLoRASettings(r=4, alpha=8), max_sequence_length=text_length)
         sampling = FlowSamplingSettings(num_generations=2, num_steps=3, sampler="cps", eta=0.7)
         module = FlowGRPOModule(policy, [BrightnessReward()], sampling, learning_rate=1e-3, pipeline=pipeline)
-        dataset = ShapePromptDataset
-    data = VisualTaskDataModule(dataset, train_size=24, val_size=0, test_size=0, batch_size=2, image_size=64)
+        dataset = (
+            functools.partial(VBVRPromptDataset, tasks=["color_mixing"])
+            if policy.is_conditioned
+            else ShapePromptDataset
+        )
+        image_size = policy.frame_size[0] if policy.is_conditioned else 64  # a conditioned model sees the problem
+    data = VisualTaskDataModule(dataset, train_size=24, val_size=0, test_size=0, batch_size=2, image_size=image_size)
     return module, data
 
 

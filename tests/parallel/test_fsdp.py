@@ -27,7 +27,7 @@ PROBE = HERE / "fsdp_probe.py"
 TWO_PROCESS_CASES = [
     "vlm_lora-ddp", "vlm_lora-fsdp", "vlm_full-ddp", "vlm_full-fsdp", "flow_lora-ddp", "flow_lora-fsdp",
     "vlm_lora-fsdp-same", "vlm_lora-fsdp-resume", "vlm_lora-fsdp-gc", "vlm_lora-fsdpbf16",
-    "vlm_lora-ddp-delay1", "vlm_lora-fsdp-delay1-resume",
+    "vlm_lora-ddp-delay1", "vlm_lora-fsdp-delay1-resume", "flowi2v_lora-ddp", "flowi2v_lora-fsdp",
 ]  # fmt: skip
 FOUR_PROCESS_CASES = ["vlm_lora-ddp", "vlm_lora-hsdp", "vlm_lora-hsdp-same"]
 TOLERANCE = 1e-4  # a tenth of the learning rate: float32 reductions in another order (reduce-scatter vs all-reduce)
@@ -71,7 +71,7 @@ def assert_same_weights(got: dict[str, torch.Tensor], expected: dict[str, torch.
 
 # ----------------------------------------------------------------------------------------- multi-process runs
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["vlm_lora", "vlm_full", "flow_lora"])
+@pytest.mark.parametrize("policy", ["vlm_lora", "vlm_full", "flow_lora", "flowi2v_lora"])
 def test_two_process_fsdp_trains_the_weights_ddp_trains(runs, policy):
     fsdp, ddp = weights(runs[2], f"{policy}-fsdp"), weights(runs[2], f"{policy}-ddp")
     assert_same_weights(fsdp, ddp)
@@ -259,8 +259,11 @@ def test_gathered_leaves_an_unsharded_module_alone():
 
 @pytest.mark.parametrize(
     "recipe",
-    ["grpo_qwen2_5_vl_3b", "grpo_qwen2_5_vl_7b_full", "flow_grpo_sd3_5_medium", "flow_grpo_wan2_1_t2v_1_3b"],
-)
+    [
+        "grpo_qwen2_5_vl_3b", "grpo_qwen2_5_vl_7b_full", "flow_grpo_sd3_5_medium", "flow_grpo_wan2_1_t2v_1_3b",
+        "flow_grpo_wan2_2_ti2v_5b", "flow_grpo_wan2_1_i2v_14b",
+    ],
+)  # fmt: skip
 def test_gpu_recipes_build_their_fsdp2_strategy(recipe):
     import yaml
 

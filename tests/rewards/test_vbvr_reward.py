@@ -48,6 +48,17 @@ def test_process_pool_gives_the_same_scores_asynchronously(batch):
         reward.close()
 
 
+def test_renderings_at_another_size_are_scored_at_the_problems_size_and_another_aspect_is_malformed(batch, caplog):
+    """A generator at 2x the problem's size draws the same solution; stretching to another aspect would not."""
+    renderings, samples = batch
+    double = [np.repeat(np.repeat(np.asarray(r), 2, axis=-3), 2, axis=-2) for r in renderings]
+    reward = VBVRScorerReward()
+    assert reward.score(double, samples).tolist() == [1.0, 0.0, 1.0, 1.0] and reward.num_malformed == 0
+    wide = np.repeat(np.asarray(renderings[0]), 2, axis=-2)  # twice as wide
+    assert reward.score([wide], samples[:1]).tolist() == [0.0] and reward.num_malformed == 1
+    assert "does not have the problem's aspect ratio" in caplog.text
+
+
 def test_malformed_generations_score_zero_and_are_counted(batch):
     renderings, samples = batch
     reward = VBVRScorerReward()
@@ -110,7 +121,7 @@ def test_degenerate_renderings_score_the_low_end_and_are_counted(batch, caplog, 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_rendering_the_scorer_cannot_measure_scores_low_instead_of_failing_the_batch(caplog, num_workers):
     task = get_task("shape_matching")
-    params = {"image_size": task.image_size, **task.params}
+    params = dict(task.params)  # no image_size: the rendering reaches the scorer at its own size
     instance = task.generate(0)
     sample = sample_for(instance, params)
     tiny = np.zeros((3, 7, 3), dtype=np.uint8)  # the scorer compares against a mask of the task's image size

@@ -48,7 +48,7 @@ def conditioning_mode(pipeline_class: str | None, pipeline_config: dict | None) 
 
 def condition_images(samples: Sequence[VisualSample], height: int, width: int) -> Tensor:
     """The problem frame (``images[0]``) of each sample as float32 ``[B, 3, H, W]`` in [0, 1], resized to the model's
-    frame size (bicubic, as diffusers' image processors)."""
+    frame size (bicubic, as diffusers' image processors). A frame of another aspect ratio is a ``ValueError``."""
     arrays = []
     for i, sample in enumerate(samples):
         if not sample.images:
@@ -57,6 +57,12 @@ def condition_images(samples: Sequence[VisualSample], height: int, width: int) -
                 "in sample.images[0]"
             )
         image = sample.images[0].convert("RGB")
+        if abs((image.width / image.height) / (width / height) - 1) > 0.01:
+            raise ValueError(
+                f"sample {i} ({sample.task!r}): the problem frame is {image.width}x{image.height} but the policy "
+                f"generates {width}x{height}; set the policy's resolution to the problem's aspect ratio (stretching "
+                "it would move what the scorer measures)"
+            )
         if image.size != (width, height):
             image = image.resize((width, height), Image.Resampling.BICUBIC)
         arrays.append(np.asarray(image, dtype=np.float32) / 255.0)

@@ -29,6 +29,7 @@ from torch import Tensor
 from app.cv import to_uint8_frames as to_uint8_frames  # re-exported: how renderings are read
 from app.rewards.base import RewardComponent
 from app.types import VisualSample
+from app.vbvr.regimes import problem_frames
 from app.vbvr.registry import get_task
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class VBVRScorerReward(RewardComponent):
             if not spec or "task" not in spec or "config" not in spec:
                 raise ValueError(f"sample {i} ({sample.task!r}) has no meta['vbvr'] with task and config")
             try:
-                frames = to_uint8_frames(rendering)
+                frames = problem_frames(rendering, spec)
             except ValueError as error:  # a malformed generation scores low; counted and logged, never a crash
                 self._malformed(i, str(error))
                 jobs.append(None)

@@ -25,7 +25,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from app.cv import to_uint8_frames
+from app.cv import frames_at_size, to_uint8_frames
 from app.vbvr.registry import get_task
 from app.vbvr.scoring import ScoreResult
 
@@ -52,12 +52,21 @@ def _task(name: str, params_key: tuple):
     return get_task(name, **dict(params_key))
 
 
+def problem_frames(rendering: Any, spec: dict[str, Any]) -> np.ndarray:
+    """A generated ``rendering`` as uint8 ``[F, H, W, 3]`` at the problem's size (``spec["params"]["image_size"]``,
+    square), where the scorer's geometry lives: a model that generates at another size of the same aspect ratio is
+    resized to it; another aspect ratio is a ``ValueError`` (never stretched)."""
+    frames = to_uint8_frames(rendering)
+    size = dict(spec.get("params", {})).get("image_size")
+    return frames if size is None else frames_at_size(frames, size, size)
+
+
 def score_regimes(rendering: Any, spec: dict[str, Any]) -> dict[str, ScoreResult | None]:
     """Each applicable regime's :class:`~app.vbvr.scoring.ScoreResult` of a generated ``rendering`` (anything
     :func:`app.cv.to_uint8_frames` reads) against ``spec`` (``meta["vbvr"]``); None where the scorer cannot measure it
     (a malformed rendering scores as a failure, never an exception)."""
     task = _task(spec["task"], tuple(sorted(dict(spec.get("params", {})).items())))
-    frames = to_uint8_frames(rendering)
+    frames = problem_frames(rendering, spec)
     renderings = regime_renderings(frames, spec.get("key_frame_indices"), spec.get("num_frames"))
     results: dict[str, ScoreResult | None] = {}
     for regime, part in renderings.items():
