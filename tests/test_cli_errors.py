@@ -245,6 +245,9 @@ def test_known_noise_is_filtered_and_other_warnings_are_not(caplog):
         warnings.warn(
             "`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning, stacklevel=1
         )
+        warnings.warn(
+            "Found 319 module(s) in eval mode at the start of training. This may ...", UserWarning, stacklevel=1
+        )
         warnings.warn("something else is deprecated", FutureWarning, stacklevel=1)
         warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == [

@@ -18,6 +18,9 @@ KNOWN_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
     # peft reads the deprecated `is_gradient_checkpointing` alias of transformers 5 models when it wraps them
     (FutureWarning, r"`is_gradient_checkpointing` is deprecated"),
+    # counts the frozen VAE / encoders / reference kept in eval mode on purpose; PolicyModule.on_train_start warns
+    # about the modules that matter (trainable parameters in eval mode)
+    (UserWarning, r"Found \d+ module\(s\) in eval mode at the start of training"),
 )
 """(category, message regex) of warnings the libraries raise on every run and that no user action can fix."""
 

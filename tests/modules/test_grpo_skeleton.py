@@ -191,3 +191,16 @@ def test_both_policies_satisfy_the_policy_protocol():
     assert isinstance(LinearPolicy(), Policy)
     assert isinstance(VLMPolicy("tiny-qwen2-vl", lora=LoRASettings(r=2, alpha=4)), Policy)
     assert isinstance(FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=2, alpha=4)), Policy)
+
+
+def test_only_trainable_modules_left_in_eval_mode_are_warned_about(caplog):
+    module = ToyGRPO(LinearPolicy())
+    module.frozen_part = nn.Linear(2, 2).requires_grad_(False).eval()  # frozen and in eval mode on purpose
+    with caplog.at_level("WARNING", logger="app.modules.policy_module"):
+        module.on_train_start()
+    assert not caplog.records
+    module.policy.eval()  # the policy holds the trainable weight
+    with caplog.at_level("WARNING", logger="app.modules.policy_module"):
+        module.on_train_start()
+    assert "1 module(s) with trainable parameters are in eval mode at the start of training" in caplog.text
+    assert "policy" in caplog.text

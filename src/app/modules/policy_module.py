@@ -84,6 +84,21 @@ class PolicyModule(L.LightningModule):
         hp = self.hparams
         return adamw_with_warmup(parameters, hp.learning_rate, hp.weight_decay, hp.warmup_steps)
 
+    def on_train_start(self) -> None:
+        """Warn about trainable modules in eval mode. Lightning's warning counts every module in eval mode, including
+        the frozen VAE, encoders and reference kept there on purpose, so ``app.console`` filters it for this one."""
+        stray = [
+            name
+            for name, module in self.named_modules()
+            if not module.training and any(p.requires_grad for p in module.parameters(recurse=False))
+        ]
+        if stray:
+            log.warning(
+                "%d module(s) with trainable parameters are in eval mode at the start of training (dropout and "
+                "normalisation statistics act as in evaluation): %s",
+                len(stray), ", ".join(stray[:3]) + (", ..." if len(stray) > 3 else ""),
+            )  # fmt: skip
+
     # --------------------------------------------------------------------------------------------------- faults
     def on_before_optimizer_step(self, optimizer) -> None:
         """Automatic optimisation (SFT, flow matching): drop the gradients of a non-finite step, so the optimizer
