@@ -313,6 +313,16 @@ def test_items_say_how_many_raw_records_and_items_the_worker_had_drawn(mixed, ca
     assert [_label(m, mixed) for m in messages] == ["g0", "g1", "c-5"]
 
 
+def test_a_worker_ending_on_a_full_batch_yields_a_final_item_only_to_report_late_skips(mixed, caplog):
+    """The final item is a partial batch or the counts of skips met after the last batch; never an empty extra item."""
+    good = mixed[1]  # samples 0-3: two full batches of 2
+    items, _ = _drain([good], caplog)
+    assert items == [(0, 2, 2, False, SkipCounts(), [0, 1]), (0, 4, 4, False, SkipCounts(), [2, 3])]
+    items, messages = _drain([good, mixed[0]], caplog)  # then a garbage shard
+    assert items[-1] == (0, 4, 4, True, SkipCounts(shards=1), []) and len(items) == 3
+    assert [_label(m, mixed) for m in messages] == ["g0"]
+
+
 @pytest.mark.parametrize("records", range(10))
 def test_a_resumed_stream_logs_and_counts_only_what_follows_its_resume_point(mixed, caplog, records):
     """Resumed after ``records`` raw records, a worker drops them undecoded, does not log or report again the skips met
