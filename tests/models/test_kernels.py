@@ -1,6 +1,6 @@
-"""Optional kernels: which modules Liger replaces (language model only), that the replacement keeps the weights, the
-clear errors when a kernel is requested without its package or CUDA, and the attention-implementation choices.
-Liger's Triton kernels themselves run only in the ``gpu`` tests."""
+"""Optional kernels: which modules Liger replaces (the VLM's language model only; the flow transformers' RMSNorms), that
+the replacement keeps the weights, the clear errors when a kernel is requested without its package or CUDA, and the
+attention-implementation choices. Liger's Triton kernels themselves run only in the ``gpu`` tests."""
 
 import importlib.util
 import sys
@@ -14,7 +14,9 @@ from app.models import FlowPolicy, VLMPolicy
 from app.models.kernels import (
     ATTN_IMPLEMENTATIONS,
     FLOW_ATTENTION_BACKENDS,
+    flow_rms_norm_targets,
     liger_targets,
+    replace_flow_rms_norms,
     replace_with_liger,
     require_liger,
     set_flow_attention_backend,
@@ -114,6 +116,58 @@ def test_eager_and_sdpa_policies_agree(samples):
     torch.testing.assert_close(sdpa, eager, atol=1e-5, rtol=1e-5)
 
 
+# ------------------------------------------------------------------------------------------- flow fused RMSNorm
+def sd3_with_qk_norm():
+    """The tiny SD3 transformer with SD3.5's ``qk_norm: rms_norm`` (diffusers' own RMSNorm class)."""
+    transformer = load_flow_components("tiny-sd3", dtype=torch.float32, seed=0)["transformer"]
+    return type(transformer).from_config({**transformer.config, "qk_norm": "rms_norm"})
+
+
+def test_flow_rms_norm_targets_are_the_query_key_norms():
+    for model in ("tiny-wan", "tiny-flux"):
+        transformer = load_flow_components(model, dtype=torch.float32, seed=0)["transformer"]
+        targets = flow_rms_norm_targets(transformer)
+        every_rms_norm = [n for n, m in transformer.named_modules() if isinstance(m, torch.nn.RMSNorm)]
+        assert targets == every_rms_norm and targets, model
+        assert {n.rsplit(".", 1)[1] for n in targets} <= {"norm_q", "norm_k", "norm_added_q", "norm_added_k"}
+    sd3 = load_flow_components("tiny-sd3", dtype=torch.float32, seed=0)["transformer"]
+    assert flow_rms_norm_targets(sd3) == []  # SD3 / SD3.5-medium without qk_norm: LayerNorms only
+    from diffusers.models.normalization import RMSNorm
+
+    sd35 = sd3_with_qk_norm()
+    targets = flow_rms_norm_targets(sd35)
+    assert targets and all(isinstance(sd35.get_submodule(n), RMSNorm) for n in targets)
+
+
+@pytest.mark.skipif(not HAS_LIGER, reason="liger-kernel is not installed (optional extra 'gpu')")
+@pytest.mark.parametrize("model", ["tiny-wan", "tiny-flux", "sd3.5-qk-norm"])
+def test_flow_rms_norm_replacement_keeps_the_weights_and_the_state_dict(model):
+    from liger_kernel.transformers import LigerRMSNorm
+
+    if model == "sd3.5-qk-norm":
+        transformer = sd3_with_qk_norm()
+    else:
+        transformer = load_flow_components(model, dtype=torch.float32, seed=0)["transformer"]
+    before, keys = dict(transformer.named_parameters()), list(transformer.state_dict())
+    eps = {n: transformer.get_submodule(n).eps for n in flow_rms_norm_targets(transformer)}
+    replace_flow_rms_norms(transformer, list(eps))
+    assert flow_rms_norm_targets(transformer) == []
+    for name, value in eps.items():
+        module = transformer.get_submodule(name)
+        assert isinstance(module, LigerRMSNorm) and module.variance_epsilon == value and module.offset == 0.0
+        assert module.casting_mode == ("llama" if model == "sd3.5-qk-norm" else "gemma")
+    after = dict(transformer.named_parameters())
+    assert list(transformer.state_dict()) == keys and after.keys() == before.keys()
+    assert all(after[name] is before[name] for name in before)  # the same parameter objects
+    assert not any(p.is_meta for p in transformer.parameters())
+
+
+@pytest.mark.skipif(HAS_LIGER and CUDA, reason="Liger can run here")
+def test_flow_use_liger_kernel_without_liger_or_cuda_is_a_short_error():
+    with pytest.raises(RuntimeError, match=r"use_liger_kernel=True needs .*(liger-kernel|a CUDA device)"):
+        FlowPolicy("tiny-wan", use_liger_kernel=True)
+
+
 # ------------------------------------------------------------------------------------------ flow attention backend
 def backends(transformer) -> set[str]:
     return {
@@ -174,3 +228,21 @@ def test_liger_kernels_match_pytorch_on_cuda(monkeypatch):
         apply_liger_kernels(model)
         actual = model(input_ids=ids).logits
     torch.testing.assert_close(actual, expected, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_LIGER and CUDA), reason="needs liger-kernel and CUDA")
+@pytest.mark.parametrize("model", ["tiny-wan", "tiny-flux"])
+def test_flow_liger_rms_norm_matches_pytorch_on_cuda(model, random_seed):
+    """Same velocities, and LoRA still on the same projections, with Liger's RMSNorm in the query/key norms."""
+    reference = FlowPolicy(model).cuda().eval()
+    fused = FlowPolicy(model, use_liger_kernel=True).cuda().eval()
+    assert fused.liger_rms_norms == flow_rms_norm_targets(reference.base_network)
+    assert list(fused.model.state_dict()) == list(reference.model.state_dict())
+    latents = reference.initial_noise(2, torch.Generator().manual_seed(random_seed)).cuda()
+    sigma = torch.tensor([0.8, 0.4], device="cuda")
+    with torch.no_grad():
+        cond = reference.encode_prompts(["a red dot", "two dots"])
+        expected = reference.velocity(latents, sigma, cond)
+        actual = fused.velocity(latents, sigma, cond)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from app.embedded.flow_models import SAMPLE_SIZE_FILE, load_flow_components
 from app.models import flow_conditioning as conditioning_lib
 from app.models.flow_text import DEFAULT_MAX_SEQUENCE_LENGTH, FlowTextEncoder
-from app.models.kernels import set_flow_attention_backend
+from app.models.kernels import apply_liger_rms_norm, require_liger, set_flow_attention_backend
 from app.models.policy import SwitchableReference
 from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.flow import flow_sigmas
@@ -103,6 +103,9 @@ class FlowPolicy(SwitchableReference, nn.Module):
         attention_backend: diffusers' attention dispatcher backend of the transformer: ``native`` (PyTorch SDPA),
             ``_native_flash`` (PyTorch's flash kernel, CUDA), ``flash`` (flash-attn), ``_flash_3`` (FlashAttention-3);
             None keeps diffusers' default. A short error when unavailable, see :mod:`app.models.kernels`.
+        use_liger_kernel: replace the transformer's RMSNorms (Wan's and FLUX's query/key norms, SD3.5's with
+            ``qk_norm``) with Liger's fused RMSNorm around the same weights (needs liger-kernel and CUDA: an error
+            otherwise). ``liger_rms_norms`` lists what was replaced.
     """
 
     prompt_cache_size: int = 4096  # prompts whose text conditioning is kept (least recently used dropped first)
@@ -118,11 +121,14 @@ class FlowPolicy(SwitchableReference, nn.Module):
         gradient_checkpointing: bool = False,
         flux_guidance: float = 3.5,
         attention_backend: str | None = None,
+        use_liger_kernel: bool = False,
     ):
         super().__init__()
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         _quiet_progress_bars()
+        if use_liger_kernel:
+            require_liger()  # before loading the weights
         components = load_flow_components(model, dtype=_DTYPES[dtype], seed=seed)
         self.model_name = model
         self.source_path = components["path"]
@@ -145,6 +151,7 @@ class FlowPolicy(SwitchableReference, nn.Module):
             transformer.enable_gradient_checkpointing()
         if attention_backend is not None:
             set_flow_attention_backend(transformer, attention_backend)
+        self.liger_rms_norms: list[str] | None = apply_liger_rms_norm(transformer) if use_liger_kernel else None
         self.is_video: bool = "temperal_downsample" in self.vae.config  # Wan-style causal video VAE
         self.is_flux: bool = _pipeline_class(transformer) == "FluxPipeline"  # packed 2x2-patch latent tokens
         self.flux_guidance = float(flux_guidance)

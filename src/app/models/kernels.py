@@ -1,6 +1,6 @@
 """Optional GPU kernels: Liger's fused RMSNorm, SwiGLU and rotary kernels for the VLM policy by module replacement,
-the attention implementations its ``from_pretrained`` may be asked for, and the flow transformers' attention backend
-(diffusers' attention dispatcher).
+Liger's fused RMSNorm in the flow transformers' query/key norms, the attention implementations the VLM's
+``from_pretrained`` may be asked for, and the flow transformers' attention backend (diffusers' attention dispatcher).
 
 liger-kernel's own model patch (``apply_liger_kernel_to_qwen2_5_vl``) does not import against transformers 5.x, so the
 language model's modules are replaced here with liger-kernel's public modules and ops. A kernel that is requested but
@@ -104,15 +104,10 @@ def require_liger() -> None:
 def replace_with_liger(model: nn.Module, targets: LigerTargets) -> None:
     """The replacement itself (builds Liger modules around the existing weights; runs without CUDA, their forward
     does not)."""
-    from liger_kernel.transformers import LigerRMSNorm, LigerSwiGLUMLP, liger_rotary_pos_emb
+    from liger_kernel.transformers import LigerSwiGLUMLP, liger_rotary_pos_emb
 
     for name in targets.rms_norms:
-        old = model.get_submodule(name)
-        eps = getattr(old, "variance_epsilon", getattr(old, "eps", 1e-6))
-        with torch.device("meta"):  # no throw-away allocation; the weight is the old module's
-            new = LigerRMSNorm(old.weight.shape[0], eps=eps, offset=0.0, casting_mode="llama", in_place=False)
-        new.weight = old.weight
-        _set_submodule(model, name, new)
+        _set_submodule(model, name, _liger_rms_norm(model.get_submodule(name), casting_mode="llama"))
     config = _text_config(model)
     for name in targets.mlps:
         old = model.get_submodule(name)
@@ -122,6 +117,56 @@ def replace_with_liger(model: nn.Module, targets: LigerTargets) -> None:
         _set_submodule(model, name, new)
     for modeling in targets.rotary_modules:
         sys.modules[modeling].apply_rotary_pos_emb = liger_rotary_pos_emb
+
+
+def flow_rms_norm_targets(transformer: nn.Module) -> list[str]:
+    """The RMSNorms of a diffusers transformer that :func:`apply_liger_rms_norm` replaces: ``torch.nn.RMSNorm`` (Wan's
+    and FLUX's query/key norms) and diffusers' ``RMSNorm`` (SD3.5's ``qk_norm: rms_norm``), over the last dimension
+    with a weight and no bias. SD3 / SD3.5-medium without ``qk_norm`` have none."""
+    from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
+
+    return [
+        name
+        for name, module in transformer.named_modules()
+        if isinstance(module, (nn.RMSNorm, DiffusersRMSNorm))
+        and isinstance(getattr(module, "weight", None), nn.Parameter)
+        and module.weight.ndim == 1
+        and getattr(module, "bias", None) is None
+    ]
+
+
+def apply_liger_rms_norm(transformer: nn.Module) -> list[str]:
+    """Replace a diffusers transformer's RMSNorms (:func:`flow_rms_norm_targets`) with Liger's fused RMSNorm around
+    the same weights (state-dict keys and LoRA targets unchanged). Needs liger-kernel and CUDA: a short error naming
+    what is missing otherwise. Returns the replaced module names."""
+    require_liger()
+    targets = flow_rms_norm_targets(transformer)
+    replace_flow_rms_norms(transformer, targets)
+    log.info("Liger RMSNorm applied to %d modules of %s", len(targets), type(transformer).__name__)
+    return targets
+
+
+def replace_flow_rms_norms(transformer: nn.Module, targets: list[str]) -> None:
+    """The replacement itself (runs without CUDA; the Liger modules' forward does not). ``torch.nn.RMSNorm`` computes
+    in float32 and casts once at the end (Liger's ``gemma`` casting, offset 0); diffusers' ``RMSNorm`` casts the
+    normalised input to the weight's dtype before the product (``llama`` casting)."""
+    for name in targets:
+        old = transformer.get_submodule(name)
+        casting_mode = "gemma" if isinstance(old, nn.RMSNorm) else "llama"
+        _set_submodule(transformer, name, _liger_rms_norm(old, casting_mode))
+
+
+def _liger_rms_norm(old: nn.Module, casting_mode: str) -> nn.Module:
+    """A ``LigerRMSNorm`` holding ``old``'s weight (the same parameter) and epsilon."""
+    from liger_kernel.transformers import LigerRMSNorm
+
+    eps = getattr(old, "variance_epsilon", getattr(old, "eps", None))
+    if eps is None:  # torch.nn.RMSNorm(eps=None) uses the machine epsilon of the input's dtype
+        eps = torch.finfo(old.weight.dtype).eps
+    with torch.device("meta"):  # no throw-away allocation; the weight is the old module's
+        new = LigerRMSNorm(old.weight.shape[0], eps=eps, offset=0.0, casting_mode=casting_mode, in_place=False)
+    new.weight = old.weight
+    return new
 
 
 def set_flow_attention_backend(transformer: nn.Module, backend: str) -> None:

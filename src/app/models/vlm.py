@@ -7,14 +7,18 @@ log-prob tensors. Group layout: completion row ``b * K + k`` belongs to prompt `
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from app.algorithms import GRPOLossOutput
+from app.algorithms.fused_linear import FusedLinearGRPOLoss
 from app.embedded.models import load_vlm
 from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_liger_kernels, require_liger, validate_attn_implementation
@@ -252,6 +256,26 @@ class VLMPolicy(SwitchableReference, nn.Module):
         forward, so that FSDP gathers the sharded embeddings and output head around it."""
         return self(prompt_inputs, completion_ids, completion_mask, temperature, hf_model)
 
+    def fused_grpo_loss(
+        self,
+        loss: FusedLinearGRPOLoss,
+        prompt_inputs: PromptInputs,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        old_logprobs: torch.Tensor | None = None,
+        ref_logprobs: torch.Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> GRPOLossOutput:
+        """The GRPO loss of the completions computed by liger-kernel's fused linear GRPO loss from the language
+        model's last hidden states and the output head (no log-probs over the vocabulary are kept; see
+        :mod:`app.algorithms.fused_linear`). It runs inside the policy's forward, so that FSDP gathers the head."""
+        head = functools.partial(
+            loss, advantages=advantages, mask=loss_mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs
+        )
+        return GRPOLossOutput(*self(prompt_inputs, completion_ids, completion_mask, temperature, fused_loss=head))
+
     def forward(
         self,
         prompt_inputs: PromptInputs,
@@ -259,8 +283,10 @@ class VLMPolicy(SwitchableReference, nn.Module):
         completion_mask: torch.Tensor,
         temperature: float = 1.0,
         hf_model: nn.Module | None = None,
-    ) -> torch.Tensor:
-        """See :meth:`sequence_logprobs`."""
+        fused_loss: Callable[..., GRPOLossOutput] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """See :meth:`sequence_logprobs`; with ``fused_loss`` (see :meth:`fused_grpo_loss`), the fields of its
+        :class:`~app.algorithms.GRPOLossOutput` as a tuple (tensors FSDP's backward hooks can see)."""
         prompt = prompt_inputs.tensors
         prompt_length = prompt["input_ids"].shape[1]
         inputs = dict(prompt)
@@ -273,6 +299,9 @@ class VLMPolicy(SwitchableReference, nn.Module):
         hf_model = hf_model or (self.frozen_reference if self._use_reference else self.hf_model)
         hidden = hf_model.model(**inputs, use_cache=False).last_hidden_state  # [N, P+L, H]
         hidden = hidden[:, prompt_length - 1 : -1]  # [N, L, H] states that predict the completion tokens
+        if fused_loss is not None:
+            out = fused_loss(hidden, hf_model.lm_head, completion_ids, temperature=temperature)
+            return tuple(getattr(out, f.name) for f in dataclasses.fields(out))
         logprobs = chunked_token_logprobs(
             hidden, hf_model.lm_head, completion_ids, chunk_size=self.logprob_chunk_size, temperature=temperature
         )

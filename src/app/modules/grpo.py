@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 LOSS_TERMS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")
 """The :class:`~app.algorithms.GRPOLossOutput` fields summed over a rollout's micro-batches and logged."""
+_LOGGED_AS = {"policy_loss": "train/loss/policy", "kl": "train/kl", "clip_fraction": "train/clip_fraction",
+              "ratio_mean": "train/ratio_mean"}  # fmt: skip
 
 
 class Rollout(Protocol):
@@ -149,6 +151,12 @@ class GRPOModule(PolicyModule):
     def group_size(self) -> int:
         """K, the outputs drawn per prompt."""
         return self.sampling.num_generations
+
+    @property
+    def unlogged_loss_terms(self) -> frozenset[str]:
+        """:data:`LOSS_TERMS` this module's loss cannot compute (left NaN, not logged), e.g. the ratio under a fused
+        loss that never materialises it."""
+        return frozenset()
 
     @property
     def stores_behaviour_logprobs(self) -> bool:
@@ -445,6 +453,8 @@ class GRPOModule(PolicyModule):
             **self.rollout_logs(rollout),
             **(extra or {}),
         }
+        for term in self.unlogged_loss_terms:
+            values.pop(_LOGGED_AS[term])
         if "grad_norm" in stats:
             values["train/grad_norm"] = stats["grad_norm"]
         values["train/skipped_updates"] = torch.tensor(float(self.skipped_updates))

@@ -15,6 +15,12 @@ from typing import Literal
 import torch
 
 from app.algorithms import GRPOLossOutput, grpo_loss
+from app.algorithms.fused_linear import (
+    FusedLinearGRPOLoss,
+    check_fused_head,
+    require_liger_loss,
+    unavailable_statistics,
+)
 from app.models.vlm import SamplingSettings, VLMPolicy
 from app.modules.grpo import GRPOModule, ScoredGroups
 from app.modules.pipeline import Generation, PipelineSettings
@@ -38,6 +44,11 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
         eval_rewards: rewards scored on greedy completions in validation / test (default: accuracy and format).
         pass_at_k: also sample n completions per evaluation prompt and log pass@k (see
             :class:`~app.modules.vlm_evaluation.PassAtK`, docs/evaluation.md); None: greedy only.
+        fused_linear_loss: compute the loss with liger-kernel's fused linear GRPO loss from the last hidden states and
+            the output head instead of per-token log-probs (:mod:`app.algorithms.fused_linear`; needs liger-kernel).
+            The same loss and gradients; ``train/ratio_mean`` (when old log-probs are stored) and, for
+            ``sequence_mean`` with ``beta > 0``, ``train/kl`` and ``train/loss/policy`` are not logged.
+        fused_loss_compiled: let Liger ``torch.compile`` the loss math; None: on CUDA only.
         eps_low, eps_high, beta, num_iterations, advantage_scale, drop_zero_std_groups, gradient_clip_val,
             records_per_step, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps, pipeline: see
             :class:`~app.modules.grpo.GRPOModule`.
@@ -67,6 +78,8 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
         max_nonfinite_steps: int = 3,
         pipeline: PipelineSettings | None = None,
         pass_at_k: PassAtK | None = None,
+        fused_linear_loss: bool = False,
+        fused_loss_compiled: bool | None = None,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         super().__init__(
             policy, rewards, sampling or SamplingSettings(), eps_low=eps_low, eps_high=eps_high, beta=beta,
@@ -79,6 +92,26 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
         self.eval_results = {}
         self.pass_at_k = pass_at_k
         self.hparams["pass_at_k"] = dataclasses.asdict(pass_at_k) if pass_at_k is not None else None  # plain data
+        self.fused_loss = self._fused_loss() if fused_linear_loss else None
+
+    def _fused_loss(self) -> FusedLinearGRPOLoss:
+        """The fused loss's settings, checked now: liger-kernel installed, a plain output head."""
+        require_liger_loss()
+        check_fused_head(self.policy.hf_model.lm_head)
+        hp = self.hparams
+        compiled = hp.fused_loss_compiled
+        return FusedLinearGRPOLoss(
+            eps_low=hp.eps_low, eps_high=hp.eps_high, beta=hp.beta, aggregation=hp.loss_aggregation,
+            max_length=self.sampling.max_new_tokens,
+            compiled=torch.cuda.is_available() if compiled is None else compiled,
+        )  # fmt: skip
+
+    @property
+    def unlogged_loss_terms(self) -> frozenset[str]:
+        if self.fused_loss is None:
+            return frozenset()
+        hp = self.hparams
+        return unavailable_statistics(hp.loss_aggregation, hp.beta, self.stores_behaviour_logprobs)
 
     # --------------------------------------------------------------------------------------------------- rollout
     @torch.no_grad()
@@ -135,26 +168,8 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
         total_tokens = mask.sum().clamp(min=1)
         total_rows = (mask.sum(dim=1) > 0).sum().clamp(min=1)
         for rows in micro_batches(n, hp.micro_batch_size):
-            logprobs = self.policy.sequence_logprobs(
-                rollout.prompt_inputs.select(rows),
-                rollout.completions.completion_ids[rows],
-                rollout.completions.completion_mask[rows],
-                self.sampling.temperature,
-            )  # [n, L]
-            old = rollout.old_logprobs[rows] if rollout.old_logprobs is not None else logprobs.detach()
-            ref = rollout.ref_logprobs[rows] if rollout.ref_logprobs is not None else None
-            out = grpo_loss(
-                logprobs,
-                old,
-                rollout.advantages[rows],
-                mask[rows],
-                eps_low=hp.eps_low,
-                eps_high=hp.eps_high,
-                beta=hp.beta,
-                ref_logprobs=ref,
-                aggregation=hp.loss_aggregation,
-                max_length=self.sampling.max_new_tokens,
-            )
+            loss_of = self._fused_micro_batch if self.fused_loss is not None else self._micro_batch_loss
+            out = loss_of(rollout, rows)
             micro = mask[rows]
             if hp.loss_aggregation == "token_mean":
                 share = micro.sum() / total_tokens
@@ -163,6 +178,44 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
             else:
                 share = micro.shape[0] / n
             yield out, share
+
+    def _micro_batch_loss(self, rollout: GRPOBatch, rows) -> GRPOLossOutput:
+        """The loss of the rows from their per-token log-probs (chunked over the vocabulary)."""
+        hp = self.hparams
+        logprobs = self.policy.sequence_logprobs(
+            rollout.prompt_inputs.select(rows),
+            rollout.completions.completion_ids[rows],
+            rollout.completions.completion_mask[rows],
+            self.sampling.temperature,
+        )  # [n, L]
+        old = rollout.old_logprobs[rows] if rollout.old_logprobs is not None else logprobs.detach()
+        ref = rollout.ref_logprobs[rows] if rollout.ref_logprobs is not None else None
+        return grpo_loss(
+            logprobs,
+            old,
+            rollout.advantages[rows],
+            rollout.loss_mask[rows],
+            eps_low=hp.eps_low,
+            eps_high=hp.eps_high,
+            beta=hp.beta,
+            ref_logprobs=ref,
+            aggregation=hp.loss_aggregation,
+            max_length=self.sampling.max_new_tokens,
+        )
+
+    def _fused_micro_batch(self, rollout: GRPOBatch, rows) -> GRPOLossOutput:
+        """The same loss from liger-kernel's fused linear GRPO loss (see ``fused_linear_loss``)."""
+        return self.policy.fused_grpo_loss(
+            self.fused_loss,
+            rollout.prompt_inputs.select(rows),
+            rollout.completions.completion_ids[rows],
+            rollout.completions.completion_mask[rows],
+            rollout.advantages[rows],
+            rollout.loss_mask[rows],
+            old_logprobs=rollout.old_logprobs[rows] if rollout.old_logprobs is not None else None,
+            ref_logprobs=rollout.ref_logprobs[rows] if rollout.ref_logprobs is not None else None,
+            temperature=self.sampling.temperature,
+        )
 
     # --------------------------------------------------------------------------------------------------- logging
     def completion_text(self, rollout: GRPOBatch, row: int) -> str:

@@ -1,0 +1,156 @@
+"""The GRPO loss fused with the output head: liger-kernel's ``LigerFusedLinearGRPOLoss`` takes the final hidden states
+and the head's weight and computes the per-token log-probs, the clipped surrogate, the k3 KL and their aggregation
+chunk by chunk, computing the gradients of the hidden states and the head in the same pass, so neither the
+``[N, L, V]`` logits nor the ``[N, L]`` log-probs' autograd graph are kept.
+
+The math is :func:`app.algorithms.loss.grpo_loss`'s; each aggregation maps onto one of Liger's ``loss_type``\\ s:
+
+- ``token_mean`` -> ``bnpo`` (sum over the masked tokens / their number);
+- ``constant`` -> ``dr_grpo`` (sum / (N * max_length));
+- ``sequence_mean`` -> ``grpo`` rescaled: Liger divides the sum of the rows' masked means by all N rows, ours by the
+  rows that have a token, so its loss is multiplied by N / (rows with a token), a constant.
+
+Statistics: Liger returns the clip fraction and (with a reference) the token-mean k3 KL, from which the KL in the
+loss's aggregation follows for ``token_mean`` and ``constant``, and the policy loss as ``loss - beta * kl``. It does not
+return the ratio, nor a per-row KL: ``ratio_mean`` is NaN unless the old log-probs are the current ones (then the
+ratio is 1 by construction, and its masked mean 1, or 0 without a token, as ``grpo_loss`` gives), and under
+``sequence_mean`` with a reference ``kl`` and ``policy_loss`` are NaN.
+:func:`unavailable_statistics` says which; the GRPO module leaves those out of its logs.
+Equations: docs/algorithms.md#fused-linear-grpo-loss.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from app.algorithms.loss import Aggregation, GRPOLossOutput
+from app.errors import ConfigError
+
+LIGER_LOSS_TYPES: dict[str, str] = {"token_mean": "bnpo", "sequence_mean": "grpo", "constant": "dr_grpo"}
+"""Our aggregation -> liger-kernel's ``loss_type`` with the same per-token math and normaliser (up to a constant)."""
+
+
+def unavailable_statistics(aggregation: str, beta: float, stores_old_logprobs: bool) -> frozenset[str]:
+    """The :class:`~app.algorithms.loss.GRPOLossOutput` statistics the fused loss cannot give (left NaN)."""
+    missing = {"ratio_mean"} if stores_old_logprobs else set()
+    if aggregation == "sequence_mean" and beta > 0:
+        missing |= {"kl", "policy_loss"}
+    return frozenset(missing)
+
+
+def require_liger_loss() -> None:
+    """A short :class:`~app.errors.ConfigError` when liger-kernel is not installed (no silent fallback)."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise ConfigError(
+            "fused_linear_loss=True needs liger-kernel (pip install -e '.[gpu]', or pip install liger-kernel); "
+            "set fused_linear_loss: false"
+        )
+
+
+def check_fused_head(lm_head: nn.Module) -> None:
+    """The fused loss multiplies by the head's weight itself: a head wrapped by LoRA (or anything but a plain
+    ``nn.Linear``) would lose its adapter, so it is refused."""
+    kind = type(lm_head)
+    if kind is not nn.Linear:
+        raise ConfigError(
+            f"fused_linear_loss=True needs a plain nn.Linear output head, got {kind.__module__}.{kind.__qualname__} (LoRA on "
+            "lm_head is not supported by the fused loss); drop lm_head from the LoRA targets or set "
+            "fused_linear_loss: false"
+        )
+
+
+@dataclass(frozen=True)
+class FusedLinearGRPOLoss:
+    """GRPO loss settings for liger-kernel's fused linear GRPO loss (see the module docstring).
+
+    Attributes:
+        eps_low, eps_high: clip range of the ratio, as in :func:`~app.algorithms.loss.grpo_loss`.
+        beta: weight of the k3 KL to the reference.
+        aggregation: ``token_mean``, ``sequence_mean`` or ``constant``.
+        max_length: ``constant``'s L_max (the generation budget); None: the completion length L.
+        compiled: let Liger ``torch.compile`` its loss math (worth it on GPU; on CPU it needs a C++ compiler).
+    """
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    beta: float = 0.0
+    aggregation: Aggregation = "token_mean"
+    max_length: int | None = None
+    compiled: bool = True
+
+    def __post_init__(self):
+        if self.aggregation not in LIGER_LOSS_TYPES:
+            raise ConfigError(
+                f"fused_linear_loss supports loss_aggregation {sorted(LIGER_LOSS_TYPES)}, got {self.aggregation!r}"
+            )
+        if self.beta < 0 or self.eps_low < 0 or self.eps_high < 0:
+            raise ValueError(
+                f"beta, eps_low and eps_high must be >= 0, got {self.beta}, {self.eps_low}, {self.eps_high}"
+            )
+
+    def __call__(
+        self,
+        hidden: Tensor,
+        lm_head: nn.Linear,
+        targets: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        old_logprobs: Tensor | None = None,
+        ref_logprobs: Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> GRPOLossOutput:
+        """The loss of ``targets`` ``[N, L]`` given the hidden states ``[N, L, H]`` that predict them.
+
+        ``old_logprobs`` None means the current log-probs detached (ratio 1); ``ref_logprobs`` is required when
+        ``beta > 0``. Same result as :func:`~app.algorithms.loss.grpo_loss` on
+        ``chunked_token_logprobs(hidden, lm_head, targets, temperature=temperature)``."""
+        from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+
+        if self.beta > 0 and ref_logprobs is None:
+            raise ValueError(f"beta = {self.beta} > 0 needs ref_logprobs (log-probs under the reference model)")
+        check_fused_head(lm_head)
+        n, length = targets.shape
+        max_length = length if self.max_length is None else self.max_length
+        use_ref = self.beta > 0
+        liger = LigerFusedLinearGRPOLoss(
+            beta=self.beta if use_ref else 0.0,
+            compiled=self.compiled,
+            use_ref_model=use_ref,
+            chunk_size=max(n, 1),  # one chunk: Liger bounds the logits by sequence x vocabulary chunks inside it
+            epsilon_low=self.eps_low,
+            epsilon_high=self.eps_high,
+            loss_type=LIGER_LOSS_TYPES[self.aggregation],
+            max_completion_length=max_length,
+            temperature=temperature,
+        )
+        weights = mask.float()  # [N, L]
+        loss, metrics = liger(
+            hidden,
+            lm_head.weight,
+            targets.long(),
+            weights,
+            advantages.float(),
+            bias=lm_head.bias,
+            ref_per_token_logps=ref_logprobs if use_ref else None,
+            old_per_token_logps=old_logprobs,
+        )
+        tokens = weights.sum().clamp_min(1)  # []
+        if self.aggregation == "sequence_mean":
+            loss = loss * (n / (weights.sum(dim=1) > 0).sum().clamp_min(1))  # Liger divides by all N rows
+        kl_token_mean, clip_fraction = metrics if use_ref else (None, metrics[0])
+        nan = torch.full((), float("nan"), device=loss.device)
+        if kl_token_mean is None:
+            kl = torch.zeros((), device=loss.device)
+        elif self.aggregation == "token_mean":
+            kl = kl_token_mean
+        elif self.aggregation == "constant":
+            kl = kl_token_mean * tokens / (n * max_length)
+        else:
+            kl = nan  # a per-row mean of the KL that Liger does not return
+        policy_loss = loss.detach() - self.beta * kl if use_ref else loss.detach()
+        ratio_mean = nan if old_logprobs is not None else (weights.sum() > 0).float()  # 1, as a masked mean
+        return GRPOLossOutput(loss, policy_loss, kl.detach(), clip_fraction.detach(), ratio_mean)
