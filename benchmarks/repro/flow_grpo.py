@@ -1,4 +1,4 @@
-"""Flow-GRPO over seeds (issue 18, claim 4): the two flow quickstarts' held-out reward before and after GRPO, per arm.
+"""Flow-GRPO over seeds (VBVR-Pro): the two flow quickstarts' held-out reward before and after GRPO, per arm.
 
     OMP_NUM_THREADS=1 python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde cps_delay1
     OMP_NUM_THREADS=1 python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps sde

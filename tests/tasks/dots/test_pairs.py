@@ -112,3 +112,17 @@ def test_pair_augmenter_makes_consistent_twins_from_the_scene_only():
         augment(VisualSample(images=[], question="q", task="other"), random.Random(0))
     with pytest.raises(ValueError, match="transform_prob"):
         DotsPairAugmenter(transform_prob=1.5)
+
+
+def test_transforms_option_keeps_the_scenes_and_drops_the_left_out_transform():
+    full = PairedDotsDataset(num_samples=40, seed=2, image_size=48)
+    flips = PairedDotsDataset(num_samples=40, seed=2, image_size=48, transforms=["hflip"])
+    for i in range(40):
+        (x, twin), (x_f, twin_f) = full[i], flips[i]
+        assert x.images[0].tobytes() == x_f.images[0].tobytes() and x.answer == x_f.answer
+        assert twin_f.question == x.question  # never the swapped wording
+        assert twin_f.meta["transforms"] == [t for t in twin.meta["transforms"] if t == "hflip"]
+        assert scene_answer(twin_f) == twin_f.answer == apply_relation(twin_f.meta["relation"], x.answer)
+    assert {tuple(flips[i][1].meta["transforms"]) for i in range(40)} == {(), ("hflip",)}
+    with pytest.raises(ValueError, match="unknown transforms"):
+        PairedDotsDataset(num_samples=2, seed=0, transforms=["rotate"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Sequence
 
 from PIL import Image
 
@@ -79,6 +80,10 @@ class PairedDotsDataset(SeededDataset):
         labeled: when False, both prompts have ``answer`` and ``reasoning`` None (label-free training).
         min_gap, num_distractors: as in :class:`~app.tasks.dots.DotsDataset`.
         transform_prob: probability of each transform.
+        transforms: the transforms the twin may apply, a subset of :data:`TRANSFORMS` (default: all). A transform left
+            out is still drawn and then dropped, so the scenes and the other transforms' draws stay those of the full
+            set. ``["hflip"]`` keeps every prompt in the original wording (a model fine-tuned on that wording only
+            answers a swapped question as if it were the original one).
     """
 
     stream = "dots-twin"
@@ -93,16 +98,22 @@ class PairedDotsDataset(SeededDataset):
         min_gap: int | None = None,
         num_distractors: int = 0,
         transform_prob: float = 0.5,
+        transforms: Sequence[str] = TRANSFORMS,
     ) -> None:
         if not 0.0 <= transform_prob <= 1.0:
             raise ValueError(f"transform_prob must be in [0, 1], got {transform_prob}")
+        unknown = set(transforms) - set(TRANSFORMS)
+        if unknown:
+            raise ValueError(f"unknown transforms {sorted(unknown)}; expected a subset of {TRANSFORMS}")
         self.dots = DotsDataset(num_samples, seed, image_size, min_gap, num_distractors, labeled, dot_radius)
         super().__init__(num_samples, seed, image_size)
         self.transform_prob = transform_prob
+        self.transforms = tuple(transforms)
 
     def transforms_for(self, index: int) -> tuple[str, ...]:
         rng = self.rng(index)
-        return tuple(t for t in TRANSFORMS if rng.random() < self.transform_prob)
+        drawn = [t for t in TRANSFORMS if rng.random() < self.transform_prob]  # all drawn: see ``transforms``
+        return tuple(t for t in drawn if t in self.transforms)
 
     def sample(self, index: int) -> tuple[VisualSample, VisualSample]:
         x = self.dots.sample(index)
