@@ -4,7 +4,8 @@ and write a claim's section of ``docs/results.md``.
 Each stage runs ``python -m app fit`` in a subprocess inside the seed's own folder, so the recipes' relative
 ``runs/...`` paths (and the stage-2 recipes' ``model: runs/<stage1>/policy`` starts) land in that folder. The
 recipe's ``seed_everything``, module seed and data seed are all set to the seed; a stage whose ``summary.json`` is
-already there is reused when ``reuse`` is true (rerunning a script after an interruption skips finished work).
+already there is reused when ``reuse`` is true (rerunning a script after an interruption skips finished work); its wall
+time is read from ``<log name>.seconds`` beside its log.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ RESULTS = ROOT / "docs" / "results.md"
 
 @dataclass(frozen=True)
 class StageResult:
-    """One finished ``fit``: its held-out metrics before and after, and its wall time (NaN when reused)."""
+    """One finished ``fit``: its held-out metrics before and after, its wall time (kept beside its log, so a reused
+    stage still reports what it cost; NaN when unknown) and whether it was read back from an earlier run."""
 
     before: dict[str, float]
     after: dict[str, float]
     seconds: float
+    reused: bool = False
 
 
 def run_stage(
@@ -53,8 +56,10 @@ def run_stage(
     stem = config.removesuffix(".yaml")
     log_name = log_name or stem
     summary_path = folder / (run_dir or f"runs/{stem}") / "summary.json"
+    seconds_path = folder / f"{log_name}.seconds"
     if reuse and summary_path.is_file():
-        return _read(summary_path, float("nan"))
+        seconds = float(seconds_path.read_text()) if seconds_path.is_file() else float("nan")
+        return _read(summary_path, seconds, reused=True)
     folder.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "app", "fit", "--config", str(ROOT / "configs" / config),
             "--seed_everything", str(seed), "--trainer.enable_progress_bar", "false"]  # fmt: skip
@@ -74,12 +79,14 @@ def run_stage(
         code = subprocess.run(args, cwd=folder, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy()).returncode
     if code:
         raise SystemExit(f"seed {seed}: {config} failed (exit {code}), see {log}")
-    return _read(summary_path, time.time() - start)
+    seconds = time.time() - start
+    seconds_path.write_text(f"{seconds:.1f}\n")
+    return _read(summary_path, seconds)
 
 
-def _read(path: Path, seconds: float) -> StageResult:
+def _read(path: Path, seconds: float, reused: bool = False) -> StageResult:
     summary = json.loads(path.read_text())
-    return StageResult(before=summary.get("before", {}), after=summary.get("after", {}), seconds=seconds)
+    return StageResult(summary.get("before", {}), summary.get("after", {}), seconds, reused)
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -92,6 +99,15 @@ def fmt(values: Sequence[float], digits: int = 3) -> str:
     """``mean ± std`` of ``values``."""
     mean, spread = mean_std(values)
     return f"{mean:.{digits}f} ± {spread:.{digits}f}"
+
+
+def in_direction(gaps: Sequence[float]) -> str:
+    """Whether paired per-seed differences (effect minus baseline) show the claimed positive effect: on every seed,
+    or on the mean with a spread smaller than it."""
+    mean, spread = mean_std(gaps)
+    above = sum(g > 0 for g in gaps)
+    reproduced = above == len(gaps) or (mean > 0 and spread < mean)
+    return f"{above}/{len(gaps)} seeds above: " + ("reproduced in direction" if reproduced else "not reproduced")
 
 
 def write_section(name: str, markdown: str, path: Path = RESULTS) -> None:

@@ -21,7 +21,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import StageResult, command_line, fmt, run_stage, write_section
+from common import StageResult, command_line, fmt, in_direction, run_stage, write_section
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,24 @@ def run_arm(task: Task, arm_name: str, seed: int, folder: Path, reuse: bool) -> 
     return run_stage(arm.config or task.grpo, seed, arm_folder, arm.overrides, log_name=arm_name, reuse=reuse)
 
 
+def comparisons(results: dict[str, list[tuple[int, StageResult]]], key: str) -> list[str]:
+    """The claims the arms test, from per-seed differences of the held-out reward after GRPO (same start per seed)."""
+    after = {arm: [r.after[key] for _, r in rows] for arm, rows in results.items()}
+    claims = []
+    if "cps" in after and "sde" in after:
+        gaps = [c - d for c, d in zip(after["cps"], after["sde"], strict=True)]
+        claims.append(f"- CPS ends above SDE at eta 0.7 (VBVR-Pro's preference): CPS minus SDE {fmt(gaps)} "
+                      f"({in_direction(gaps)}).")  # fmt: skip
+    if "cps" in after and "cps_delay1" in after:
+        gaps = [c - d for c, d in zip(after["cps_delay1"], after["cps"], strict=True)]
+        claims.append(f"- The one-step-delayed pipeline learns as the plain step does: delay 1 minus delay 0 "
+                      f"{fmt(gaps)} (per seed {', '.join(f'{g:+.3f}' for g in gaps)}).")  # fmt: skip
+    for arm, rows in results.items():
+        rise = [r.after[key] - r.before[key] for _, r in rows]
+        claims.append(f"- {ARMS[arm].what} raises the held-out reward: rise {fmt(rise)} ({in_direction(rise)}).")
+    return claims
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("seeds", type=int, nargs="+")
@@ -78,9 +96,11 @@ def main() -> None:
         parser.error("the cps_delay1 arm is the VBVR pipeline recipe: use it with --task vbvr")
     out = Path(args.out or f"runs/repro/flow_grpo_{args.task}").resolve()
     results: dict[str, list[tuple[int, StageResult]]] = {arm: [] for arm in args.arms}
+    stage1: list[StageResult] = []
     for seed in args.seeds:
         folder = out / f"seed{seed}"
         pre = run_stage(task.pretrain, seed, folder, reuse=args.reuse)
+        stage1.append(pre)
         print(f"seed {seed}: pretraining {pre.before.get(task.key, float('nan')):.3f} -> {pre.after[task.key]:.3f} "
               f"({pre.seconds / 60:.1f} min)", flush=True)  # fmt: skip
         for arm in args.arms:
@@ -91,7 +111,9 @@ def main() -> None:
 
     lines = [f"### {task.title}", "", f"Command: `{command_line()}`", "",
              f"Held-out `{task.key}` (deterministic Euler samples), before -> after GRPO from the same stage-1 model "
-             "per seed; mean ± sample std over seeds.", "",
+             f"per seed (`configs/{task.pretrain}`: {fmt([p.after[task.key] for p in stage1])} after it, in "
+             f"{', '.join(f'{p.seconds / 60:.1f}' for p in stage1)} min); mean ± sample std over seeds. Wall times on "
+             "2 CPU cores shared with other jobs (load 4-7).", "",
              "| arm | seeds | before | after | rise | per seed (before -> after) | GRPO minutes |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, rows in results.items():
@@ -102,6 +124,7 @@ def main() -> None:
         minutes = ", ".join(f"{r.seconds / 60:.1f}" for _, r in rows)
         lines.append(f"| {ARMS[arm].what} | {len(rows)} | {fmt(before)} | {fmt(after)} | {fmt(rise)} | {per_seed} | "
                      f"{minutes} |")  # fmt: skip
+    lines += ["", *comparisons(results, task.key)]
     table = "\n".join(lines)
     print("\n" + table, flush=True)
     write_section(f"flow-grpo-{args.task}", table)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,17 +59,6 @@ class SeedResult:
     seconds: float  # wall time of this seed's stages, from the runs that produced them (NaN if unknown)
 
 
-def timed_stage(config: str, seed: int, folder: Path, overrides: list[str], log_name: str, reuse: bool):
-    """:func:`run_stage` that keeps the stage's wall time beside its log, so a rerun with ``--reuse`` still reports
-    what the stages cost. Returns ``(result, seconds, reused)``."""
-    result = run_stage(config, seed, folder, overrides, log_name=log_name, reuse=reuse, seed_module=False)
-    record = folder / f"{log_name}.seconds"
-    if not math.isnan(result.seconds):
-        record.write_text(f"{result.seconds:.1f}\n")
-        return result, result.seconds, False
-    return result, float(record.read_text()) if record.is_file() else float("nan"), True
-
-
 def grpo_overrides(policy: Path, args: argparse.Namespace, condition: str) -> list[str]:
     return [
         f"model.init_args.policy.init_args.model={policy}",
@@ -88,13 +76,15 @@ def run_seed(seed: int, args: argparse.Namespace) -> SeedResult:
     folder = Path(args.out).resolve() / f"seed{seed}"
     # The seed also draws the embedded model's random weights, so every seed is its own SFT start.
     sft_args = [f"model.init_args.policy.init_args.seed={seed}"]
-    _, seconds, reused = timed_stage(SFT, seed, folder, sft_args, SFT.removesuffix(".yaml"), args.reuse)
+    sft = run_stage(SFT, seed, folder, sft_args, reuse=args.reuse, seed_module=False)
+    seconds, reused = sft.seconds, int(sft.reused)
     policy = folder / "runs" / SFT.removesuffix(".yaml") / "policy"
     acc, before = {}, {}
     for condition in REWARDS:
         overrides = grpo_overrides(policy, args, condition)
-        result, t, r = timed_stage(GRPO, seed, folder / condition, overrides, condition, args.reuse)
-        seconds, reused = seconds + t, reused + r
+        result = run_stage(GRPO, seed, folder / condition, overrides, log_name=condition, reuse=args.reuse,
+                           seed_module=False)  # fmt: skip
+        seconds, reused = seconds + result.seconds, reused + int(result.reused)
         acc[condition], before[condition] = result.after[KEY], result.before[KEY]
         print(f"seed {seed} {condition}: {KEY} {result.before[KEY]:.3f} -> {result.after[KEY]:.3f}", flush=True)
     if max(before.values()) - min(before.values()) > 1e-6:  # the same policy on the same prompts, greedy
