@@ -156,7 +156,7 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
 FINDINGS = """**What we found.** Single runs are marked as such; the per-kind and per-pair figures were measured with a
 throw-away greedy-decoding script (not in the repository) on the same validation prompts.
 
-- *The issue's collapse (0.640 -> 0.480) came from the SFT start, not from the reward.* The quickstart SFT only ever
+- *The earlier collapse of consistency training (0.640 -> 0.480) came from the SFT start, not from the reward.* The quickstart SFT only ever
   sees "Is the red dot left of the blue dot?"; asked the swapped question it answers as if it were the original one
   (seed-0 SFT policy: originals 0.735, mirrored twins 0.80, swapped-question twins 0.24, mirrored and swapped 0.23).
   With the recipe's default twins (mirror and object swap, each with probability 1/2) half the pairs pit the image

@@ -11,7 +11,7 @@ integer count, so :class:`~app.rewards.NumericToleranceReward` (or exact match) 
 from __future__ import annotations
 
 from app.tasks.base import SeededDataset
-from app.tasks.dots.triplets import _render_dots
+from app.tasks.dots.triplets import DOT, _render_dots
 from app.types import VisualSample
 
 TASK = "dots_count"
@@ -28,6 +28,7 @@ class CountingDataset(SeededDataset):
         min_count: fewest dots in an image.
         max_count: most dots in an image.
         dot_radius: dot radius in pixels (``image_size / 16`` when None).
+        dot_color: RGB colour of the dots (blue when None); another colour or radius makes a domain-shift set.
         labeled: when False, ``answer`` and ``reasoning`` are None.
     """
 
@@ -41,6 +42,7 @@ class CountingDataset(SeededDataset):
         min_count: int = 1,
         max_count: int = 6,
         dot_radius: int | None = None,
+        dot_color: tuple[int, int, int] | None = None,
         labeled: bool = True,
     ) -> None:
         if not 0 <= min_count <= max_count:
@@ -48,12 +50,15 @@ class CountingDataset(SeededDataset):
         super().__init__(num_samples, seed, image_size)
         self.min_count, self.max_count = min_count, max_count
         self.radius = dot_radius if dot_radius is not None else max(2, image_size // 16)
+        self.color = DOT if dot_color is None else tuple(dot_color)
+        if len(self.color) != 3 or not all(0 <= c <= 255 for c in self.color):
+            raise ValueError(f"dot_color must be three integers in [0, 255], got {dot_color}")
         self.labeled = labeled
 
     def sample(self, index: int) -> VisualSample:
         rng = self.rng(index)
         count = rng.randint(self.min_count, self.max_count)
-        image = _render_dots(rng, count, self.image_size, self.radius)
+        image = _render_dots(rng, count, self.image_size, self.radius, self.color)
         answer = str(count) if self.labeled else None
         reasoning = f"I count {count} dots" if self.labeled else None
         return VisualSample([image], QUESTION, TASK, answer, reasoning, {"count": count})

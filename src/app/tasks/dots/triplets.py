@@ -33,7 +33,9 @@ DOT = (30, 60, 220)
 _MAX_PLACEMENT_TRIES = 1000
 
 
-def _render_dots(rng: random.Random, count: int, image_size: int, radius: int) -> Image.Image:
+def _render_dots(
+    rng: random.Random, count: int, image_size: int, radius: int, color: tuple[int, int, int] = DOT
+) -> Image.Image:
     """``count`` non-overlapping dots (the count is the ground truth, so a dot that cannot be placed is an error)."""
     lo, hi = radius, image_size - 1 - radius
     centres: list[tuple[int, int]] = []
@@ -48,7 +50,7 @@ def _render_dots(rng: random.Random, count: int, image_size: int, radius: int) -
     image = Image.new("RGB", (image_size, image_size), BACKGROUND)
     draw = ImageDraw.Draw(image)
     for x, y in centres:
-        draw.ellipse((x - radius, y - radius, x + radius, y + radius), fill=DOT)
+        draw.ellipse((x - radius, y - radius, x + radius, y + radius), fill=color)
     return image
 
 
