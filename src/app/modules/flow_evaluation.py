@@ -25,8 +25,9 @@ class FlowEvaluation(GroupedEvaluation):
     the same starting noise) with the sampler's ``eval_sampler`` (Euler or UniPC) and logs ``<stage>/reward/total`` and
     ``<stage>/reward/<name>``. Samples with ``meta["vbvr"]`` add ``<stage>/<split>/<task>/<regime>`` (the scorer's mean
     score; split from ``meta["split"]``, ``in_domain`` when absent) and ``<stage>/failed/<split>/<task>/<check>`` (the
-    fraction of that task's measured Last-Frame samples failing the check), means over every process's samples. The steps return ``{"images": ...}`` (the samples,
-    on the CPU) for callbacks such as :class:`callbacks.vbvr_eval.VBVRGridWriter`.
+    fraction of that task's measured Last-Frame samples failing the check), means over every process's samples. The
+    steps return ``{"images": ...}`` (the samples, on the CPU) for callbacks such as
+    :class:`callbacks.vbvr_eval.VBVRGridWriter`.
     """
 
     def condition_images(self, samples: list[VisualSample]) -> Tensor | None:
