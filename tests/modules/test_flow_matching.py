@@ -92,21 +92,23 @@ def test_foreground_mask_marks_the_shape_not_the_background():
 
     image = render_shape("red", "square", "left", image_size=64)
     mask = foreground_mask(images_to_tensor([VisualSample(images=[image], question="", task="t")]))  # [1, 1, 64, 64]
-    pixels = torch.from_numpy(__import__("numpy").asarray(image)).float()  # [64, 64, 3]
+    pixels = torch.from_numpy(__import__("numpy").array(image)).float()  # [64, 64, 3]
     red = (pixels[..., 0] > 150) & (pixels[..., 1] < 100)  # the square's pixels
     assert mask.shape == (1, 1, 64, 64)
     assert torch.equal(mask[0, 0].bool(), red)
     assert foreground_mask(torch.full((2, 3, 8, 8), 0.7)).sum() == 0  # a flat image has no foreground
 
 
-def test_the_vae_freezes_after_vae_train_steps(tmp_path):
+def test_the_vae_trains_in_train_mode_then_freezes_after_vae_train_steps(tmp_path, caplog):
     policy = FlowPolicy("tiny-sd3", lora=None)
+    assert not policy.vae.training  # the policy keeps it in eval mode
     module = FlowMatchingModule(policy, vae_train_steps=1, num_steps=2)
-    snapshots = []
+    snapshots, modes = [], []
 
     class Snapshot(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             snapshots.append(torch.cat([p.detach().flatten().clone() for p in policy.vae.parameters()]))
+            modes.append(policy.vae.training)
 
     data = VisualTaskDataModule(ShapePromptDataset, train_size=8, val_size=2, batch_size=2, image_size=64)
     trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
@@ -117,5 +119,7 @@ def test_the_vae_freezes_after_vae_train_steps(tmp_path):
     assert not torch.equal(start, snapshots[0])  # step 0 trained the VAE
     assert torch.equal(snapshots[0], snapshots[1]) and torch.equal(snapshots[1], snapshots[2])  # then frozen
     assert not any(p.requires_grad for p in policy.vae.parameters())
+    assert modes == [True, False, False]
+    assert "in eval mode at the start of training" not in caplog.text  # the trained VAE is not a stray eval module
     with pytest.raises(ValueError, match="vae_train_steps"):
         FlowMatchingModule(policy, vae_train_steps=0)

@@ -173,6 +173,7 @@ class FlowPolicy(SwitchableReference, nn.Module):
         )
         self.latent_shape: tuple[int, ...] = self._latent_shape(transformer)
         self.model = self._wrap(transformer, lora)  # PeftModel with LoRA, the diffusers model otherwise
+        self.model.train()  # from_pretrained returns eval mode; the trained transformer is in train mode
         self.frozen_reference: nn.Module | None = None  # full fine-tuning's KL reference, see enable_reference
         self._use_reference = False
         self._prompt_cache: OrderedDict[str, dict[str, Tensor]] = OrderedDict()

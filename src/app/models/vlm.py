@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from app.algorithms.fused_linear import FusedLinearGRPOLoss
 from app.embedded.models import load_vlm
 from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_liger_kernels, require_liger, validate_attn_implementation
+from app.models.lora_merge import merged_lora
 from app.models.policy import SwitchableReference
 from app.parallel.fsdp import gathered
 from app.parallel.plan import ShardingPlan, repeated_blocks
@@ -96,6 +98,10 @@ class VLMPolicy(SwitchableReference, nn.Module):
         gradient_checkpointing: recompute activations in backward to save memory.
         shared_prefix: in ``generate``, run the vision tower and the prompt prefill once per group of identical rows
             and expand the KV cache to the group (same completions for the same seed); False prefills every row.
+        merge_lora_for_rollout: with LoRA, ``generate`` decodes with each adapter folded into a copy of its base
+            weight (one product per layer instead of three; the base weights are left bit-identical, see
+            :mod:`app.models.lora_merge`). Sampled tokens can differ from the unmerged computation by rounding only;
+            the training log-probs always use the unmerged adapters.
         logprob_chunk_size: completion tokens per chunk when computing log-probs (bounds the float32 logits in memory).
         instruction: appended to every question; the reasoning-format instruction of the papers by default.
         seed: seed of the embedded model's random weights (ignored for real checkpoints).
@@ -111,6 +117,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         use_liger_kernel: bool = False,
         gradient_checkpointing: bool = False,
         shared_prefix: bool = True,
+        merge_lora_for_rollout: bool = True,
         logprob_chunk_size: int = 1024,
         instruction: str = REASONING_INSTRUCTION,
         seed: int = 0,
@@ -128,6 +135,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         self.instruction = instruction
         self.logprob_chunk_size = logprob_chunk_size
         self.shared_prefix = shared_prefix
+        self.merge_lora_for_rollout = merge_lora_for_rollout
         self.uses_lora = lora is not None
         self.kernels = apply_liger_kernels(hf_model) if use_liger_kernel else None  # LigerTargets: what was replaced
         if gradient_checkpointing:
@@ -203,7 +211,8 @@ class VLMPolicy(SwitchableReference, nn.Module):
         was_training = self.model.training
         self.model.eval()
         try:
-            with gathered(self):  # FSDP: one all-gather for the whole generation, resharded after it
+            merge = merged_lora(self.model) if self.uses_lora and self.merge_lora_for_rollout else nullcontext()
+            with gathered(self), merge:  # FSDP: one all-gather for the whole generation, resharded after it
                 inputs = dict(prompt_inputs.tensors)
                 heads = group_heads(prompt_inputs, group_size) if self.shared_prefix else None
                 if heads is not None:

@@ -139,6 +139,11 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
         latents = (posterior.mode().detach() - (config.shift_factor or 0.0)) * config.scaling_factor
         return loss, latents.float()
 
+    def on_train_start(self) -> None:
+        if self._vae_training():  # the policy keeps its VAE in eval mode; here it trains, so it is put in train mode
+            self.policy.vae.train()
+        super().on_train_start()
+
     def _vae_training(self) -> bool:
         """Whether this step trains the VAE; past ``vae_train_steps`` the VAE is frozen once and for all."""
         hp = self.hparams
