@@ -7,7 +7,7 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 
 from app.models import SamplingSettings
-from app.models.lora_merge import merged_lora, mergeable_lora_layers
+from app.models.lora_merge import mergeable_lora_layers, merged_lora
 
 
 def lora_mlp(dtype=torch.float32, use_dora=False, seed=0) -> nn.Module:
