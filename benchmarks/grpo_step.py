@@ -8,9 +8,8 @@ float32, 2 threads, the quickstart's dots task (64-pixel images), accuracy + for
 The step is one Lightning training batch (rollout + rewards + update), timed by a callback; the table shows medians
 over ``--steps`` steps of each kind after ``--warmup`` warm-up steps. Within one training run, steps alternate between
 shared-prefix and per-row prefill (``policy.shared_prefix`` toggled before each batch), so load from other processes
-on a shared machine falls on both alike; the processor runs once per prompt in both. The comparison figure for TRL
-1.16's GRPOTrainer at this geometry (0.21-0.25 s/step full, 0.22-0.26 s/step LoRA, 2 threads) was measured elsewhere
-on this machine kind; TRL is not installed here.
+on a shared machine falls on both alike; the processor runs once per prompt in both. TRL 1.16's GRPOTrainer at this
+geometry: ``benchmarks/trl_grpo_step.py`` (the README's kernels section has both side by side).
 """
 
 from __future__ import annotations
