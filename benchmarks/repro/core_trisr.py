@@ -1,6 +1,6 @@
 """CoRe (TriSR), claim: GRPO with the TriSR reward beats GRPO with the task-accuracy reward alone on triplets.
 
-    OMP_NUM_THREADS=1 python benchmarks/repro/core_trisr.py 0 1 2 [--out runs/repro/core_trisr]
+    python benchmarks/repro/core_trisr.py 0 1 2 [--out runs/repro/core_trisr]
 
 Task: dot triplets (``app.tasks.dots.TripletDotsDataset``: three images of 1-6 dots, "which image has more dots?" for
 each pair). The random-weight tiny model does not write the structured triplet response by itself, so per seed, in
@@ -18,10 +18,21 @@ judgment alignment are printed per seed and written, with mean ± sample std, to
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
-from common import StageResult, command_line, fmt, in_direction, run_stage, write_section
+from common import (
+    StageResult,
+    command_line,
+    default_jobs,
+    fmt,
+    for_seeds,
+    in_direction,
+    run_stage,
+    wall_time,
+    write_section,
+)
 
 METRICS = {
     "triplet_overall_accuracy": "overall acc.",
@@ -81,7 +92,7 @@ def _metrics(summary: dict[str, float]) -> dict[str, float]:
     return {name: summary[f"val/{name}"] for name in METRICS}
 
 
-def report(results: dict[int, dict[str, dict[str, float]]], sft_steps: int, grpo_steps: int) -> str:
+def report(results: dict[int, dict[str, dict[str, float]]], sft_steps: int, grpo_steps: int, jobs: int) -> str:
     seeds = sorted(results)
 
     def values(arm: str, metric: str) -> list[float]:
@@ -106,7 +117,7 @@ def report(results: dict[int, dict[str, dict[str, float]]], sft_steps: int, grpo
     for s in seeds:
         cells = ["/".join(f"{results[s][arm][k]:.3f}" for k in CLAIM_METRICS) for arm in ARMS]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    lines += ["", verdict(results, seeds), "", DIAGNOSIS, "", f"Command: `{command_line()}`"]
+    lines += ["", verdict(results, seeds), "", DIAGNOSIS, "", f"Command: `{command_line()}` ({wall_time(jobs)})."]
     return "\n".join(lines)
 
 
@@ -139,10 +150,12 @@ def main() -> None:
     parser.add_argument("--grpo-steps", type=int, default=300, help="GRPO steps of each arm")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE override for every stage")
     parser.add_argument("--no-write", action="store_true", help="print the table, leave docs/results.md alone")
+    parser.add_argument("--jobs", type=int, default=default_jobs(), help="seeds run at once (default: one per core)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
-    results = {s: run_seed(s, out, args.sft_steps, args.grpo_steps, args.set) for s in args.seeds}
-    markdown = report(results, args.sft_steps, args.grpo_steps)
+    run = functools.partial(run_seed, out=out, sft_steps=args.sft_steps, grpo_steps=args.grpo_steps, extra=args.set)
+    results = dict(zip(args.seeds, for_seeds(run, args.seeds, args.jobs), strict=True))
+    markdown = report(results, args.sft_steps, args.grpo_steps, args.jobs)
     print(markdown)
     if not args.no_write:
         write_section("core-trisr", markdown)

@@ -1,7 +1,7 @@
 """Flow-GRPO over seeds (VBVR-Pro): the two flow quickstarts' held-out reward before and after GRPO, per arm.
 
-    OMP_NUM_THREADS=1 python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde cps_delay1
-    OMP_NUM_THREADS=1 python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps sde
+    python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde cps_delay1
+    python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps sde
 
 Per seed, stage 1 (the task's pretraining recipe) runs once in ``<out>/seed<S>``; every arm's GRPO stage then starts
 from that same model, at equal steps and data. Arms:
@@ -18,10 +18,21 @@ to the ``flow-grpo-<task>`` section of ``docs/results.md``. ``--reuse`` skips st
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import StageResult, command_line, fmt, in_direction, run_stage, write_section
+from common import (
+    StageResult,
+    command_line,
+    default_jobs,
+    fmt,
+    for_seeds,
+    in_direction,
+    run_stage,
+    wall_time,
+    write_section,
+)
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,22 @@ def run_arm(task: Task, arm_name: str, seed: int, folder: Path, reuse: bool) -> 
     return run_stage(arm.config or task.grpo, seed, arm_folder, arm.overrides, log_name=arm_name, reuse=reuse)
 
 
+def run_seed(
+    seed: int, task: Task, arms: list[str], out: Path, reuse: bool
+) -> tuple[StageResult, dict[str, StageResult]]:
+    """Stage 1 once in ``<out>/seed<S>``, then every arm from it: the stage-1 result and each arm's."""
+    folder = out / f"seed{seed}"
+    pre = run_stage(task.pretrain, seed, folder, reuse=reuse)
+    print(f"seed {seed}: pretraining {pre.before.get(task.key, float('nan')):.3f} -> {pre.after[task.key]:.3f} "
+          f"({pre.seconds / 60:.1f} min)", flush=True)  # fmt: skip
+    results = {}
+    for arm in arms:
+        results[arm] = result = run_arm(task, arm, seed, folder, reuse)
+        print(f"seed {seed} {arm}: {result.before[task.key]:.3f} -> {result.after[task.key]:.3f} "
+              f"({result.seconds / 60:.1f} min)", flush=True)  # fmt: skip
+    return pre, results
+
+
 def comparisons(results: dict[str, list[tuple[int, StageResult]]], key: str) -> list[str]:
     """The claims the arms test, from per-seed differences of the held-out reward after GRPO (same start per seed)."""
     after = {arm: [r.after[key] for _, r in rows] for arm, rows in results.items()}
@@ -98,30 +125,24 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["cps"])
     parser.add_argument("--out", default=None, help="default: runs/repro/flow_grpo_<task>")
     parser.add_argument("--reuse", action="store_true", help="skip stages whose summary.json exists")
+    parser.add_argument("--jobs", type=int, default=default_jobs(), help="seeds run at once (default: one per core)")
     args = parser.parse_args()
     task = TASKS[args.task]
     if args.task != "vbvr" and "cps_delay1" in args.arms:
         parser.error("the cps_delay1 arm is the VBVR pipeline recipe: use it with --task vbvr")
     out = Path(args.out or f"runs/repro/flow_grpo_{args.task}").resolve()
-    results: dict[str, list[tuple[int, StageResult]]] = {arm: [] for arm in args.arms}
-    stage1: list[StageResult] = []
-    for seed in args.seeds:
-        folder = out / f"seed{seed}"
-        pre = run_stage(task.pretrain, seed, folder, reuse=args.reuse)
-        stage1.append(pre)
-        print(f"seed {seed}: pretraining {pre.before.get(task.key, float('nan')):.3f} -> {pre.after[task.key]:.3f} "
-              f"({pre.seconds / 60:.1f} min)", flush=True)  # fmt: skip
-        for arm in args.arms:
-            result = run_arm(task, arm, seed, folder, args.reuse)
-            results[arm].append((seed, result))
-            print(f"seed {seed} {arm}: {result.before[task.key]:.3f} -> {result.after[task.key]:.3f} "
-                  f"({result.seconds / 60:.1f} min)", flush=True)  # fmt: skip
+    run = functools.partial(run_seed, task=task, arms=args.arms, out=out, reuse=args.reuse)
+    per_seed = for_seeds(run, args.seeds, args.jobs)
+    stage1 = [pre for pre, _ in per_seed]
+    results = {
+        arm: [(seed, arms[arm]) for seed, (_, arms) in zip(args.seeds, per_seed, strict=True)] for arm in args.arms
+    }
 
-    lines = [f"## {task.title}", "", f"Command: `{command_line()}`", "", task.what, "",
+    lines = [f"## {task.title}", "", f"Command: `{command_line()}` ({wall_time(args.jobs)}).", "", task.what, "",
              f"Held-out `{task.key}` (deterministic Euler samples), before -> after GRPO from the same stage-1 model "
              f"per seed (`configs/{task.pretrain}`: {fmt([p.after[task.key] for p in stage1])} after it, in "
-             f"{', '.join(f'{p.seconds / 60:.1f}' for p in stage1)} min); mean ± sample std over seeds. Wall times on "
-             "2 CPU cores shared with other jobs (load 4-7).", "",
+             f"{', '.join(f'{p.seconds / 60:.1f}' for p in stage1)} min); mean ± sample std over seeds. Minutes are each "
+             "stage's own wall time.", "",
              "| arm | seeds | before | after | rise | per seed (before -> after) | GRPO minutes |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, rows in results.items():

@@ -1,6 +1,6 @@
 """OT-GRPO (The Art of Interrogation): does label-free consistency training recover most of what accuracy training gives?
 
-    OMP_NUM_THREADS=1 python benchmarks/repro/ot_grpo.py 0 1 2 [--out runs/repro/ot_grpo] [--steps 300] [--reuse]
+    python benchmarks/repro/ot_grpo.py 0 1 2 [--out runs/repro/ot_grpo] [--steps 300] [--reuse]
 
 Per seed S, in ``<out>/seed<S>``: the quickstart CoT-SFT (``configs/quickstart_sft.yaml``) once, then from that one
 policy, with the same paired data (``configs/consistency_dots.yaml``: the same pairs, steps, batch of 4 pairs, K = 8,
@@ -22,11 +22,12 @@ the claim and the command to the ``ot-grpo`` section.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import command_line, fmt, mean_std, run_stage, write_section
+from common import command_line, default_jobs, fmt, for_seeds, mean_std, run_stage, wall_time, write_section
 
 KEY = "val/acc"
 GRPO = "consistency_dots.yaml"
@@ -136,8 +137,8 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
     return "\n".join([
         "## OT-GRPO: label-free consistency vs accuracy rewards",
         "",
-        f"`{command_line()}` ({len(seeds)} seeds; the stages took {wall / 60:.1f} min of wall time on 2 CPU cores "
-        f"shared with other jobs{reused}).",
+        f"`{command_line()}` ({len(seeds)} seeds; {wall_time(args.jobs)}; the stages themselves took "
+        f"{wall / 60:.1f} min{reused}).",
         "",
         f"From one quickstart CoT-SFT policy per seed, {args.steps} GRPO steps each on the same paired dots data "
         f"(`configs/consistency_dots.yaml`: 4 pairs per step, K = 8, lr 2e-4, no KL; twin transforms "
@@ -194,8 +195,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE override of every GRPO run")
     parser.add_argument("--reuse", action="store_true", help="reuse finished stages (their summary.json)")
     parser.add_argument("--no-write", action="store_true", help="print the section instead of writing docs/results.md")
+    parser.add_argument("--jobs", type=int, default=default_jobs(), help="seeds run at once (default: one per core)")
     args = parser.parse_args()
-    results = [run_seed(seed, args) for seed in args.seeds]
+    results = for_seeds(functools.partial(run_seed, args=args), args.seeds, args.jobs)
     section = report(results, args)
     print(section) if args.no_write else write_section("ot-grpo", section)
 

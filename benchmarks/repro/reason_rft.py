@@ -1,6 +1,6 @@
 """Reason-RFT, claim: the RL stages generalise better under domain shift than SFT alone.
 
-    OMP_NUM_THREADS=1 python benchmarks/repro/reason_rft.py 0 1 2 [--out runs/repro/reason_rft]
+    python benchmarks/repro/reason_rft.py 0 1 2 [--out runs/repro/reason_rft]
 
 Suite: the dots left-of task (``app.tasks.dots.DotsDataset``: is the red dot left of the blue dot? radius-12 dots in
 64 px images), the one the random-weight tiny model learns within minutes on CPU (dot counting, tried first with
@@ -21,10 +21,21 @@ shift, is printed per seed and written, with mean ± sample std, to the ``reason
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import StageResult, command_line, fmt, in_direction, run_stage, write_section
+from common import (
+    StageResult,
+    command_line,
+    default_jobs,
+    fmt,
+    for_seeds,
+    in_direction,
+    run_stage,
+    wall_time,
+    write_section,
+)
 
 SFT, GRPO = "reason_rft_leftof_sft.yaml", "reason_rft_leftof_grpo.yaml"
 SETS = {"in_domain": "in-domain", "small_dots": "small dots", "distractors": "distractors"}
@@ -105,7 +116,7 @@ def run_seed(seed: int, out: Path, steps: Steps, extra: list[str]) -> dict[str, 
     }
 
 
-def report(results: dict[int, dict[str, ArmScores]], steps: Steps) -> str:
+def report(results: dict[int, dict[str, ArmScores]], steps: Steps, jobs: int) -> str:
     seeds = sorted(results)
     columns = [*SETS, "shift", "gap"]
     names = [*SETS.values(), "shift mean", "in-domain − shift"]
@@ -136,7 +147,7 @@ def report(results: dict[int, dict[str, ArmScores]], steps: Steps) -> str:
     for s in seeds:
         cells = ["/".join(f"{results[s][arm].by_set[n]:.3f}" for n in SETS) for arm in ARMS]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    lines += ["", verdict(results, seeds), "", DIAGNOSIS, "", f"Command: `{command_line()}`"]
+    lines += ["", verdict(results, seeds), "", DIAGNOSIS, "", f"Command: `{command_line()}` ({wall_time(jobs)})."]
     return "\n".join(lines)
 
 
@@ -158,11 +169,13 @@ def main() -> None:
     parser.add_argument("--grpo-steps", type=int, default=400, help="GRPO steps of the RL arms")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE override for every stage")
     parser.add_argument("--no-write", action="store_true", help="print the table, leave docs/results.md alone")
+    parser.add_argument("--jobs", type=int, default=default_jobs(), help="seeds run at once (default: one per core)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     steps = Steps(args.format_steps, args.sft_steps, args.grpo_steps)
-    results = {s: run_seed(s, out, steps, args.set) for s in args.seeds}
-    markdown = report(results, steps)
+    run = functools.partial(run_seed, out=out, steps=steps, extra=args.set)
+    results = dict(zip(args.seeds, for_seeds(run, args.seeds, args.jobs), strict=True))
+    markdown = report(results, steps, args.jobs)
     print(markdown)
     if not args.no_write:
         write_section("reason-rft", markdown)
