@@ -1,9 +1,9 @@
 """What every reproduction script shares: run one recipe stage for one seed, read its summary, aggregate over seeds,
 and write a claim's section of ``docs/results.md``.
 
-Seeds are independent: ``for_seeds`` runs them in parallel processes (``--jobs``, one per core by default; each
-stage runs on one thread unless ``OMP_NUM_THREADS`` says otherwise), so three seeds on 2 cores take about two seeds'
-time. Each stage runs ``python -m app fit`` in a subprocess inside the seed's own folder, so the recipes' relative
+Seeds are independent: ``for_seeds`` starts them all at once and lets at most ``--jobs`` stages run at a time (one per
+core by default; each stage on one thread unless ``OMP_NUM_THREADS`` says otherwise), so a stage waits only for a free
+core and three seeds on 2 cores take about one and a half seeds' time. Each stage runs ``python -m app fit`` in a subprocess inside the seed's own folder, so the recipes' relative
 ``runs/...`` paths (and the stage-2 recipes' ``model: runs/<stage1>/policy`` starts) land in that folder. The
 recipe's ``seed_everything``, module seed and data seed are all set to the seed; a stage whose ``summary.json`` is
 already there is reused when ``reuse`` is true (rerunning a script after an interruption skips finished work); its wall
@@ -18,6 +18,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,7 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results.md"
 STARTED = time.time()  # the script's start: its wall time goes into the results document
+_stage_slots = threading.BoundedSemaphore(1)  # stages (subprocesses) allowed at once; for_seeds sets it to --jobs
 
 
 @dataclass(frozen=True)
@@ -81,13 +83,13 @@ def run_stage(
         args += [f"--{key}", value]
     summary_path.unlink(missing_ok=True)
     log = folder / f"{log_name}.log"
-    start = time.time()
-    with log.open("w") as out:
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with _stage_slots, log.open("w") as out:
+        start = time.time()  # once a slot is free: the stage's own time, not its wait
         code = subprocess.run(args, cwd=folder, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+        seconds = time.time() - start
     if code:
         raise SystemExit(f"seed {seed}: {config} failed (exit {code}), see {log}")
-    seconds = time.time() - start
     seconds_path.write_text(f"{seconds:.1f}\n")
     return _read(summary_path, seconds)
 
@@ -98,13 +100,22 @@ def default_jobs() -> int:
 
 
 def for_seeds(run_seed: Callable[[int], T], seeds: Sequence[int], jobs: int) -> list[T]:
-    """``[run_seed(s) for s in seeds]``, with up to ``jobs`` seeds running at once (each seed's stages run in
-    subprocesses, so threads suffice); the results keep the order of ``seeds``, and a failed seed stops the script
-    once the running ones finish."""
+    """``[run_seed(s) for s in seeds]`` with every seed started at once and at most ``jobs`` stages running at a time
+    (each stage is a subprocess, so threads suffice); the results keep the order of ``seeds``, and a failed seed stops
+    the script once the running stages finish."""
+    global _stage_slots
     if jobs < 1:
         raise SystemExit(f"--jobs must be >= 1, got {jobs}")
-    with ThreadPoolExecutor(max_workers=min(jobs, len(seeds))) as pool:
+    _stage_slots = threading.BoundedSemaphore(jobs)
+    with ThreadPoolExecutor(max_workers=len(seeds)) as pool:
         return list(pool.map(run_seed, seeds))
+
+
+def in_parallel(run: Callable[[str], T], names: Sequence[str]) -> dict[str, T]:
+    """``{name: run(name)}`` for independent stages of one seed (arms from the same start), started together; the
+    stage slots of ``for_seeds`` bound how many run at once."""
+    with ThreadPoolExecutor(max_workers=max(len(names), 1)) as pool:
+        return dict(zip(names, pool.map(run, names), strict=True))
 
 
 def _read(path: Path, seconds: float, reused: bool = False) -> StageResult:

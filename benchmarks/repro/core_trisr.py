@@ -29,6 +29,7 @@ from common import (
     fmt,
     for_seeds,
     in_direction,
+    in_parallel,
     run_stage,
     wall_time,
     write_section,
@@ -77,10 +78,9 @@ def run_seed(seed: int, out: Path, sft_steps: int, grpo_steps: int, extra: list[
         f"trainer.max_steps={grpo_steps}",
         f"model.init_args.policy.init_args.model={folder / 'sft' / 'runs' / 'trisr_dots_sft' / 'policy'}",
     ]
-    trisr = stage("trisr_dots_grpo.yaml", "trisr", grpo)
-    task_only = stage(
-        "trisr_dots_grpo.yaml", "task_only", [*grpo, f"model.init_args.rewards={json.dumps(TASK_ONLY_REWARDS)}"]
-    )
+    arms = {"trisr": grpo, "task_only": [*grpo, f"model.init_args.rewards={json.dumps(TASK_ONLY_REWARDS)}"]}
+    done = in_parallel(lambda arm: stage("trisr_dots_grpo.yaml", arm, arms[arm]), list(arms))
+    trisr, task_only = done["trisr"], done["task_only"]
     return {
         "trisr": _metrics(trisr.after),
         "task_only": _metrics(task_only.after),

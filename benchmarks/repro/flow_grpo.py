@@ -29,6 +29,7 @@ from common import (
     fmt,
     for_seeds,
     in_direction,
+    in_parallel,
     run_stage,
     wall_time,
     write_section,
@@ -92,12 +93,14 @@ def run_seed(
     pre = run_stage(task.pretrain, seed, folder, reuse=reuse)
     print(f"seed {seed}: pretraining {pre.before.get(task.key, float('nan')):.3f} -> {pre.after[task.key]:.3f} "
           f"({pre.seconds / 60:.1f} min)", flush=True)  # fmt: skip
-    results = {}
-    for arm in arms:
-        results[arm] = result = run_arm(task, arm, seed, folder, reuse)
+
+    def arm_run(arm: str) -> StageResult:
+        result = run_arm(task, arm, seed, folder, reuse)
         print(f"seed {seed} {arm}: {result.before[task.key]:.3f} -> {result.after[task.key]:.3f} "
               f"({result.seconds / 60:.1f} min)", flush=True)  # fmt: skip
-    return pre, results
+        return result
+
+    return pre, in_parallel(arm_run, arms)
 
 
 def comparisons(results: dict[str, list[tuple[int, StageResult]]], key: str) -> list[str]:

@@ -27,7 +27,18 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import command_line, default_jobs, fmt, for_seeds, mean_std, run_stage, wall_time, write_section
+from common import (
+    StageResult,
+    command_line,
+    default_jobs,
+    fmt,
+    for_seeds,
+    in_parallel,
+    mean_std,
+    run_stage,
+    wall_time,
+    write_section,
+)
 
 KEY = "val/acc"
 GRPO = "consistency_dots.yaml"
@@ -80,14 +91,18 @@ def run_seed(seed: int, args: argparse.Namespace) -> SeedResult:
     sft = run_stage(SFT, seed, folder, sft_args, reuse=args.reuse, seed_module=False)
     seconds, reused = sft.seconds, int(sft.reused)
     policy = folder / "runs" / SFT.removesuffix(".yaml") / "policy"
-    acc, before = {}, {}
-    for condition in REWARDS:
+
+    def condition_run(condition: str) -> StageResult:
         overrides = grpo_overrides(policy, args, condition)
         result = run_stage(GRPO, seed, folder / condition, overrides, log_name=condition, reuse=args.reuse,
                            seed_module=False)  # fmt: skip
+        print(f"seed {seed} {condition}: {KEY} {result.before[KEY]:.3f} -> {result.after[KEY]:.3f}", flush=True)
+        return result
+
+    acc, before = {}, {}
+    for condition, result in in_parallel(condition_run, list(REWARDS)).items():
         seconds, reused = seconds + result.seconds, reused + int(result.reused)
         acc[condition], before[condition] = result.after[KEY], result.before[KEY]
-        print(f"seed {seed} {condition}: {KEY} {result.before[KEY]:.3f} -> {result.after[KEY]:.3f}", flush=True)
     if max(before.values()) - min(before.values()) > 1e-6:  # the same policy on the same prompts, greedy
         raise SystemExit(f"seed {seed}: the runs disagree on the SFT policy's accuracy {before}")
     acc["none"] = before["accuracy"]
