@@ -78,6 +78,24 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under mutmut (a mutant's run, in ``mutants/``), run the test files with the least recorded time first: the run
+    stops at the first failure, so a caught mutant is caught sooner. Files stay whole, in their own order, so module
+    fixtures are built once. Outside mutmut nothing changes."""
+    if "__mutmut_" not in os.environ.get("MUTANT_UNDER_TEST", ""):  # mutmut's mutant names; its other runs as they are
+        return
+    stats = Path("mutmut-stats.json")
+    if not stats.is_file():
+        return
+    import json
+
+    durations = json.loads(stats.read_text()).get("duration_by_test", {})
+    cost: dict[str, float] = {}
+    for item in items:
+        cost[item.fspath.strpath] = cost.get(item.fspath.strpath, 0.0) + durations.get(item.nodeid, 1.0)
+    items.sort(key=lambda item: cost[item.fspath.strpath])  # stable: the order inside a file is kept
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for ``python -m app`` subprocesses: the session's cache, offline, src and the repo on the path."""
     env = dict(os.environ)

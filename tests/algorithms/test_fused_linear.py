@@ -1,8 +1,10 @@
 """liger-kernel's fused linear GRPO loss (``app.algorithms.fused_linear``) against ``grpo_loss`` on the chunked
 log-probs: same loss, statistics and gradients of the hidden states and the head for every aggregation, with and
-without stored old log-probs and a reference; the statistics it cannot give are NaN; the short errors."""
+without stored old log-probs and a reference, with a single kept token, without ``max_length`` and at the default
+temperature; the statistics it cannot give are NaN; ``compiled`` decides whether Liger compiles; the short errors."""
 
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -37,6 +39,8 @@ def case(seed: int):
     advantages = torch.randn(N, generator=g)
     mask = (torch.rand(N, L, generator=g) > 0.3).long()
     mask[2] = 0  # a dropped row: sequence_mean's normaliser counts only rows with a token
+    mask[4] = 0
+    mask[4, 3] = 1  # a row with a single token: it counts
     with torch.no_grad():
         current = chunked_token_logprobs(hidden, head, targets, temperature=TEMPERATURE)
     old = current + 0.3 * torch.randn(N, L, generator=g)
@@ -44,32 +48,35 @@ def case(seed: int):
     return head, hidden, targets, advantages, mask, old, ref
 
 
-def run(fused: bool, aggregation, beta, with_old, seed):
+def run(fused: bool, aggregation, beta, with_old, seed, keep=None, max_length=MAX_LENGTH, temperature=TEMPERATURE):
+    """One loss and its gradients, fused or from the chunked log-probs; ``keep`` replaces the case's mask and
+    ``temperature=None`` leaves the temperature at its default."""
     liger = pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed")
     assert liger is not None
     head, hidden, targets, advantages, mask, old, ref = case(seed)
+    mask = mask if keep is None else keep
     hidden.requires_grad_(True)
     ref = ref if beta > 0 else None
     old = old if with_old else None
     clip = dict(eps_low=0.2, eps_high=0.28)
+    at = {} if temperature is None else dict(temperature=temperature)
     if fused:
-        loss = FusedLinearGRPOLoss(beta=beta, aggregation=aggregation, max_length=MAX_LENGTH, compiled=False, **clip)
-        out = loss(hidden, head, targets, advantages, mask, old, ref, temperature=TEMPERATURE)
+        loss = FusedLinearGRPOLoss(beta=beta, aggregation=aggregation, max_length=max_length, compiled=False, **clip)
+        out = loss(hidden, head, targets, advantages, mask, old, ref, **at)
     else:
-        logprobs = chunked_token_logprobs(hidden, head, targets, temperature=TEMPERATURE)
+        logprobs = chunked_token_logprobs(hidden, head, targets, **at)
         out = grpo_loss(
             logprobs, logprobs.detach() if old is None else old, advantages, mask, beta=beta, ref_logprobs=ref,
-            aggregation=aggregation, max_length=MAX_LENGTH, **clip,
+            aggregation=aggregation, max_length=max_length, **clip,
         )  # fmt: skip
     out.loss.backward()
     return out, [hidden.grad, head.weight.grad, head.bias.grad]
 
 
-@pytest.mark.parametrize("aggregation", AGGREGATIONS)
-@pytest.mark.parametrize("beta, with_old", [(0.0, False), (0.0, True), (0.1, False), (0.1, True)])
-def test_fused_loss_equals_grpo_loss_on_chunked_logprobs(aggregation, beta, with_old, random_seed):
-    expected, expected_grads = run(False, aggregation, beta, with_old, random_seed)
-    actual, grads = run(True, aggregation, beta, with_old, random_seed)
+def check_same(aggregation, beta, with_old, seed, **kwargs):
+    """The fused loss gives grpo_loss's loss, statistics (NaN where unavailable) and gradients; returns grpo_loss's."""
+    expected, expected_grads = run(False, aggregation, beta, with_old, seed, **kwargs)
+    actual, grads = run(True, aggregation, beta, with_old, seed, **kwargs)
     missing = unavailable_statistics(aggregation, beta, stores_old_logprobs=with_old)
     for name in STATS:
         value = getattr(actual, name)
@@ -77,10 +84,51 @@ def test_fused_loss_equals_grpo_loss_on_chunked_logprobs(aggregation, beta, with
             assert torch.isnan(value), name
         else:
             torch.testing.assert_close(value, getattr(expected, name).float(), atol=1e-6, rtol=1e-5, msg=name)
-    if with_old:
-        assert expected.clip_fraction > 0, "the clip should act in this case"
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(grad, expected_grad, atol=1e-6, rtol=1e-5)
+    return expected
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("beta, with_old", [(0.0, False), (0.0, True), (0.1, False), (0.1, True)])
+def test_fused_loss_equals_grpo_loss_on_chunked_logprobs(aggregation, beta, with_old, random_seed):
+    expected = check_same(aggregation, beta, with_old, random_seed)
+    if with_old:
+        assert expected.clip_fraction > 0, "the clip should act in this case"
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_a_single_kept_token(aggregation, random_seed):
+    """One token in the whole batch: one row with a token for sequence_mean, a KL over one token, a ratio of 1."""
+    keep = torch.zeros(N, L, dtype=torch.long)
+    keep[1, 5] = 1
+    expected = check_same(aggregation, 0.1, False, random_seed, keep=keep)
+    assert expected.loss != 0 and expected.ratio_mean == 1
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_without_max_length_constant_divides_by_the_completion_length(aggregation, random_seed):
+    check_same(aggregation, 0.1, True, random_seed, max_length=None)
+
+
+def test_the_default_temperature_is_one(random_seed):
+    check_same("token_mean", 0.1, True, random_seed, temperature=None)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_compiled_decides_whether_liger_compiles_the_loss_math(compiled, monkeypatch):
+    """``compiled=False`` never calls ``torch.compile`` (CPU without a C++ compiler); True hands it the loss math."""
+    pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed")
+    compiled_functions = []
+
+    def spy(fn, *args, **kwargs):
+        compiled_functions.append(fn)
+        return fn  # run eagerly: the test checks the request, not the compiler
+
+    monkeypatch.setattr(torch, "compile", spy)
+    head, hidden, targets, advantages, mask, old, ref = case(0)
+    FusedLinearGRPOLoss(beta=0.1, compiled=compiled)(hidden, head, targets, advantages, mask, old, ref)
+    assert len(compiled_functions) == (1 if compiled else 0)
 
 
 def test_unavailable_statistics():
@@ -94,10 +142,19 @@ def test_unavailable_statistics():
 def test_errors():
     with pytest.raises(ConfigError, match="fused_linear_loss supports loss_aggregation .*got 'sum'"):
         FusedLinearGRPOLoss(aggregation="sum")
-    with pytest.raises(
-        ConfigError, match="needs a plain nn.Linear output head, got torch.nn.modules.container.Sequential"
-    ):
+    for negative, values in [("beta", "-0.1, 0.2, 0.2"), ("eps_low", "0.0, -0.1, 0.2"), ("eps_high", "0.0, 0.2, -0.1")]:
+        with pytest.raises(ValueError, match=re.escape(f"beta, eps_low and eps_high must be >= 0, got {values}")):
+            FusedLinearGRPOLoss(**{negative: -0.1})
+    with pytest.raises(ValueError, match="must be >= 0, got nan"):
+        FusedLinearGRPOLoss(beta=float("nan"))
+    assert FusedLinearGRPOLoss(eps_low=0.0, eps_high=0.0).eps_high == 0  # no clip range is allowed
+    with pytest.raises(ConfigError) as error:
         check_fused_head(nn.Sequential(nn.Linear(2, 3)))
+    assert str(error.value) == (
+        "fused_linear_loss=True needs a plain nn.Linear output head, got torch.nn.modules.container.Sequential (LoRA "
+        "on lm_head is not supported by the fused loss); drop lm_head from the LoRA targets or set "
+        "fused_linear_loss: false"
+    )
     if importlib.util.find_spec("liger_kernel") is not None:
         require_liger_loss()
         head, hidden, targets, advantages, mask, *_ = case(0)
@@ -110,20 +167,28 @@ def test_without_liger_the_error_names_the_extra(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a)
     )
-    with pytest.raises(ConfigError, match=r"fused_linear_loss=True needs liger-kernel \(pip install -e '.\[gpu\]'"):
+    with pytest.raises(ConfigError) as error:
         require_liger_loss()
+    assert str(error.value) == (
+        "fused_linear_loss=True needs liger-kernel (pip install -e '.[gpu]', or pip install liger-kernel); "
+        "set fused_linear_loss: false"
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
-def test_compiled_fused_loss_matches_on_cuda(aggregation):
-    """Liger's default on GPU: the loss math under ``torch.compile``."""
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_compiled_fused_loss_matches_on_cuda(aggregation, beta):
+    """Liger's default on GPU: the loss math under ``torch.compile``; every statistic on the GPU, NaN ones too."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed")
     head, hidden, targets, advantages, mask, old, ref = (t.cuda() for t in case(0))
+    ref = ref if beta > 0 else None
     logprobs = chunked_token_logprobs(hidden, head, targets, temperature=TEMPERATURE)
-    expected = grpo_loss(logprobs, old, advantages, mask, beta=0.1, ref_logprobs=ref, aggregation=aggregation,
+    expected = grpo_loss(logprobs, old, advantages, mask, beta=beta, ref_logprobs=ref, aggregation=aggregation,
                          max_length=MAX_LENGTH)  # fmt: skip
-    loss = FusedLinearGRPOLoss(beta=0.1, aggregation=aggregation, max_length=MAX_LENGTH, compiled=True)
+    loss = FusedLinearGRPOLoss(beta=beta, aggregation=aggregation, max_length=MAX_LENGTH, compiled=True)
     actual = loss(hidden, head, targets, advantages, mask, old, ref, temperature=TEMPERATURE)
     torch.testing.assert_close(actual.loss, expected.loss, atol=1e-5, rtol=1e-4)
+    devices = {name: getattr(actual, name).device for name in STATS}
+    assert set(devices.values()) == {hidden.device}, devices

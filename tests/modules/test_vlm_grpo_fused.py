@@ -1,7 +1,7 @@
 """``VLMGRPOModule(fused_linear_loss=True)``: liger-kernel's fused linear GRPO loss inside the policy's forward gives
 the loss, statistics and gradients of the chunked log-prob path on a tiny model, for every aggregation, with stored
-old log-probs (ratio != 1) and with a reference (beta > 0); the statistics it lacks are not logged; without
-liger-kernel, or with LoRA on the output head, the option is a short error."""
+old log-probs (ratio != 1) and with a reference (beta > 0); the fused loss takes the module's settings; the statistics it
+lacks are not logged; without liger-kernel, or with LoRA on the output head, the option is a short error."""
 
 import dataclasses
 import importlib.util
@@ -9,6 +9,7 @@ import importlib.util
 import pytest
 import torch
 
+from app.algorithms.fused_linear import FusedLinearGRPOLoss
 from app.errors import ConfigError
 from app.models import LoRASettings, SamplingSettings, VLMPolicy
 from app.modules import VLMGRPOModule
@@ -109,6 +110,21 @@ def test_fused_loss_matches_the_chunked_path_in_full_fine_tuning(full_case, aggr
     policy, rollout = full_case
     assert policy.hf_model.lm_head.weight.requires_grad
     check_same_update(policy, rollout, aggregation, beta=0.05, with_old=True)
+
+
+@pytest.mark.parametrize("compiled", [True, False, None])
+def test_the_fused_loss_takes_the_module_settings(tiny_policy, compiled):
+    """The clip range, beta and aggregation of the module, ``constant``'s L_max = max_new_tokens (not the length of the
+    longest completion), and ``fused_loss_compiled``, None meaning compiled on CUDA only."""
+    module = VLMGRPOModule(
+        tiny_policy, rewards=[LengthReward()], sampling=SamplingSettings(num_generations=K, max_new_tokens=8),
+        eps_low=0.1, eps_high=0.15, beta=0.05, loss_aggregation="constant", fused_linear_loss=True,
+        fused_loss_compiled=compiled,
+    )  # fmt: skip
+    assert module.fused_loss == FusedLinearGRPOLoss(
+        eps_low=0.1, eps_high=0.15, beta=0.05, aggregation="constant", max_length=8,
+        compiled=torch.cuda.is_available() if compiled is None else compiled,
+    )  # fmt: skip
 
 
 def test_statistics_liger_does_not_return_are_not_logged(new_policy, new_datamodule, fit):
