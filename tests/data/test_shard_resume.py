@@ -280,9 +280,11 @@ def mixed(tmp_path_factory) -> list[str]:
     return [str(out / "g0.tar"), str(good), str(out / "g1.tar"), str(out / "c.tar")]
 
 
-def _drain(urls: list[str], caplog, resume: tuple | None = None, worker_offset: int = 0) -> tuple[list, list[str]]:
+def _drain(
+    urls: list[str], caplog, resume: tuple | None = None, worker_offset: int = 0, epoch_size: int | None = None
+) -> tuple[list, list[str]]:
     """The stream's items as ``(worker, records, items, final, skipped, indices)`` and the warnings it logged."""
-    stream = ShardStream(urls, batch_size=2)
+    stream = ShardStream(urls, batch_size=2, epoch_size=epoch_size)
     stream.worker_offset = worker_offset
     if resume is not None:
         stream.resume_from = {0: resume}
@@ -348,6 +350,16 @@ def test_a_resumed_stream_logs_and_counts_only_what_follows_its_resume_point(mix
         assert items[-1][1:3] == (8, 7)
     elif records == 8:
         assert items == []
+
+
+def test_an_epoch_capped_worker_stops_at_its_share_and_resumed_at_its_end_yields_nothing(mixed, caplog):
+    """``epoch_size`` 4 over samples 0-7: the worker yields its share, samples 0-3, in two full batches (no final item:
+    no skip was met); resumed where the last one left it, it has nothing left to yield in this epoch."""
+    urls = [mixed[1], mixed[3]]  # samples 0-3, then 4-7
+    items, _ = _drain(urls, caplog, epoch_size=4)
+    assert items == [(0, 2, 2, False, SkipCounts(), [0, 1]), (0, 4, 4, False, SkipCounts(), [2, 3])]
+    assert _drain(urls, caplog, resume=(2, 2, False), epoch_size=4)[0] == items[1:]
+    assert _drain(urls, caplog, resume=(4, 4, False), epoch_size=4)[0] == []
 
 
 def test_a_stream_with_no_records_ends_without_a_resume_warning(mixed, caplog):

@@ -7,6 +7,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -115,12 +116,12 @@ class ToyRollout:
 class ToyPipelined(GRPOModule):
     """Each prompt carries its outputs' features and rewards; one loss part over all rows."""
 
-    def __init__(self, delay: int, rewards=None, reward_timeout_s=None):
+    def __init__(self, delay: int, rewards=None, **pipeline):
         super().__init__(
             LinearPolicy(), rewards or [ValueReward()], Settings(), eps_low=0.2, eps_high=0.2, beta=0.0, num_iterations=1,
             advantage_scale="none", drop_zero_std_groups=False, micro_batch_size=None, gradient_clip_val=0.0,
             records_per_step=0, learning_rate=0.1, weight_decay=0.0, warmup_steps=0,
-            pipeline=PipelineSettings(delay=delay, workers="thread", reward_timeout_s=reward_timeout_s),
+            pipeline=PipelineSettings(delay=delay, workers="thread", **pipeline),
         )  # fmt: skip
 
     @torch.no_grad()
@@ -205,6 +206,8 @@ def test_a_failing_or_stuck_reward_stops_the_step_with_its_name():
     step(0)
     with pytest.raises(RewardError, match="reward 'slow_judge' gave no result within 0.05 s"):
         step(1)
+    with pytest.raises(RewardError, match="reward 'slow_judge' gave no result within 0.05 s"):
+        stuck.on_save_checkpoint({})  # a checkpoint collects the pending rewards, under the same time limit
     stuck.on_train_end()  # drops the pending rollout and shuts the workers down
     assert stuck.dropped_rollouts == 1
 
@@ -371,6 +374,88 @@ def test_dynamic_sampling_stops_at_its_cap(new_policy, fit):
     informative = [s["metrics"]["train/dynamic/informative_groups"] for s in recorder.steps]
     assert all(len(r) == 1 for r in module.seen) and min(informative) < 4
     assert all(s["metrics"]["train/dynamic/extra_rollouts"] == 0 for s in recorder.steps)
+
+
+FLAT, SPREAD = [1.0, 1.0], [0.0, 2.0]  # the rewards of a toy prompt's two outputs: no signal, or some
+
+
+def toy_prompts(rewards: list[list[float]], name: str) -> list[VisualSample]:
+    features = torch.randn(len(rewards), 2, 2, generator=torch.Generator().manual_seed(len(name)))  # [B, K, 2]
+    return [
+        VisualSample([], f"{name}{b}", "toy", meta={"features": features[b], "values": values})
+        for b, values in enumerate(rewards)
+    ]
+
+
+class InOrder:
+    """Stands in for the seeded prompt sampler: draws the data set's prompts in order, and fails past its end."""
+
+    def __init__(self):
+        self.next = 0
+
+    def draw(self, dataset, num_items, collate):
+        items = [dataset[i] for i in range(self.next, self.next + num_items)]  # IndexError past the end
+        self.next += num_items
+        return collate(items)
+
+
+class ToyDynamic(ToyPipelined):
+    """The toy with dynamic sampling, outside a trainer: extra prompts come in order from ``dataset`` in loader
+    batches of ``batch_size``; keeps the loss masks of the rollouts each update trained on and the logged metrics."""
+
+    def __init__(self, dataset: list[VisualSample], batch_size: int, max_extra_rollouts: int):
+        super().__init__(delay=0, dynamic_sampling=True, max_extra_rollouts=max_extra_rollouts)
+        self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=list)
+        self._drawer = InOrder()
+        self.masks: list[list[list[int]]] = []
+        self.logged: dict[str, float] = {}
+
+    @property
+    def trainer(self):
+        return SimpleNamespace(train_dataloader=self.loader)
+
+    def _train_on(self, rollouts):
+        self.masks.append(
+            [r.loss_mask.int().tolist() for r in (rollouts if isinstance(rollouts, list) else [rollouts])]
+        )
+        return super()._train_on(rollouts)
+
+    def log_dict(self, values, **kwargs):
+        self.logged.update({name: float(value) for name, value in values.items()})
+
+
+def dynamic_step(batch: list[VisualSample], module: ToyDynamic) -> tuple[list[list[int]], float, float]:
+    """One training step: the loss masks of the rollouts it trained on, the extra rollouts and informative groups."""
+    driver(module)  # the optimizer and backward of a trainer
+    module.training_step(batch, 0)
+    (masks,) = module.masks
+    return masks, module.logged["train/dynamic/extra_rollouts"], module.logged["train/dynamic/informative_groups"]
+
+
+def test_dynamic_sampling_trains_on_the_first_b_informative_groups_in_order():
+    """B = 3 with one informative group: the first extra rollout brings none, the second three, of which the first
+    two fill the batch and the third is left out of the loss, as the flat groups are."""
+    data = toy_prompts([FLAT] * 3 + [SPREAD] * 3, "data")
+    module = ToyDynamic(data, batch_size=3, max_extra_rollouts=4)
+    masks, extra, informative = dynamic_step(toy_prompts([FLAT, FLAT, SPREAD], "batch"), module)
+    assert masks == [[0, 0, 0, 0, 1, 1], [0] * 6, [1, 1, 1, 1, 0, 0]]
+    assert (extra, informative) == (2.0, 3.0)
+
+
+def test_dynamic_sampling_draws_nothing_for_a_batch_of_informative_groups():
+    module = ToyDynamic(toy_prompts([SPREAD] * 3, "data"), batch_size=3, max_extra_rollouts=4)
+    masks, extra, informative = dynamic_step(toy_prompts([SPREAD] * 3, "batch"), module)
+    assert masks == [[1] * 6] and module.drawer.next == 0
+    assert (extra, informative) == (0.0, 3.0)
+
+
+def test_dynamic_sampling_refills_a_short_last_batch_with_whole_loader_batches_up_to_its_cap():
+    """The epoch's last batch holds 2 prompts, the loader's batches 3: each extra rollout draws 3; with only flat
+    prompts to draw, the refill stops after ``max_extra_rollouts`` (the data set holds no more than that)."""
+    module = ToyDynamic(toy_prompts([FLAT] * 6, "data"), batch_size=3, max_extra_rollouts=2)
+    masks, extra, informative = dynamic_step(toy_prompts([FLAT, SPREAD], "batch"), module)
+    assert masks == [[0, 0, 1, 1], [0] * 6, [0] * 6]
+    assert (extra, informative) == (2.0, 1.0)
 
 
 # ------------------------------------------------------------------------------------------------------------ DDP

@@ -41,15 +41,66 @@ def test_conditioned_log_prob_of_a_stored_step_equals_the_rollouts(name):
 
 def test_unipc_lands_on_the_target_of_an_exact_flow():
     """For ``v = (x - x0) / sigma`` every consistent solver reaches ``x0``; UniPC does so from any schedule."""
-    target = torch.randn(3, 4, 5, 5)
+    generator = torch.Generator().manual_seed(0)
+    target = torch.randn(3, 4, 5, 5, generator=generator)
     sigmas = torch.cat([torch.linspace(1.0, 0.1, 6), torch.zeros(1)])
-    out = unipc_sample(lambda x, s: (x - target) / s, torch.randn(3, 4, 5, 5), sigmas)
+    out = unipc_sample(lambda x, s: (x - target) / s, torch.randn(3, 4, 5, 5, generator=generator), sigmas)
     torch.testing.assert_close(out, target, atol=1e-4, rtol=0)
+
+
+def test_unipc_evaluates_the_velocity_on_the_given_sigmas():
+    """The sigmas come shifted already: no shift on top; only a first sigma of exactly 1 is nudged to 1 - 1e-6."""
+    seen = []
+    unipc_sample(lambda x, s: seen.append(float(s)) or -x, torch.ones(2, 3), torch.tensor([1.0, 0.8, 0.5, 0.2, 0.0]))
+    assert seen == pytest.approx([1 - 1e-6, 0.8, 0.5, 0.2], abs=1e-7)
+
+
+def diffusers_unipc(velocity, noise, sigmas, order):
+    """diffusers' UniPC run by hand, set up as ``unipc_sample`` documents: flow mode, no shift, the given sigmas."""
+    from diffusers import UniPCMultistepScheduler
+
+    scheduler = UniPCMultistepScheduler(
+        solver_order=order, prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=1.0
+    )
+    scheduler.set_timesteps(sigmas=sigmas[:-1].double().numpy())
+    x = noise
+    for i, t in enumerate(scheduler.timesteps):
+        x = scheduler.step(velocity(x, scheduler.sigmas[i]), t, x).prev_sample
+    return x
+
+
+@pytest.mark.parametrize("order", [None, 3])  # None: the default, order 2
+def test_unipc_is_diffusers_multistep_unipc_of_the_given_order(order):
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(4, 4, generator=generator)
+    noise = torch.randn(3, 4, generator=generator)
+    sigmas = torch.tensor([1.0, 0.9, 0.75, 0.55, 0.35, 0.15, 0.0])
+
+    def velocity(x, sigma):  # nonlinear in x and sigma: the solver's order shows
+        return torch.tanh(x @ weight) * (1 + sigma)
+
+    kwargs = {} if order is None else {"solver_order": order}
+    expected = diffusers_unipc(velocity, noise, sigmas, order or 2)
+    torch.testing.assert_close(unipc_sample(velocity, noise, sigmas, **kwargs), expected, atol=1e-6, rtol=0)
+    other = diffusers_unipc(velocity, noise, sigmas, 5 - (order or 2))  # orders 2 and 3 give different samples
+    assert (other - expected).abs().max() > 1e-3
+
+
+def test_unipc_needs_a_schedule_ending_at_sigma_zero():
+    with pytest.raises(ValueError, match=r"^unipc_sample needs a schedule ending at sigma 0, got 0\.25$"):
+        unipc_sample(lambda x, s: -x, torch.ones(2, 3), torch.tensor([1.0, 0.5, 0.25]))
+
+
+def test_unipc_refuses_sigmas_closer_than_its_timestep_resolution():
+    """diffusers' scheduler finds its step by timestep (sigma x 1000 as an integer): two sigmas on one timestep would
+    stop it with a bare assertion deep inside; the message says what is wrong."""
+    with pytest.raises(ValueError, match=r"needs sigmas at least 1/1000 apart .*use fewer steps"):
+        unipc_sample(lambda x, s: -x, torch.ones(2, 3), torch.tensor([1.0, 0.9995, 0.5, 0.0]))
 
 
 def test_unipc_is_closer_to_the_exact_ode_solution_than_euler_with_few_steps():
     """A curved flow ``dx/ds = -x / (1 + s)`` (exact: ``x(0) = x(1) * 2``): UniPC's error is below Euler's."""
-    x1 = torch.randn(2, 8)
+    x1 = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
     sigmas = torch.cat([torch.linspace(1.0, 0.25, 4), torch.zeros(1)])
     unipc = unipc_sample(lambda x, s: -x / (1 + s), x1.clone(), sigmas)
     euler = x1.clone()

@@ -287,7 +287,7 @@ def unipc_sample(velocity, noise: Tensor, sigmas: Tensor, solver_order: int = 2)
     from diffusers import UniPCMultistepScheduler
 
     scheduler = UniPCMultistepScheduler(
-        num_train_timesteps=1000,
+        num_train_timesteps=1000,  # pragma: no mutate (equivalent: the default; it only scales the timesteps)
         solver_order=solver_order,
         prediction_type="flow_prediction",
         use_flow_sigmas=True,
@@ -296,8 +296,14 @@ def unipc_sample(velocity, noise: Tensor, sigmas: Tensor, solver_order: int = 2)
     scheduler.set_timesteps(sigmas=sigmas[:-1].double().cpu().numpy(), device=noise.device)
     if float(sigmas[-1]) != 0.0:
         raise ValueError(f"unipc_sample needs a schedule ending at sigma 0, got {float(sigmas[-1])}")
+    timesteps = scheduler.timesteps.tolist()
+    if len(set(timesteps)) < len(timesteps):  # the scheduler finds its step by timestep: a repeat breaks its order
+        raise ValueError(
+            f"unipc_sample needs sigmas at least 1/1000 apart (UniPC's timesteps are sigma x 1000 as integers), got "
+            f"timesteps {timesteps}: use fewer steps"
+        )
     x = noise.float()
     for i, t in enumerate(scheduler.timesteps):
         v = velocity(x, scheduler.sigmas[i].float())  # [N, ...]
-        x = scheduler.step(v, t, x, return_dict=False)[0].float()
+        x = scheduler.step(v, t, x, return_dict=False)[0].float()  # pragma: no mutate (equivalent: [0] either way)
     return x
