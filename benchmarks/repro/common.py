@@ -158,7 +158,7 @@ def write_section(name: str, markdown: str, path: Path = RESULTS) -> None:
 def wall_time(jobs: int) -> str:
     """How long the script has run, and on what: the figure the 30-minute budget of a reproduction is checked on."""
     return (f"{(time.time() - STARTED) / 60:.1f} min of wall time on {os.cpu_count()} CPU cores, "
-            f"{jobs} seed(s) at a time")  # fmt: skip
+            f"at most {jobs} stages at a time")  # fmt: skip
 
 
 def command_line() -> str:
