@@ -244,7 +244,7 @@ def test_a_yaml_config_with_a_class_path_augment_builds(shard_dir):
     )
     parser = ArgumentParser()
     parser.add_subclass_arguments(ShardDataModule, "data")
-    dm = parser.instantiate_classes(parser.parse_object(config)).data
+    dm = parser.instantiate(parser.parse_object(config)).data
     assert isinstance(dm, ShardDataModule) and isinstance(dm.augment, HFlipTwin) and dm.augment.tag == "mirrored"
     dm.setup("fit")
     batches = list(dm.train_dataloader())

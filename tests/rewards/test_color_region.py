@@ -18,7 +18,7 @@ def _sample(color, shape, position):
 
 def test_rendered_targets_score_one_as_tensor_and_uint8():
     samples = list(ShapePromptDataset(32, seed=3))
-    arrays = [np.asarray(s.images[0]) for s in samples]
+    arrays = [np.array(s.images[0]) for s in samples]  # writable copies: torch.from_numpy shares the memory
     tensors = [torch.from_numpy(a).permute(2, 0, 1).float() / 255 for a in arrays]
     reward = ColorRegionReward()
     assert torch.equal(reward.score(arrays, samples), torch.ones(32))
