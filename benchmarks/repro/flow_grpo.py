@@ -1,7 +1,10 @@
 """Flow-GRPO over seeds (VBVR-Pro): the two flow quickstarts' held-out reward before and after GRPO, per arm.
 
-    python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde cps_delay1
-    python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps sde
+    python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde    # 29.6 min on 2 cores
+    python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps sde    # 25.5 min on 2 cores
+    python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde cps_delay1 --reuse   # adds the delay arm
+
+(times measured 2026-12-02 from empty output folders; ``--reuse`` keeps the stages already run.)
 
 Per seed, stage 1 (the task's pretraining recipe) runs once in ``<out>/seed<S>``; every arm's GRPO stage then starts
 from that same model, at equal steps and data. Arms:
