@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from app.embedded.flow_models import SAMPLE_SIZE_FILE, load_flow_components
 from app.models import flow_conditioning as conditioning_lib
+from app.models.flow_lora import trainable_transformer
 from app.models.flow_text import DEFAULT_MAX_SEQUENCE_LENGTH, FlowTextEncoder
 from app.models.kernels import apply_liger_rms_norm, require_liger, set_flow_attention_backend
 from app.models.policy import SwitchableReference
@@ -172,27 +173,11 @@ class FlowPolicy(SwitchableReference, nn.Module):
             pipeline_class=_pipeline_class(transformer),
         )
         self.latent_shape: tuple[int, ...] = self._latent_shape(transformer)
-        self.model = self._wrap(transformer, lora)  # PeftModel with LoRA, the diffusers model otherwise
+        self.model = trainable_transformer(transformer, lora)  # PeftModel with LoRA, the diffusers model otherwise
         self.model.train()  # from_pretrained returns eval mode; the trained transformer is in train mode
         self.frozen_reference: nn.Module | None = None  # full fine-tuning's KL reference, see enable_reference
         self._use_reference = False
         self._prompt_cache: OrderedDict[str, dict[str, Tensor]] = OrderedDict()
-
-    @staticmethod
-    def _wrap(transformer: nn.Module, lora: FlowLoRASettings | None) -> nn.Module:
-        if lora is None:
-            return transformer.requires_grad_(True)
-        from peft import LoraConfig, get_peft_model
-
-        config = LoraConfig(
-            r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=lora.target_modules,
-            init_lora_weights=True,  # B = 0: the policy starts exactly at the base model
-        )
-        transformer.requires_grad_(False)
-        return get_peft_model(transformer, config)
 
     def _latent_shape(self, transformer: nn.Module) -> tuple[int, ...]:
         if self.is_flux:
