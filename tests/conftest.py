@@ -66,6 +66,34 @@ def random_seed(request) -> int:
     return seed
 
 
+# ------------------------------------------------------------------------------------------------------ test ids
+def plain_id(value: str | bytes, limit: int = 40) -> str:
+    """A test id that can be named again on the command line: printable ASCII without backslashes, at most ``limit``
+    characters. pytest escapes other characters into ids that no command line selects (``pytest 'x[\\frac]'`` is
+    "not found"), which would break every rerun by id: mutmut's per-mutant runs, ``--lf``, a CI log's failing id."""
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    text = "".join(
+        c if c.isascii() and c.isprintable() and c != "\\" else "/" if c == "\\" else " " if c.isspace() else "?"
+        for c in value
+    )
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def pytest_make_parametrize_id(config, val, argname):
+    """Strings and bytes parameters get :func:`plain_id` ids; other values keep pytest's own."""
+    return plain_id(val) if isinstance(val, (str, bytes)) else None
+
+
+def _check_selectable_ids(items) -> None:
+    unselectable = [item.nodeid for item in items if item.nodeid != plain_id(item.nodeid, limit=len(item.nodeid))]
+    if unselectable:
+        raise pytest.UsageError(
+            f"{len(unselectable)} test id(s) cannot be selected by id on a command line (non-printable or non-ASCII "
+            f"characters, or a backslash), e.g. {unselectable[0]!r}: give the parameters plain ids (conftest.plain_id)"
+        )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """Add the test's seed to the report of a failure (and to ``user_properties``, which JUnit XML records)."""
@@ -81,7 +109,8 @@ def pytest_runtest_makereport(item, call):
 def pytest_collection_modifyitems(config, items):
     """Under mutmut (a mutant's run, in ``mutants/``), run the test files with the least recorded time first: the run
     stops at the first failure, so a caught mutant is caught sooner. Files stay whole, in their own order, so module
-    fixtures are built once. Outside mutmut nothing changes."""
+    fixtures are built once. Outside mutmut nothing changes. First, every test id must be selectable by id."""
+    _check_selectable_ids(items)
     if "__mutmut_" not in os.environ.get("MUTANT_UNDER_TEST", ""):  # mutmut's mutant names; its other runs as they are
         return
     stats = Path("mutmut-stats.json")

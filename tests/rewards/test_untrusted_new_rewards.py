@@ -124,7 +124,7 @@ def test_tag_and_latex_soup(text):
         PWN,
         "\\frac{1}{0}",
     ],
-    ids=lambda a: a[:12],
+    ids=lambda a: a[:12].replace("\\", "/"),
 )
 def test_special_answers(answer):
     completions = [answer, f"<answer>{answer}</answer>", f"<think>t</think><answer>{answer}</answer>"]
