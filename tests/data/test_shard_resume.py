@@ -3,6 +3,7 @@ yields next, in order (workers included), and the skip counts go on from the che
 
 import dataclasses
 import glob
+import itertools
 import json
 import logging
 import random
@@ -16,7 +17,7 @@ from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from app.data import ShardDataModule
-from app.data.shard_stream import ShardStream, SkipCounts
+from app.data.shard_stream import ShardLoader, ShardStream, SkipCounts, StreamBatch
 from app.data.shards import encode_sample, write_samples
 from app.tasks.dots import DotsDataset
 from app.types import VisualSample
@@ -402,3 +403,112 @@ def test_a_damaged_shard_that_then_fails_counts_once(tmp_path, caplog):
     ]
     assert messages[-1].startswith(f"skipping the rest of shard {path}: ValueError: duplicate member 'd-3.")
     assert messages[-1].endswith("(worker 0: 1 shards, 1 samples skipped this epoch)")
+
+
+def test_a_resampled_worker_yields_its_share_of_the_epoch_and_stops(shards):
+    """``epoch_size`` 5 in batches of 2 from endlessly resampled shards: two full batches, a final one of 1, no more
+    (read through a bound, so that a stream that never ended would fail here instead of hanging)."""
+    stream = ShardStream(sorted(glob.glob(shards)), batch_size=2, seed=3, resampled=True, epoch_size=5)
+    items = list(itertools.islice(stream, 10))
+    assert [(len(i.samples), i.items, i.final) for i in items] == [(2, 2, False), (2, 4, False), (1, 5, True)]
+
+
+# ------------------------------------------------------------------------ ShardLoader's positions (no data module)
+
+
+def _batch_indices(batches) -> list[list[int]]:
+    return [[s.meta["index"] for s in batch] for batch in batches]
+
+
+def test_before_any_pass_the_position_is_the_start_of_the_next_pass(shards):
+    urls = sorted(glob.glob(shards))
+    start = {"epoch": 0, "batches": 0, "workers": [], "next_worker": 0, "skipped": [0, 0]}
+    assert ShardLoader(ShardStream(urls, batch_size=2)).position() == start  # no epoch_fn: passes count from 0
+    assert ShardLoader(ShardStream(urls, batch_size=2), epoch_fn=lambda: None).position() == start
+    assert ShardLoader(ShardStream(urls, batch_size=2), epoch_fn=lambda: 3).position() == {**start, "epoch": 3}
+    loader = ShardLoader(ShardStream(urls, batch_size=2), epoch_fn=lambda: 3)
+    pending = {**start, "epoch": 3, "batches": 2, "workers": [[0, 4, 4, False]]}
+    loader.resume(pending)
+    assert loader.position() == pending  # a resume pending: where the next pass starts
+
+
+def test_a_batch_count_with_no_position_gives_where_the_pass_started_with_a_warning(shards, caplog):
+    """A pass of epoch 2 resumed after batch 1 yields batches 2 and 3; it has no position after batch 7 (nor after
+    batch 0, which came before its start): it answers with its start, so that a resumed run repeats but loses nothing."""
+    urls = sorted(glob.glob(shards))
+    first = ShardLoader(ShardStream(urls, batch_size=2), epoch_fn=lambda: 2)
+    next(iter(first))
+    start = first.position()
+    assert start == {"epoch": 2, "batches": 1, "workers": [[0, 2, 2, False]], "next_worker": 0, "skipped": [0, 0]}
+    loader = ShardLoader(ShardStream(urls, batch_size=2), epoch_fn=lambda: 2)
+    loader.resume(start)
+    batches = iter(loader)
+    with caplog.at_level(logging.INFO, logger="app.data.shard_stream"):
+        assert _batch_indices([next(batches), next(batches)]) == [[2, 3], [4, 5]]
+    assert [r.getMessage() for r in caplog.records] == ["shard loader: resuming epoch 2 after batch 1"]
+    assert loader.position(3)["batches"] == loader.position()["batches"] == 3
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="app.data.shard_stream"):
+        assert loader.position(7) == start
+        assert loader.position(0) == start
+    assert [r.getMessage() for r in caplog.records] == [
+        f"shard loader: no position after {n} batches of epoch 2 (it yielded 3, keeps the last 32); a resumed run "
+        "will replay this epoch from batch 1"
+        for n in (7, 0)
+    ]
+
+
+def test_a_position_from_another_epoch_starts_that_epoch_afresh_with_a_message(shards, caplog):
+    urls = sorted(glob.glob(shards))
+    epoch1 = _batch_indices(ShardLoader(ShardStream(urls, batch_size=2, shuffle=True), epoch_fn=lambda: 1))
+    first = ShardLoader(ShardStream(urls, batch_size=2, shuffle=True), epoch_fn=lambda: 0)
+    next(iter(first))
+    loader = ShardLoader(ShardStream(urls, batch_size=2, shuffle=True), epoch_fn=lambda: 1)
+    loader.resume(first.position())
+    with caplog.at_level(logging.INFO, logger="app.data.shard_stream"):
+        assert _batch_indices(loader) == epoch1
+    assert "shard loader: the saved position is in epoch 0; epoch 1 starts afresh" in [
+        r.getMessage() for r in caplog.records
+    ]
+
+
+def test_skipped_since_counts_the_skips_of_this_pass_after_one_of_its_positions(mixed):
+    """Over ``mixed`` in batches of 2, the pass reports a garbage shard with batch 1, then another and an undecodable
+    sample with batch 3. Only a position of the pass running now, in its epoch, has skips after it."""
+    loader = ShardLoader(ShardStream(mixed, batch_size=2))
+    checkpoint = {"epoch": 0, "batches": 3, "workers": [[0, 7, 6, False]], "next_worker": 0, "skipped": [2, 1]}
+    assert loader.skipped_since(checkpoint) == SkipCounts()  # no pass started: nothing reported since
+    assert _batch_indices(loader) == [[0, 1], [2, 3], [4, 6], [7]]
+    after = [loader.position(n) for n in range(5)]
+    assert [p["skipped"] for p in after] == [[0, 0], [1, 0], [1, 0], [2, 1], [2, 1]]
+    assert [loader.skipped_since(p) for p in after] == [
+        SkipCounts(2, 1), SkipCounts(1, 1), SkipCounts(1, 1), SkipCounts(), SkipCounts(),
+    ]  # fmt: skip
+    assert loader.skipped_since({**after[1], "epoch": 1}) == SkipCounts()  # a position of another epoch
+    loader.resume(after[1])
+    assert loader.skipped_since(after[1]) == SkipCounts()  # a resume pending: the next pass reports from there
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # no worker starts: the items are given
+def test_a_position_holds_each_workers_progress_whose_turn_is_next_and_the_skips_so_far(shards):
+    """Three workers' items, as the data loader hands them over in turn: a batch from each, then worker 1's final
+    counts-only item. Each batch's position keeps where every worker stood then; the counts-only item adds none."""
+    sample = VisualSample(images=[], question="q", task="toy")
+    skips = []
+    loader = ShardLoader(ShardStream(sorted(glob.glob(shards)), batch_size=2), num_workers=3, on_skip=skips.append)
+    loader.loader = [
+        StreamBatch([sample, sample], SkipCounts(), worker=0, records=2, items=2),
+        StreamBatch([sample, sample], SkipCounts(shards=1), worker=1, records=3, items=2),
+        StreamBatch([sample], SkipCounts(), worker=2, records=1, items=1, final=True),
+        StreamBatch([], SkipCounts(samples=1), worker=1, records=4, items=2, final=True),
+    ]
+    assert [len(batch) for batch in loader] == [2, 2, 1]
+    progress = [[0, 2, 2, False], [1, 3, 2, False], [2, 1, 1, True]]
+    assert [loader.position(n) for n in (1, 2, 3)] == [
+        {"epoch": 0, "batches": 1, "workers": progress[:1], "next_worker": 1, "skipped": [0, 0]},
+        {"epoch": 0, "batches": 2, "workers": progress[:2], "next_worker": 2, "skipped": [1, 0]},
+        {"epoch": 0, "batches": 3, "workers": progress, "next_worker": 0, "skipped": [1, 0]},
+    ]
+    assert loader.position() == loader.position(3)
+    assert skips == [SkipCounts(shards=1), SkipCounts(samples=1)]
+    assert loader.skipped == loader.skipped_this_pass == SkipCounts(shards=1, samples=1)

@@ -93,6 +93,29 @@ def test_submit_returns_before_a_slow_reward_finishes_and_gather_gives_the_synch
     assert out.components.keys() == {"slow", "length"}
 
 
+def test_a_reward_that_returns_a_future_in_a_thread_pool_gives_its_values():
+    completions, samples = batch()
+    rewards = WeightedReward([FutureReward()])
+    with ThreadPoolExecutor(1) as executor:
+        out = rewards.gather(rewards.submit(completions, samples, executor=executor))
+    assert out.total.tolist() == [2.0 * len(c) for c in completions]
+
+
+def test_a_group_reward_in_a_thread_pool_gets_the_group_size():
+    class GroupSizeReward(RewardComponent):
+        scope = "group_pair"
+        value_range = (0.0, 10.0)
+
+        def score(self, completions, samples, group_size=None):
+            return torch.full((len(completions),), float(group_size or 0))
+
+    completions, samples = batch(4)
+    rewards = WeightedReward([GroupSizeReward()])
+    with ThreadPoolExecutor(1) as executor:
+        out = rewards.gather(rewards.submit(completions, samples, group_size=2, executor=executor))
+    assert out.total.tolist() == [2.0, 2.0, 2.0, 2.0]
+
+
 def test_a_process_pool_runs_the_reward_in_another_process():
     completions, samples = batch()
     rewards = WeightedReward([WorkerPidReward()])
