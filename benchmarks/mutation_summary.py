@@ -1,0 +1,78 @@
+"""Summarise a mutmut run: mutants, caught, survived and timed out per mutated file, and the time mutants took.
+
+Run from the folder holding ``mutants/`` after ``mutmut run`` (see README, "Mutation testing"):
+
+    python benchmarks/mutation_summary.py            # table per file, then the total
+    python benchmarks/mutation_summary.py --markdown # the same as a Markdown table (for the README)
+
+"Caught" counts mutmut's "killed" (a test failed) and "caught by type check"; a timeout is reported on its own (a mutant
+that makes the code hang is caught in effect, but it is not a test's verdict). Mutants not checked yet (an interrupted
+run) are counted apart and left out of the rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+# mutmut 3's exit codes (mutmut.stats.status_by_exit_code); any other code is "suspicious"
+CAUGHT = {1: "caught", 3: "caught", 37: "caught"}
+STATUS = {**CAUGHT, 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout", -24: "timeout",
+          24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}  # fmt: skip
+COLUMNS = ("mutants", "caught", "survived", "timeout", "no tests", "not checked", "other")
+
+
+def summarise(mutants_dir: Path) -> tuple[dict[str, Counter], dict[str, float]]:
+    """Status counts and the summed run seconds of the mutants, per mutated source file."""
+    counts: dict[str, Counter] = {}
+    seconds: dict[str, float] = {}
+    for meta in sorted(mutants_dir.glob("**/*.py.meta")):
+        data = json.loads(meta.read_text())
+        name = str(meta.relative_to(mutants_dir))[: -len(".meta")]
+        if not data["exit_code_by_key"]:
+            continue
+        status = Counter(STATUS.get(code, "other") for code in data["exit_code_by_key"].values())
+        status["mutants"] = len(data["exit_code_by_key"])
+        counts[name] = status
+        seconds[name] = sum(data.get("durations_by_key", {}).values())
+    return counts, seconds
+
+
+def rate(status: Counter) -> str:
+    checked = status["mutants"] - status["not checked"]
+    return f"{100 * status['caught'] / checked:.1f} %" if checked else "-"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mutants", type=Path, default=Path("mutants"), help="mutmut's working folder")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = parser.parse_args(argv)
+    if not args.mutants.is_dir():
+        raise SystemExit(f"no {args.mutants}/ here: run `mutmut run` first, or pass --mutants")
+    counts, seconds = summarise(args.mutants)
+    total = sum(counts.values(), Counter())
+    rows = [(name, status, seconds[name]) for name, status in counts.items()]
+    rows.append(("total", total, sum(seconds.values())))
+    header = ("file", *COLUMNS, "caught rate", "mutant run s")
+    table = [[name, *(str(status[c]) for c in COLUMNS), rate(status), f"{secs:.0f}"] for name, status, secs in rows]
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("| --- " + "| ---: " * (len(header) - 1) + "|")
+        for row in table:
+            print("| " + " | ".join(row) + " |")
+        return
+    widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
+    for row in [header, *table]:
+        print(
+            "  ".join(
+                str(cell).rjust(w) if i else str(cell).ljust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""benchmarks/mutation_summary.py: counts per mutated file from mutmut's ``.meta`` files, and the caught rate."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "mutation_summary.py"
+
+
+@pytest.fixture(scope="module")
+def summary():
+    spec = importlib.util.spec_from_file_location("mutation_summary", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_meta(path: Path, codes: dict, durations: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"exit_code_by_key": codes, "durations_by_key": durations}))
+
+
+def test_counts_statuses_per_file_and_rates_only_what_was_checked(summary, tmp_path, capsys):
+    mutants = tmp_path / "mutants"
+    codes = {"a__mutmut_1": 1, "a__mutmut_2": 1, "a__mutmut_3": 0, "a__mutmut_4": -24, "a__mutmut_5": None}
+    write_meta(mutants / "src/app/a.py.meta", codes, {"a__mutmut_1": 0.5, "a__mutmut_2": 1.5})
+    write_meta(mutants / "src/app/b.py.meta", {"b__mutmut_1": 37, "b__mutmut_2": 35}, {})
+    write_meta(mutants / "src/app/empty.py.meta", {}, {})
+    counts, seconds = summary.summarise(mutants)
+    assert set(counts) == {"src/app/a.py", "src/app/b.py"}
+    a = counts["src/app/a.py"]
+    assert (a["mutants"], a["caught"], a["survived"], a["timeout"], a["not checked"]) == (5, 2, 1, 1, 1)
+    assert summary.rate(a) == "50.0 %"  # 2 of the 4 checked
+    assert (counts["src/app/b.py"]["caught"], counts["src/app/b.py"]["other"]) == (1, 1)
+    assert seconds == {"src/app/a.py": 2.0, "src/app/b.py": 0.0}
+    summary.main(["--mutants", str(mutants), "--markdown"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| file | mutants | caught |")
+    assert lines[-1] == "| total | 7 | 3 | 1 | 1 | 0 | 1 | 1 | 50.0 % | 2 |"
+
+
+def test_a_missing_mutants_folder_is_a_short_message(summary, tmp_path):
+    with pytest.raises(SystemExit, match="no .*mutants/ here: run `mutmut run` first"):
+        summary.main(["--mutants", str(tmp_path / "mutants")])
