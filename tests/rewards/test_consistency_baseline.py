@@ -33,6 +33,7 @@ def exact_minimal_expectation(k: int) -> float:
     return math.comb(2 * k, k) / 4**k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("k", "paper_value"), [(8, 0.20), (16, 0.14), (32, 0.10)])
 def test_random_baseline_expectations(k, paper_value):
     completions, samples = uninformative_batch(k, TRIALS, seed=k)
