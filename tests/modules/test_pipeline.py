@@ -3,9 +3,12 @@ update k uses rollout k and its rewards with a lag of exactly one rollout, the r
 at generation time, runs are deterministic and resume in the middle of the pipeline, delay 0 keeps the plain step."""
 
 import functools
+import io
+import re
 import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -18,7 +21,8 @@ from torch.utils.data import DataLoader
 
 from app.algorithms import grpo_loss, zero_std_groups
 from app.models.vlm import SamplingSettings
-from app.modules import FlowGRPOModule, GRPOModule, VLMGRPOModule
+from app.modules import FlowGRPOModule, GRPOModule, VLMGRPOModule, grpo
+from app.modules.grpo import ScoredGroups
 from app.modules.pipeline import Generation, PipelineSettings, from_plain, to_plain
 from app.rewards import RewardComponent, RewardError
 from app.types import RewardOutput, VisualSample
@@ -114,14 +118,17 @@ class ToyRollout:
 
 
 class ToyPipelined(GRPOModule):
-    """Each prompt carries its outputs' features and rewards; one loss part over all rows."""
+    """Each prompt carries its outputs' features and rewards; one loss part over all rows. Logs its rollout's rows
+    (``train/toy/rows``) and hands callbacks the features of the rollout it trained (``outputs["features"]``)."""
 
-    def __init__(self, delay: int, rewards=None, **pipeline):
+    def __init__(
+        self, delay: int, rewards=None, workers="thread", records_per_step=0, gradient_clip_val=0.0, **pipeline
+    ):
         super().__init__(
             LinearPolicy(), rewards or [ValueReward()], Settings(), eps_low=0.2, eps_high=0.2, beta=0.0, num_iterations=1,
-            advantage_scale="none", drop_zero_std_groups=False, micro_batch_size=None, gradient_clip_val=0.0,
-            records_per_step=0, learning_rate=0.1, weight_decay=0.0, warmup_steps=0,
-            pipeline=PipelineSettings(delay=delay, workers="thread", **pipeline),
+            advantage_scale="none", drop_zero_std_groups=False, micro_batch_size=None,
+            gradient_clip_val=gradient_clip_val, records_per_step=records_per_step, learning_rate=0.1, weight_decay=0.0,
+            warmup_steps=0, pipeline=PipelineSettings(delay=delay, workers=workers, **pipeline),
         )  # fmt: skip
 
     @torch.no_grad()
@@ -142,6 +149,12 @@ class ToyPipelined(GRPOModule):
 
     def completion_text(self, rollout, row):
         return ""
+
+    def rollout_logs(self, rollout):
+        return {"train/toy/rows": torch.tensor(float(len(rollout.features)))}
+
+    def step_outputs(self, rollout):
+        return {"features": rollout.features}
 
 
 def toy_batch(step: int) -> list[VisualSample]:
@@ -210,6 +223,278 @@ def test_a_failing_or_stuck_reward_stops_the_step_with_its_name():
         stuck.on_save_checkpoint({})  # a checkpoint collects the pending rewards, under the same time limit
     stuck.on_train_end()  # drops the pending rollout and shuts the workers down
     assert stuck.dropped_rollouts == 1
+
+
+class GroupAwareValue(ValueReward):
+    """The completion read as a number, by a reward that compares groups (so it is handed K); notes, per call, the
+    thread it ran in, the prompt of each row and the K it was given."""
+
+    scope = "group_pair"
+
+    def __init__(self):
+        super().__init__(name="value")
+        self.calls: list[tuple[str, list[str], int | None]] = []
+
+    def score(self, completions, samples, group_size=None):
+        self.calls.append((threading.current_thread().name, [s.question for s in samples], group_size))
+        return super().score(completions, samples)
+
+
+class Clock:
+    """Stands in for ``time.perf_counter`` in the GRPO skeleton: reading n (from 0, see ``readings``) is 10 ** n
+    seconds, so every difference of two readings is a distinct number naming the stretch it measures."""
+
+    def __init__(self):
+        self.readings = 0
+
+    def perf_counter(self) -> float:
+        self.readings += 1
+        return 10.0 ** (self.readings - 1)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(grpo, "time", fake)
+    return fake
+
+
+class Logs:
+    """Takes the place of the module's ``log_dict`` and ``log`` (there is no trainer here) and keeps every call."""
+
+    def __init__(self, module: GRPOModule):
+        self.dicts: list[tuple[dict, dict]] = []
+        self.singles: list[tuple[str, torch.Tensor, dict]] = []
+        module.log_dict = lambda values, **kwargs: self.dicts.append((dict(values), kwargs))
+        module.log = lambda name, value, **kwargs: self.singles.append((name, value, kwargs))
+
+
+TOY_REWARDS, TOY_ADVANTAGES = [1.0, 3.0, 2.0, -2.0], [-1.0, 1.0, 2.0, -2.0]  # toy_batch's, group-centred
+LOGGED = {"train/reward/total", "train/loss/policy", "train/kl", "train/clip_fraction", "train/ratio_mean",
+          "train/frac_zero_std", "train/nonfinite_rewards", "train/skipped_updates", "train/reward/value",
+          "train/toy/rows"}  # fmt: skip
+
+
+def test_each_delayed_step_returns_and_logs_the_previous_rollout_with_its_lag_and_timings(clock):
+    """Step i trains rollout i - 1 (drawn by the policy of one update earlier, lag 1 once the pipeline runs) and hands
+    callbacks and the logger that rollout: its prompts, rewards, advantages, features, and the step's seconds split
+    between rollout (reading 1 - reading 0), reward wait (2 - 1) and update (4 - 3)."""
+    reward = GroupAwareValue()
+    module = ToyPipelined(delay=1, rewards=[reward], records_per_step=3)
+    logs = Logs(module)
+    step = driver(module)
+    assert step(0) is None and not logs.dicts
+    outputs = []
+    for i in (1, 2, 3):
+        clock.readings = 0
+        outputs.append(step(i))
+    assert [out["policy_lag"] for out in outputs] == [0, 1, 1]
+    assert [values["train/policy_lag"] for values, _ in logs.dicts] == [0.0, 1.0, 1.0]
+    for k, (out, (values, kwargs), (name, reward_total, bar_kwargs)) in enumerate(
+        zip(outputs, logs.dicts, logs.singles, strict=True)
+    ):
+        trained = toy_batch(k)
+        assert torch.equal(out["features"], torch.cat([s.meta["features"] for s in trained]))
+        assert out["rewards"].total.tolist() == TOY_REWARDS and out["advantages"].tolist() == TOY_ADVANTAGES
+        assert [(r.question, r.reward, r.advantage) for r in out["records"]] == [
+            (f"p{k}0", 1.0, -1.0), (f"p{k}0", 3.0, 1.0), (f"p{k}1", 2.0, 2.0)
+        ]  # fmt: skip
+        assert out["timings"] == {"rollout": 9.0, "reward": 90.0, "update": 9000.0}
+        assert set(values) == LOGGED | {"train/policy_lag", "train/reward_wait_s"}
+        assert values["train/reward_wait_s"] == 90.0 and values["train/toy/rows"] == 4
+        assert values["train/reward/total"] == 1.0 and values["train/skipped_updates"] == 0
+        assert out["loss"] == values["train/loss/policy"]  # beta 0: the loss is the policy loss
+        assert kwargs == {"batch_size": 2}  # the trained rollout's prompts
+        assert (name, float(reward_total), bar_kwargs) == ("reward", 1.0, {"prog_bar": True, "logger": False,
+                                                                           "batch_size": 2})  # fmt: skip
+    assert outputs[0]["loss"] == 0 and outputs[1]["loss"] != 0  # ratio exactly 1 at lag 0 only
+    # each trained rollout was scored by the reward workers, row b * K + k from prompt b, with K
+    assert reward.calls[:3] == [("reward_0", [f"p{i}0", f"p{i}0", f"p{i}1", f"p{i}1"], 2) for i in range(3)]
+
+
+def test_a_delayed_pipeline_builds_its_reward_workers_once_and_shuts_them_down_at_train_end():
+    module = ToyPipelined(delay=1)
+    step = driver(module)
+    step(0)
+    workers = module.reward_executor
+    assert isinstance(workers, ThreadPoolExecutor)
+    for i in (1, 2):
+        step(i)
+    assert module.reward_executor is workers
+    module.on_train_end()
+    assert module.reward_executor is None and module.dropped_rollouts == 1
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        workers.submit(int)
+
+
+def test_inline_workers_or_an_executor_set_on_the_module_take_the_place_of_built_ones():
+    inline_reward = GroupAwareValue()
+    inline = ToyPipelined(delay=1, rewards=[inline_reward], workers="inline")
+    step = driver(inline)
+    step(0), step(1)
+    assert inline.reward_executor is None
+    assert {thread for thread, _, _ in inline_reward.calls} == {threading.main_thread().name}
+    reward, mine = GroupAwareValue(), ThreadPoolExecutor(1, thread_name_prefix="mine")
+    module = ToyPipelined(delay=1, rewards=[reward])
+    module.reward_executor = mine
+    step = driver(module)
+    step(0), step(1)
+    module.on_train_end()
+    assert {thread for thread, _, _ in reward.calls} == {"mine_0"}
+    assert module.reward_executor is mine and mine.submit(int).result() == 0  # not the module's to shut down
+    mine.shutdown()
+
+
+def test_a_checkpoint_carries_the_pending_rollout_the_version_and_the_prompt_sampler_to_a_new_module():
+    """Saved after three steps (rollouts 0 and 1 trained, rollout 2 pending), the state goes through
+    ``torch.load(weights_only=True)`` and a fresh module's next step is the one the saved module would take."""
+    module = ToyPipelined(delay=1)
+    step = driver(module)
+    for i in range(3):
+        step(i)
+    torch.randint(10, (3,), generator=module.drawer.generator)  # the prompt sampler has drawn
+    checkpoint = {}
+    module.on_save_checkpoint(checkpoint)
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    buffer.seek(0)
+    checkpoint = torch.load(buffer, weights_only=True)
+    (state,) = checkpoint["rollout_pipeline"]  # one process
+    (pending,) = from_plain(state["pending"])
+    assert state["version"] == 2 and pending.version == 1  # drawn by the policy of one update
+    assert [s.question for s in pending.samples] == ["p20", "p21"]
+    assert pending.rewards.total.tolist() == TOY_REWARDS  # collected before saving
+    resumed = ToyPipelined(delay=1)
+    resumed.policy.load_state_dict(module.policy.state_dict())
+    resumed.on_load_checkpoint(checkpoint)
+    draws = [torch.randint(10, (3,), generator=m.drawer.generator).tolist() for m in (module, resumed)]
+    assert draws[0] == draws[1]
+    expected, got = step(3), driver(resumed)(3)
+    assert got["policy_lag"] == expected["policy_lag"] == 1  # no priming: the pending rollout came back
+    assert torch.equal(got["features"], expected["features"]) and torch.equal(got["loss"], expected["loss"])
+    assert torch.equal(resumed.policy.weight, module.policy.weight)
+
+
+def test_each_rank_resumes_its_own_pending_rollout_and_another_world_size_is_refused():
+    states = []
+    for prompts in (toy_batch(0), toy_batch(5)):  # each rank primed with its own prompts
+        rank = ToyPipelined(delay=1)
+        driver(rank)
+        rank.training_step(prompts, 0)
+        saved = {}
+        rank.on_save_checkpoint(saved)
+        states += saved["rollout_pipeline"]
+    checkpoint = {"rollout_pipeline": states}
+    second = ToyPipelined(delay=1)
+    second._trainer = SimpleNamespace(world_size=2, global_rank=1)
+    second.on_load_checkpoint(checkpoint)
+    second._trainer = None
+    trained = driver(second)(1)["features"]
+    assert torch.equal(trained, torch.cat([s.meta["features"] for s in toy_batch(5)]))
+    message = (
+        "the checkpoint holds the rollout pipeline of 2 processes, this run has 1: "
+        "resume a pipelined run on as many processes as it was saved from"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ToyPipelined(delay=1).on_load_checkpoint(checkpoint)
+
+
+def test_under_torch_distributed_the_checkpoint_gathers_the_pipeline_state_of_every_rank():
+    """A one-process gloo group, in this process: the checkpoint holds what ``all_gather_object`` brought back."""
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        module = ToyPipelined(delay=1)
+        driver(module)(0)
+        checkpoint = {}
+        module.on_save_checkpoint(checkpoint)
+    finally:
+        torch.distributed.destroy_process_group()
+    (state,) = checkpoint["rollout_pipeline"]
+    (pending,) = from_plain(state["pending"])
+    assert state["version"] == 0 and [s.question for s in pending.samples] == ["p00", "p01"]
+
+
+def test_without_the_pipeline_no_pipeline_state_is_saved_or_restored():
+    plain = ToyPipelined(delay=0)
+    checkpoint = {}
+    plain.on_save_checkpoint(checkpoint)
+    assert "rollout_pipeline" not in checkpoint
+    delayed = ToyPipelined(delay=1)
+    delayed.on_load_checkpoint(checkpoint)  # a checkpoint of a run without the pipeline
+    assert driver(delayed)(0) is None  # primes, as a fresh run does
+    saved = {}
+    delayed.on_save_checkpoint(saved)  # one rollout pending
+    plain.on_load_checkpoint(saved)
+    plain.on_train_end()
+    assert plain.dropped_rollouts == 0  # the plain run took no pending rollout
+
+
+def test_the_plain_step_scores_inline_and_splits_its_time_between_rollout_reward_and_update(clock):
+    """Readings: 0 the step starts, 1-2 around the rewards, 3 rolled out, 4 updated."""
+    reward = GroupAwareValue()
+    module = ToyPipelined(delay=0, rewards=[reward], records_per_step=1)
+    logs = Logs(module)
+    out = driver(module)(0)
+    assert out["timings"] == {"rollout": 1000.0 - 1.0 - 90.0, "reward": 90.0, "update": 9000.0}
+    assert set(out) == {"loss", "records", "rewards", "advantages", "timings", "features"}  # no policy_lag
+    ((values, kwargs),) = logs.dicts
+    assert set(values) == LOGGED and kwargs == {"batch_size": 2}
+    assert reward.calls == [(threading.main_thread().name, ["p00", "p00", "p01", "p01"], 2)]
+    assert module.reward_executor is None
+
+
+class ScoredPromptByPrompt(ToyPipelined):
+    """Scores each prompt's group with its own call of :meth:`score`, as a family scoring in parts would."""
+
+    def rollout(self, samples):
+        generation, k = self._generate(samples), self.group_size
+        parts = [self.score(generation.outputs[b * k : (b + 1) * k], [s]) for b, s in enumerate(samples)]
+        total = torch.cat([p.rewards.total for p in parts])
+        rewards = RewardOutput(total, {"value": torch.cat([p.rewards.components["value"] for p in parts])})
+        scored = ScoredGroups(rewards, torch.cat([p.advantages for p in parts]), torch.cat([p.keep for p in parts]))
+        return self.finish_rollout(generation, scored)
+
+
+def test_the_reward_time_of_a_step_adds_up_every_scoring_of_its_rollout(clock):
+    """Readings: 0 the step starts, 1-2 and 3-4 around the two scorings, 5 rolled out, 6 updated."""
+    module = ScoredPromptByPrompt(delay=0, rewards=[GroupAwareValue()])
+    out = driver(module)(0)
+    assert out["rewards"].total.tolist() == TOY_REWARDS
+    reward = 90.0 + 9000.0
+    assert out["timings"] == {"rollout": 1e5 - 1.0 - reward, "reward": reward, "update": 1e6 - 1e5}
+
+
+class NoRatio(ToyPipelined):
+    """A loss that never materialises the ratio (as a fused one)."""
+
+    @property
+    def unlogged_loss_terms(self):
+        return frozenset({"ratio_mean"})
+
+
+def test_the_step_logs_the_gradient_norm_when_clipping_and_leaves_out_terms_the_loss_cannot_compute():
+    module = NoRatio(delay=0, gradient_clip_val=100.0)
+    logs = Logs(module)
+    driver(module)(0)
+    ((values, _),) = logs.dicts
+    assert set(values) == LOGGED - {"train/ratio_mean"} | {"train/grad_norm"}
+    f0 = torch.cat([s.meta["features"] for s in toy_batch(0)])
+    gradient = -(torch.tensor(TOY_ADVANTAGES)[:, None] * f0).mean(dim=0)  # ratio 1: d(-mean(A * ratio)) / dw
+    torch.testing.assert_close(values["train/grad_norm"], torch.linalg.vector_norm(gradient))
+
+
+def test_logged_values_are_moved_to_the_module_s_device():
+    """The meta device stands in for an accelerator: values computed on the host are moved there too."""
+    module = ToyPipelined(delay=0)
+    logs = Logs(module)
+    total = torch.tensor(TOY_REWARDS)
+    rollout = ToyRollout(torch.zeros(4, 2), None, RewardOutput(total, {"value": total}), torch.zeros(4),
+                         torch.ones(4, dtype=torch.bool), group_size=2)  # fmt: skip
+    stats = {key: torch.tensor(0.5) for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")}
+    module._device = torch.device("meta")
+    module._log_step(rollout, stats, batch_size=2)
+    ((values, _),) = logs.dicts
+    assert set(values) == LOGGED and {value.device.type for value in values.values()} == {"meta"}
 
 
 def test_delay_zero_takes_the_plain_step_with_rewards_in_the_training_thread(new_policy, new_datamodule, fit):
@@ -447,6 +732,14 @@ def test_dynamic_sampling_draws_nothing_for_a_batch_of_informative_groups():
     masks, extra, informative = dynamic_step(toy_prompts([SPREAD] * 3, "batch"), module)
     assert masks == [[1] * 6] and module.drawer.next == 0
     assert (extra, informative) == (0.0, 3.0)
+    assert module.reward_executor is None  # delay 0: rewards scored in the training thread, no workers built
+
+
+def test_dynamic_sampling_trains_on_both_rollouts_when_one_refill_completes_the_batch():
+    module = ToyDynamic(toy_prompts([SPREAD, FLAT], "data"), batch_size=2, max_extra_rollouts=4)
+    masks, extra, informative = dynamic_step(toy_prompts([FLAT, SPREAD], "batch"), module)
+    assert masks == [[0, 0, 1, 1], [1, 1, 0, 0]]
+    assert (extra, informative) == (1.0, 2.0)
 
 
 def test_dynamic_sampling_refills_a_short_last_batch_with_whole_loader_batches_up_to_its_cap():

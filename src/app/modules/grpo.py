@@ -145,6 +145,7 @@ class GRPOModule(PolicyModule):
         self._restored_pending: list | None = None  # plain data from a checkpoint, materialised on the next step
         self._version = 0  # rollouts trained so far (the policy version a generation records)
         self.dropped_rollouts = 0  # rollouts still pending when fit ended (see app.modules.pipeline)
+        self._reward_seconds = 0.0  # pragma: no mutate (equivalent: each plain step zeroes it before it scores)
         self._drawer: PromptDrawer | None = None  # dynamic sampling's prompt sampler, seeded per rank on first use
 
     @property
@@ -213,7 +214,7 @@ class GRPOModule(PolicyModule):
         grouped_samples = [s for s in samples for _ in range(k)]
         started = time.perf_counter()
         rewards = self.rewards(outputs, grouped_samples, group_size=k)
-        self._reward_seconds = getattr(self, "_reward_seconds", 0.0) + time.perf_counter() - started
+        self._reward_seconds += time.perf_counter() - started
         return self._scored(rewards)
 
     def _scored(self, rewards: RewardOutput) -> ScoredGroups:
@@ -273,7 +274,9 @@ class GRPOModule(PolicyModule):
         if self.pipeline.dynamic_sampling:
             rollouts, logs = self._refill(rollout, len(generation.samples))
         scored = time.perf_counter()
-        stats = self._train_on(rollouts if len(rollouts) > 1 else rollout)
+        stats = self._train_on(
+            rollouts if len(rollouts) > 1 else rollout  # pragma: no mutate (equivalent: one rollout weighs m / m = 1)
+        )  # fmt: skip
         lag = self._version - generation.version
         self._version += 1
         logs["train/policy_lag"] = torch.tensor(float(lag))
@@ -295,7 +298,10 @@ class GRPOModule(PolicyModule):
         return generation
 
     def _executor(self) -> Executor | None:
-        if self.reward_executor is None and self.pipeline.workers != "inline":
+        if (
+            self.reward_executor is None
+            and self.pipeline.workers != "inline"  # pragma: no mutate (equivalent: inline builds no executor anyway)
+        ):
             self.reward_executor, self._own_executor = reward_executor(self.pipeline), True
         return self.reward_executor
 
