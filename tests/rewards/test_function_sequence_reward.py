@@ -232,6 +232,9 @@ def test_label_errors_name_the_function_and_the_row():
         function_sequence_reward([wrap(GT)] * 2, [GT, None])
     with pytest.raises(ValueError, match=r"^answers\[1\] = 'red cube' is not a step list"):
         function_sequence_reward([wrap(GT)] * 2, [GT, "red cube"])
+    long_label = "red cube " + "x" * 100  # the message quotes the label's first 80 characters
+    with pytest.raises(ValueError, match=r"^answers\[0\] = 'red cube x{71}' is not a step list"):
+        function_sequence_reward([wrap(GT)], [long_label])
 
 
 def test_scores_are_float32_under_a_float64_default_dtype():

@@ -185,6 +185,22 @@ def test_negative_zero_is_zero(text):
     assert value == 0.0 and math.copysign(1.0, value) == 1.0
 
 
+@pytest.mark.parametrize(
+    "form", ["\\pi", "π", "pi", "Π", "PI"], ids=["latex", "greek", "letters", "greek-capital", "letters-capital"]
+)
+def test_each_pi_form_is_read_whole_and_nothing_past_it(form):
+    # what follows pi is read on: a "/" right after it, a factor before it, a unit after it
+    assert parse_number(f"{form}/4") == PI / 4
+    assert parse_number(f"2{form}/4") == PI / 2
+    assert parse_number(f"{form}/4 m") == PI / 4
+    assert parse_number(f"{form}2") is None
+
+
+@pytest.mark.parametrize(("text", "expected"), [("\\sqrt{0}", 0.0), ("\\sqrt0", 0.0), ("\\sqrt{0.25}", 0.5)])
+def test_sqrt_of_zero_and_of_values_below_one(text, expected):
+    assert parse_number(text) == expected
+
+
 def test_bounded_nesting_is_accepted_up_to_the_limit():
     assert parse_number("(" * 8 + "1" + ")" * 8) == 1.0
     assert parse_number("(" * 9 + "1" + ")" * 9) is None

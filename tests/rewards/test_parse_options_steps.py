@@ -45,6 +45,14 @@ def test_parse_option(text, expected):
     assert parse_option(text) == expected
 
 
+def test_parse_option_reads_answers_up_to_64_characters():
+    # the bound is on the stripped text before whitespace is collapsed: 64 characters are read, 65 are not
+    at_bound = "option" + " " * 57 + "a"
+    assert len(at_bound) == 64 and parse_option(at_bound) == "a"
+    assert parse_option(" " + at_bound + " ") == "a"  # surrounding whitespace does not count
+    assert parse_option("option" + " " * 58 + "a") is None
+
+
 def test_parse_option_num_options():
     assert [parse_option(x, 4) for x in "ABCDE"] == ["a", "b", "c", "d", None]
     assert parse_option("(z)", 26) == "z"

@@ -272,7 +272,7 @@ class _NumberParser:
         return _finite(float(literal.replace(",", "")))
 
     def sqrt(self) -> float:
-        self.eat_command("sqrt")
+        self.eat_command("sqrt")  # pragma: no mutate (equivalent: only the name's length is used, "SQRT" has it too)
         value = self.arg()
         if value < 0:
             raise _Malformed
@@ -281,7 +281,7 @@ class _NumberParser:
     def arg(self) -> float:
         char = self.peek()
         if char == "{":
-            return self.group("{")
+            return self.group("{")  # pragma: no mutate (equivalent: group() closes anything but "(" with "}")
         if char.isdigit() and char.isascii():
             self.pos += 1
             return float(char)
