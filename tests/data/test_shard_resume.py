@@ -512,3 +512,16 @@ def test_a_position_holds_each_workers_progress_whose_turn_is_next_and_the_skips
     assert loader.position() == loader.position(3)
     assert skips == [SkipCounts(shards=1), SkipCounts(samples=1)]
     assert loader.skipped == loader.skipped_this_pass == SkipCounts(shards=1, samples=1)
+
+
+def test_a_loader_keeps_the_positions_of_its_last_history_batches_only(shards, caplog):
+    """With ``HISTORY`` 3, a pass of 10 batches answers for batches 8-10 (and its start, 0); older counts give the
+    start with a warning. Before any pass, nothing is skipped."""
+    loader = ShardLoader(ShardStream(sorted(glob.glob(shards)), batch_size=2))
+    assert loader.skipped_this_pass == loader.skipped == SkipCounts()
+    loader.HISTORY = 3
+    assert len(list(loader)) == 10
+    assert [loader.position(n)["batches"] for n in (8, 9, 10)] == [8, 9, 10]
+    with caplog.at_level(logging.WARNING, logger="app.data.shard_stream"):
+        assert [loader.position(n)["batches"] for n in (1, 6, 7)] == [0, 0, 0]
+    assert len(caplog.records) == 3 and "keeps the last 3" in caplog.records[0].getMessage()

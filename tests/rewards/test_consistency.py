@@ -240,6 +240,18 @@ def test_northwest_corner_coupling_has_the_right_marginals():
         gamma = northwest_corner_coupling(n0, n1)
         assert np.allclose(gamma.sum(axis=1), 1 / n0) and np.allclose(gamma.sum(axis=0), 1 / n1)
     assert np.array_equal(northwest_corner_coupling(3, 3), np.eye(3) / 3)
+    # by hand, in units of 1/6: row 0 holds 3, row 1 holds 3, each column 2, mass flowing in index order
+    assert np.array_equal(northwest_corner_coupling(2, 3), np.array([[2, 1, 0], [0, 1, 2]]) / 6)
+    assert np.array_equal(northwest_corner_coupling(3, 2), np.array([[2, 0], [1, 1], [0, 2]]) / 6)
+
+
+def test_an_unbalanced_minimal_coupling_has_uniform_marginals_and_the_optimal_cost():
+    rng = np.random.default_rng(2)
+    for n0, n1 in [(2, 3), (5, 2), (4, 7)]:
+        V = rng.random((n0, n1))
+        gamma = minimal_coupling(V)
+        assert np.allclose(gamma.sum(axis=1), 1 / n0) and np.allclose(gamma.sum(axis=0), 1 / n1)
+        assert (gamma * V).sum() == pytest.approx(ot.emd2(np.full(n0, 1 / n0), np.full(n1, 1 / n1), V), abs=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------ the reward class

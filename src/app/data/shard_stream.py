@@ -376,8 +376,9 @@ class ShardLoader:
         self.skipped = SkipCounts()
         self.passes = 0
         self.skipped_this_pass = SkipCounts()
-        self._positions: dict[int, dict[str, Any]] = {}  # batches yielded this pass -> position
-        self._latest = 0
+        # batches yielded this pass -> position, and the last count yielded: both set when a pass starts, read after
+        self._positions: dict[int, dict[str, Any]] = {}  # pragma: no mutate (equivalent: see above)
+        self._latest = 0  # pragma: no mutate (equivalent: see above)
         self._start: dict[str, Any] | None = None  # where this pass started
         self._resume: dict[str, Any] | None = None
         self.loader = DataLoader(

@@ -205,8 +205,7 @@ def minimal_coupling(V: np.ndarray) -> np.ndarray:
         return gamma
     import ot  # imported on first use: it takes ~0.6 s
 
-    a, b = np.full(n0, 1.0 / n0), np.full(n1, 1.0 / n1)
-    return ot.emd(a, b, V)  # POT casts V to a C-contiguous float64 array
+    return ot.emd([], [], V)  # empty weights: POT's uniform marginals; it casts V to a C-contiguous float64 array
 
 
 def northwest_corner_coupling(n0: int, n1: int) -> np.ndarray:
@@ -215,7 +214,7 @@ def northwest_corner_coupling(n0: int, n1: int) -> np.ndarray:
     gamma = np.zeros((n0, n1))
     i = j = 0
     row_left, col_left = n1, n0  # units of 1 / (n0 * n1)
-    while i < n0 and j < n1:  # pragma: no mutate (equivalent: equal total masses, so i and j reach their ends together)
+    for _ in range(n0 + n1 - 1):  # each step empties a row or a column (the last one both): it cannot loop forever
         mass = min(row_left, col_left)
         gamma[i, j] = mass
         row_left, col_left = row_left - mass, col_left - mass
@@ -223,6 +222,8 @@ def northwest_corner_coupling(n0: int, n1: int) -> np.ndarray:
             i, row_left = i + 1, n1
         if col_left == 0:
             j, col_left = j + 1, n0
+        if i == n0:  # equal total masses: the last row and the last column empty together
+            break
     return gamma / (n0 * n1)
 
 
