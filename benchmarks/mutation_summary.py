@@ -5,8 +5,9 @@ Run from the folder holding ``mutants/`` after ``mutmut run`` (see README, "Muta
     python benchmarks/mutation_summary.py            # table per file, then the total
     python benchmarks/mutation_summary.py --markdown # the same as a Markdown table (for the README)
 
-"Caught" counts mutmut's "killed" (a test failed) and "caught by type check"; a timeout is reported on its own (a mutant
-that makes the code hang is caught in effect, but it is not a test's verdict). Mutants not checked yet (an interrupted
+"Caught" counts mutmut's "killed" (a test failed) and "caught by type check". A timeout (the mutant made the code hang)
+and a crash (the test process died of a signal, e.g. a native library handed None) are reported on their own: caught in
+effect, but not a test's verdict, so they stay out of the caught rate's numerator. Mutants not checked yet (an interrupted
 run) are counted apart and left out of the rate.
 """
 
@@ -20,8 +21,8 @@ from pathlib import Path
 # mutmut 3's exit codes (mutmut.stats.status_by_exit_code); any other code is "suspicious"
 CAUGHT = {1: "caught", 3: "caught", 37: "caught"}
 STATUS = {**CAUGHT, 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout", -24: "timeout",
-          24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}  # fmt: skip
-COLUMNS = ("mutants", "caught", "survived", "timeout", "no tests", "not checked", "other")
+          24: "timeout", 152: "timeout", 255: "timeout", -11: "crashed", -9: "crashed", None: "not checked"}  # fmt: skip
+COLUMNS = ("mutants", "caught", "survived", "timeout", "crashed", "no tests", "not checked", "other")
 
 
 def summarise(mutants_dir: Path) -> tuple[dict[str, Counter], dict[str, float]]:

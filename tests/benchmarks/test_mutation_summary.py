@@ -26,19 +26,20 @@ def test_counts_statuses_per_file_and_rates_only_what_was_checked(summary, tmp_p
     mutants = tmp_path / "mutants"
     codes = {"a__mutmut_1": 1, "a__mutmut_2": 1, "a__mutmut_3": 0, "a__mutmut_4": -24, "a__mutmut_5": None}
     write_meta(mutants / "src/app/a.py.meta", codes, {"a__mutmut_1": 0.5, "a__mutmut_2": 1.5})
-    write_meta(mutants / "src/app/b.py.meta", {"b__mutmut_1": 37, "b__mutmut_2": 35}, {})
+    write_meta(mutants / "src/app/b.py.meta", {"b__mutmut_1": 37, "b__mutmut_2": 35, "b__mutmut_3": -11}, {})
     write_meta(mutants / "src/app/empty.py.meta", {}, {})
     counts, seconds = summary.summarise(mutants)
     assert set(counts) == {"src/app/a.py", "src/app/b.py"}
     a = counts["src/app/a.py"]
     assert (a["mutants"], a["caught"], a["survived"], a["timeout"], a["not checked"]) == (5, 2, 1, 1, 1)
     assert summary.rate(a) == "50.0 %"  # 2 of the 4 checked
-    assert (counts["src/app/b.py"]["caught"], counts["src/app/b.py"]["other"]) == (1, 1)
+    b = counts["src/app/b.py"]
+    assert (b["caught"], b["crashed"], b["other"]) == (1, 1, 1)
     assert seconds == {"src/app/a.py": 2.0, "src/app/b.py": 0.0}
     summary.main(["--mutants", str(mutants), "--markdown"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| file | mutants | caught |")
-    assert lines[-1] == "| total | 7 | 3 | 1 | 1 | 0 | 1 | 1 | 50.0 % | 2 |"
+    assert lines[-1] == "| total | 8 | 3 | 1 | 1 | 1 | 0 | 1 | 1 | 42.9 % | 2 |"
 
 
 def test_a_missing_mutants_folder_is_a_short_message(summary, tmp_path):
