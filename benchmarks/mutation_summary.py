@@ -4,6 +4,7 @@ Run from the folder holding ``mutants/`` after ``mutmut run`` (see README, "Muta
 
     python benchmarks/mutation_summary.py            # table per file, then the total
     python benchmarks/mutation_summary.py --markdown # the same as a Markdown table (for the README)
+    python benchmarks/mutation_summary.py --folders  # one row per folder of mutated files
 
 "Caught" counts mutmut's "killed" (a test failed) and "caught by type check". A timeout (the mutant made the code hang)
 and a crash (the test process died of a signal, e.g. a native library handed None) are reported on their own: caught in
@@ -41,6 +42,17 @@ def summarise(mutants_dir: Path) -> tuple[dict[str, Counter], dict[str, float]]:
     return counts, seconds
 
 
+def by_folder(counts: dict[str, Counter], seconds: dict[str, float]) -> tuple[dict[str, Counter], dict[str, float]]:
+    """The same figures summed over the files of each folder (``src/app/rewards/``, ...)."""
+    folder_counts: dict[str, Counter] = {}
+    folder_seconds: dict[str, float] = {}
+    for name, status in counts.items():
+        folder = str(Path(name).parent) + "/"
+        folder_counts[folder] = folder_counts.get(folder, Counter()) + status
+        folder_seconds[folder] = folder_seconds.get(folder, 0.0) + seconds[name]
+    return folder_counts, folder_seconds
+
+
 def rate(status: Counter) -> str:
     checked = status["mutants"] - status["not checked"]
     return f"{100 * status['caught'] / checked:.1f} %" if checked else "-"
@@ -50,14 +62,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mutants", type=Path, default=Path("mutants"), help="mutmut's working folder")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--folders", action="store_true", help="one row per folder instead of per file")
     args = parser.parse_args(argv)
     if not args.mutants.is_dir():
         raise SystemExit(f"no {args.mutants}/ here: run `mutmut run` first, or pass --mutants")
     counts, seconds = summarise(args.mutants)
+    if args.folders:
+        counts, seconds = by_folder(counts, seconds)
     total = sum(counts.values(), Counter())
     rows = [(name, status, seconds[name]) for name, status in counts.items()]
     rows.append(("total", total, sum(seconds.values())))
-    header = ("file", *COLUMNS, "caught rate", "mutant run s")
+    header = ("folder" if args.folders else "file", *COLUMNS, "caught rate", "mutant run s")
     table = [[name, *(str(status[c]) for c in COLUMNS), rate(status), f"{secs:.0f}"] for name, status, secs in rows]
     if args.markdown:
         print("| " + " | ".join(header) + " |")

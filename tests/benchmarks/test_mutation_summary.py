@@ -45,3 +45,14 @@ def test_counts_statuses_per_file_and_rates_only_what_was_checked(summary, tmp_p
 def test_a_missing_mutants_folder_is_a_short_message(summary, tmp_path):
     with pytest.raises(SystemExit, match="no .*mutants/ here: run `mutmut run` first"):
         summary.main(["--mutants", str(tmp_path / "mutants")])
+
+
+def test_folders_sum_the_files_of_each_folder(summary):
+    counts = {"src/app/x/a.py": summary.Counter(mutants=3, caught=2), "src/app/x/b.py": summary.Counter(mutants=1),
+              "src/app/c.py": summary.Counter(mutants=2, caught=2)}  # fmt: skip
+    folders, seconds = summary.by_folder(counts, {"src/app/x/a.py": 1.0, "src/app/x/b.py": 2.0, "src/app/c.py": 4.0})
+    assert folders == {
+        "src/app/x/": summary.Counter(mutants=4, caught=2),
+        "src/app/": summary.Counter(mutants=2, caught=2),
+    }
+    assert seconds == {"src/app/x/": 3.0, "src/app/": 4.0}
