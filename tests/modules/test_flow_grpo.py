@@ -1,5 +1,6 @@
 """FlowGRPOModule: step selection, log-prob bookkeeping, short fits on a stand-in policy and on the tiny SD3 policy."""
 
+import dataclasses
 from contextlib import contextmanager
 
 import pytest
@@ -323,6 +324,42 @@ def test_a_small_step_along_the_loss_gradient_favours_above_average_trajectories
     change = logprobs() - before  # [N]
     assert float((trajectory.advantages * change).sum()) > 0
     assert torch.corrcoef(torch.stack([trajectory.advantages, change]))[0, 1] > 0.3
+
+
+@pytest.mark.parametrize(
+    ("num_iterations", "keep"),
+    [(2, [True, True, False, True]),  # the stored log-probs give the ratio; both clip bounds are hit
+     (1, [False, False, False, True])],  # ratio exactly 1 whatever was stored; one kept row carries the whole weight
+)  # fmt: skip
+def test_weighted_losses_are_the_clipped_surrogate_plus_k3_kl_averaged_over_kept_rows_and_steps(num_iterations, keep):
+    """4 trajectories of 3 trained steps in micro-batches of 3 rows (3 + 1): two weighted parts per step, whose
+    weighted sum is the mean over kept rows and trained steps of -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
+    + beta * k3(ref - logp)."""
+    eps_low, eps_high, beta = 0.1, 0.3, 0.5
+    module = flow_module(
+        seed=2, micro_batch_size=3, num_iterations=num_iterations, eps_low=eps_low, eps_high=eps_high, beta=beta
+    )
+    rollout = module.rollout(prompts(1))
+    logp = rollout.old_logprobs  # [4, 3], what rescoring reproduces exactly under the unchanged policy
+    stored_ratio = torch.tensor([1.5, 0.5, 2.0, 0.5])[:, None]  # [4, 1], far outside both clip bounds
+    advantages, mask = torch.tensor([1.0, -1.0, 0.5, 2.0]), torch.tensor(keep)
+    trajectory = dataclasses.replace(
+        rollout, old_logprobs=logp - stored_ratio.log(), ref_logprobs=logp + torch.tensor([0.2, -0.3, 0.1])[None],
+        advantages=advantages, loss_mask=mask,
+    )  # fmt: skip
+    parts = list(module.weighted_losses(trajectory))
+    assert len(parts) == 3 * 2
+    weights = torch.stack([weight for _, weight in parts]).view(3, 2)  # [step, micro-batch]
+    expected_weights = torch.stack([mask[:3].sum(), mask[3:].sum()]) / mask.sum() / 3  # [2]
+    torch.testing.assert_close(weights, expected_weights.expand(3, 2))
+    ratio = stored_ratio if module.stores_behaviour_logprobs else torch.ones(4, 1)  # [4, 1]
+    adv = advantages[:, None]  # [4, 1]
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)  # [4, 1]
+    d = trajectory.ref_logprobs - logp  # [4, 3]
+    per_entry = -surrogate + beta * (d.exp() - d - 1)  # [4, 3]
+    expected = per_entry[mask].mean()
+    total = sum(weight * out.loss for out, weight in parts)
+    torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("shared", [True, False])

