@@ -205,7 +205,7 @@ def minimal_coupling(V: np.ndarray) -> np.ndarray:
         return gamma
     import ot  # imported on first use: it takes ~0.6 s
 
-    return ot.emd([], [], V)  # empty weights: POT's uniform marginals; it casts V to a C-contiguous float64 array
+    return ot.emd([], [], V)  # pragma: no mutate (equivalent: POT reads None weights as [], uniform marginals)
 
 
 def northwest_corner_coupling(n0: int, n1: int) -> np.ndarray:
@@ -214,7 +214,9 @@ def northwest_corner_coupling(n0: int, n1: int) -> np.ndarray:
     gamma = np.zeros((n0, n1))
     i = j = 0
     row_left, col_left = n1, n0  # units of 1 / (n0 * n1)
-    for _ in range(n0 + n1 - 1):  # each step empties a row or a column (the last one both): it cannot loop forever
+    # each step empties a row, a column, or both at once (at the gcd(n0, n1) multiples of lcm(n0, n1) units of mass):
+    # n0 + n1 - gcd steps in all, so the loop is bounded by construction
+    for _ in range(n0 + n1 - math.gcd(n0, n1)):
         mass = min(row_left, col_left)
         gamma[i, j] = mass
         row_left, col_left = row_left - mass, col_left - mass
@@ -222,8 +224,6 @@ def northwest_corner_coupling(n0: int, n1: int) -> np.ndarray:
             i, row_left = i + 1, n1
         if col_left == 0:
             j, col_left = j + 1, n0
-        if i == n0:  # equal total masses: the last row and the last column empty together
-            break
     return gamma / (n0 * n1)
 
 
