@@ -74,6 +74,10 @@ def test_take_rows_keeps_each_rows_own_image_patches(tiny_policy, samples):
             prompts.select(slice(source, source + 1)).tensors["pixel_values"],
         )
     assert torch.equal(repeat_rows(prompts, 1).tensors["pixel_values"], prompts.tensors["pixel_values"])
+    none = take_rows(prompts, [])  # no rows: empty tensors of the same kinds
+    assert none.images_per_row == [] and none.tensors["input_ids"].shape == (0, prompts.tensors["input_ids"].shape[1])
+    assert none.tensors["pixel_values"].shape == (0, prompts.tensors["pixel_values"].shape[1])
+    assert none.tensors["image_grid_thw"].shape == (0, 3)
 
 
 def test_group_heads_only_when_every_group_is_identical(tiny_policy, samples):

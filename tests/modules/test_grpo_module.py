@@ -186,12 +186,23 @@ def test_mask_truncated_leaves_truncated_completions_out_of_the_loss(new_policy,
     assert torch.equal(rollout.loss_mask[~truncated], rollout.completions.completion_mask[~truncated])
 
 
-def test_rollout_keeps_old_and_reference_logprobs_when_needed(new_policy, new_samples):
-    """Both at the sampling temperature (the policy the completions were drawn from), whatever the micro-batches."""
+def test_rollout_keeps_old_and_reference_logprobs_when_needed(new_policy, new_samples, monkeypatch):
+    """Both at the sampling temperature (the policy the completions were drawn from), whatever the micro-batches,
+    and each computed micro_batch_size rows at a time."""
     policy = new_policy("tiny-qwen2-vl", lora_r=4)
     module = grpo_module(policy, beta=0.04, num_iterations=2, micro_batch_size=3, temperature=0.7)
+    rows_per_call = []
+    sequence_logprobs = policy.sequence_logprobs
+
+    def recorded(prompt_inputs, completion_ids, *args, **kwargs):
+        rows_per_call.append(len(completion_ids))
+        return sequence_logprobs(prompt_inputs, completion_ids, *args, **kwargs)
+
+    monkeypatch.setattr(policy, "sequence_logprobs", recorded)
     torch.manual_seed(0)
     rollout = module.rollout(new_samples(2))
+    monkeypatch.undo()
+    assert rows_per_call == [3, 3, 2] * 2  # 2 prompts * K = 8 rows, for the old then the reference log-probs
     c = rollout.completions
     assert rollout.old_logprobs.shape == rollout.ref_logprobs.shape == c.completion_ids.shape
     with torch.no_grad():

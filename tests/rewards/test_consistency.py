@@ -1,6 +1,7 @@
 """Consistency verifiers and pairing (docs/algorithms.md, "Consistency verifiers and pairing") on fresh random inputs:
 minimal pairing against brute force and POT, unequal valid counts, negation, unparseable answers, and the reward class."""
 
+import copy
 import itertools
 import math
 
@@ -298,6 +299,18 @@ def test_consistency_reward_arguments():
     completions = [answer(rng.choice(["yes", "no"])) for _ in range(16)]
     samples = pair_batch(8)
     assert seeded[0].score(completions, samples).tolist() == seeded[1].score(completions, samples).tolist()
+
+
+def test_group_size_sets_the_groups_when_rows_hold_copies_of_a_prompt():
+    # Rows that carry copies of the sample (distinct objects) still form groups of K = group_size rows.
+    x, twin = pair_batch(1, "negation")
+    samples = [copy.copy(x), copy.copy(x), copy.copy(twin), copy.copy(twin)]
+    completions = [answer("yes"), answer("no"), answer("no"), answer("no")]
+    expected = [1.0, 0.0, 1.0, 0.0]  # as for [x, x, twin, twin]: the lone "yes" is matched with a "no"
+    assert consistency_rewards(completions, samples, group_size=2).tolist() == expected
+    assert ConsistencyReward().score(completions, samples, group_size=2).tolist() == expected
+    with pytest.raises(ValueError, match="unknown relation None"):
+        ConsistencyReward().score(completions, samples)  # without it, groups of one row each: the pairs are wrong
 
 
 def test_count_answers_and_multiple_pairs_in_one_batch():

@@ -23,6 +23,23 @@ def test_split_groups_uses_identity_not_equality():
     assert split_groups([a]) == [slice(0, 1)]
 
 
+def test_split_groups_with_group_size_cuts_runs_of_k_rows_whatever_the_objects():
+    a, b, c = sample(1), sample(2), sample(3)
+    # One object over two groups, and a group of distinct objects: only the row count decides.
+    assert split_groups([a, a, a, a, b, c], group_size=2) == [slice(0, 2), slice(2, 4), slice(4, 6)]
+    assert split_groups([a, a, a, b, b, b], group_size=3) == [slice(0, 3), slice(3, 6)]
+    assert split_groups([a, b, c], group_size=1) == [slice(0, 1), slice(1, 2), slice(2, 3)]  # K = 1 is valid
+    assert split_groups([], group_size=2) == []
+
+
+@pytest.mark.parametrize(
+    "rows, group_size", [(5, 2), (4, 3), (3, 0), (0, 0), (4, -2)], ids=["5_by_2", "4_by_3", "zero", "empty_zero", "neg"]
+)
+def test_split_groups_rejects_a_group_size_that_does_not_divide_the_rows(rows, group_size):
+    with pytest.raises(ValueError, match=rf"^{rows} rows do not split into groups of group_size={group_size}$"):
+        split_groups([sample(1)] * rows, group_size=group_size)
+
+
 def test_pair_groups_pairs_consecutive_groups():
     x0, t0 = sample(0), sample(0, "negation")
     x1, t1 = sample("b"), sample("b", "identity")
@@ -32,6 +49,16 @@ def test_pair_groups_pairs_consecutive_groups():
         (slice(6, 9), slice(9, 12), "identity"),
     ]
     assert pair_groups([]) == []
+
+
+def test_pair_groups_takes_the_groups_from_group_size():
+    # The trainer's rows may hold copies of a prompt (distinct objects) or one object for a prompt and its twin.
+    x, x_copy, twin, twin_copy = sample(1), sample(1), sample(1, "negation"), sample(1, "negation")
+    assert pair_groups([x, x_copy, twin, twin_copy], group_size=2) == [(slice(0, 2), slice(2, 4), "negation")]
+    both = sample(2, "identity")
+    assert pair_groups([both] * 6, group_size=3) == [(slice(0, 3), slice(3, 6), "identity")]
+    with pytest.raises(ValueError, match=r"unknown relation None .*\(rows 1:2 "):
+        pair_groups([x, x_copy, twin, twin_copy])  # without it, four groups of one row: x_copy taken for x's twin
 
 
 @pytest.mark.parametrize(
