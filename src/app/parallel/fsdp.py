@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 import weakref
 from collections.abc import Iterator
 from datetime import timedelta
@@ -162,7 +163,9 @@ def _dcp_load(state: dict[str, Any], path: Path) -> None:
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint import load as dcp_load
 
-    dcp_load(state, storage_reader=FileSystemReader(path), no_dist=not _distributed_is_initialized())
+    with warnings.catch_warnings():  # one process is the intent (export, a one-process resume): torch warns anyway
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        dcp_load(state, storage_reader=FileSystemReader(path), no_dist=not _distributed_is_initialized())
 
 
 def load_sharded_state(model: nn.Module, path: str | Path, omitted: set[str]) -> None:
