@@ -7,7 +7,7 @@ from PIL import Image
 
 from app.models import SamplingSettings
 from app.sampling.shared_prefix import group_heads, repeat_rows, take_rows
-from app.types import VisualSample
+from app.types import PromptInputs, VisualSample
 
 K = 3
 
@@ -141,3 +141,20 @@ def test_shared_prefix_on_text_only_prompts_after_an_image_rollout(new_policy, s
     plain = rollout(policy, prompts, shared=False, seed=random_seed)
     shared = rollout(policy, prompts, shared=True, seed=random_seed)
     assert torch.equal(shared.completion_ids, plain.completion_ids)
+
+
+def text_prompts(rows: list[list[int]], **extra: torch.Tensor) -> PromptInputs:
+    ids = torch.tensor(rows)
+    return PromptInputs({"input_ids": ids, "attention_mask": torch.ones_like(ids), **extra}, [0] * len(rows))
+
+
+def test_group_heads_of_text_prompts_take_the_first_row_of_each_group_at_the_smallest_sizes():
+    pairs = text_prompts([[5, 6], [5, 6], [7, 8], [7, 8]])  # groups of 2, prompts of 2 tokens: shareable
+    heads = group_heads(pairs, 2)
+    assert heads is not None and heads.tensors["input_ids"].tolist() == [[5, 6], [7, 8]]
+    assert group_heads(text_prompts([[5], [5]]), 2) is None  # one token: nothing before the token generate starts on
+    assert group_heads(text_prompts([[5, 6], [5, 6]], pixel_values_videos=torch.zeros(2, 3)), 2) is None  # unknown
+    ends_in_image = text_prompts([[4, 5, 6], [4, 5, 6]], mm_token_type_ids=torch.tensor([[0, 0, 1], [0, 0, 1]]))
+    assert group_heads(ends_in_image, 2) is None  # the last prompt token must be text
+    image_inside = text_prompts([[5, 6], [5, 6]], mm_token_type_ids=torch.tensor([[1, 0], [1, 0]]))
+    assert group_heads(image_inside, 2) is not None
