@@ -204,3 +204,27 @@ def test_only_trainable_modules_left_in_eval_mode_are_warned_about(caplog):
         module.on_train_start()
     assert "1 module(s) with trainable parameters are in eval mode at the start of training" in caplog.text
     assert "policy" in caplog.text
+
+
+def test_the_warning_names_up_to_three_stray_modules_and_never_a_container_for_its_childrens_weights(caplog):
+    module = ToyGRPO(LinearPolicy())
+    module.extra = nn.Sequential(*[nn.Linear(2, 2) for _ in range(4)]).eval()  # four trainable layers in eval mode
+    with caplog.at_level("WARNING", logger="app.modules.policy_module"):
+        module.on_train_start()
+    assert [r.getMessage() for r in caplog.records] == [
+        "4 module(s) with trainable parameters are in eval mode at the start of training (dropout and normalisation "
+        "statistics act as in evaluation): extra.0, extra.1, extra.2, ..."
+    ]
+    caplog.clear()
+    module.extra.train()
+    module.extra.training = False  # the container alone in eval mode: it holds no parameter of its own
+    module.extra[1].eval()
+    with caplog.at_level("WARNING", logger="app.modules.policy_module"):
+        module.on_train_start()
+    assert [r.getMessage().rsplit(": ", 1)[1] for r in caplog.records] == ["extra.1"]
+    caplog.clear()
+    for layer in (0, 2):  # exactly three in eval mode: all named, nothing left to elide
+        module.extra[layer].eval()
+    with caplog.at_level("WARNING", logger="app.modules.policy_module"):
+        module.on_train_start()
+    assert [r.getMessage().rsplit(": ", 1)[1] for r in caplog.records] == ["extra.0, extra.1, extra.2"]
