@@ -120,18 +120,37 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: cost[item.fspath.strpath])  # stable: the order inside a file is kept
 
 
+# mutmut records only each test's call phase; fixtures that fit a model would make their file look free. Its statistics
+# run (MUTANT_UNDER_TEST=stats) therefore also writes setup + call + teardown per test here, in its working directory.
+FULL_DURATIONS = Path("mutmut-full-durations.json")
+_full_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        _full_durations[report.nodeid] = _full_durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats" and _full_durations:
+        import json
+
+        known = json.loads(FULL_DURATIONS.read_text()) if FULL_DURATIONS.is_file() else {}
+        FULL_DURATIONS.write_text(json.dumps({**known, **_full_durations}))
+        _full_durations.clear()
+
+
 def _recorded_test_durations() -> dict[str, float]:
-    """mutmut's recorded time of each test: its in-memory state when this process is a fork of the mutmut run (no 1.6 MB
-    JSON parse per mutant), else its stats file in the working directory (``mutants/``), else nothing."""
+    """Each test's recorded time: setup + call + teardown from mutmut's statistics run if written (see
+    ``FULL_DURATIONS``), else mutmut's own call times (its in-memory state in this forked process), else nothing."""
+    import json
+
+    if FULL_DURATIONS.is_file():
+        return json.loads(FULL_DURATIONS.read_text())
     mutmut_state = sys.modules.get("mutmut.state")
     if mutmut_state is not None and mutmut_state.state().duration_by_test:
         return mutmut_state.state().duration_by_test
-    stats = Path("mutmut-stats.json")
-    if not stats.is_file():
-        return {}
-    import json
-
-    return json.loads(stats.read_text()).get("duration_by_test", {})
+    return {}
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

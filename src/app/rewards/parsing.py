@@ -155,6 +155,7 @@ _MAX_DIGITS = 30  # digits of one literal; longer ones are rejected before float
 _MAX_DEPTH = 8  # nesting of braces, parentheses and \frac/\sqrt arguments
 _MAX_FACTORS = 4  # factors of one implicit product, as in 3\sqrt{2}\pi
 _NUMBER = re.compile(r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:e[+-]?\d{1,3})?|\.\d+(?:e[+-]?\d{1,3})?")
+_SPACES = re.compile(" *")
 _COMMAND = re.compile(r"\\([a-z]+)")
 _LATEX_NOISE = re.compile(r"\\(?:left|right|displaystyle)(?![a-z])|\\[,;:! ]|\\?\$|~")
 _UNIT_WORD = r"[a-z]{1,16}\.?(?: [a-z]{1,16}\.?)?(?: ?\^ ?\{?[23]\}?|[23])?"
@@ -191,8 +192,7 @@ class _NumberParser:
         self.text, self.pos, self.depth = text, 0, 0
 
     def skip(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos] == " ":
-            self.pos += 1
+        self.pos = _SPACES.match(self.text, self.pos).end()  # a match, not a loop: no edit of it can spin forever
 
     def peek(self) -> str:
         self.skip()

@@ -25,16 +25,20 @@ PER_TOKEN_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
 def take_rows(inputs: PromptInputs, rows: Sequence[int]) -> PromptInputs:
     """The prompt rows ``rows`` (any order, repeats allowed), each with the patches of its own images."""
     t = inputs.tensors
-    index = torch.tensor(list(rows), dtype=torch.long, device=t["input_ids"].device)
+    index = _index(rows, t["input_ids"])
     out = {k: v.index_select(0, index) for k, v in t.items() if k not in _IMAGE_KEYS}
     if "image_grid_thw" in t:
         image_slices, patch_slices = _image_slices(inputs)
         images = [i for r in rows for i in range(image_slices[r].start, image_slices[r].stop)]
-        patch_index = [torch.arange(patch_slices[r].start, patch_slices[r].stop) for r in rows]
-        patch_index = torch.cat(patch_index) if patch_index else torch.zeros(0, dtype=torch.long)
-        out["image_grid_thw"] = t["image_grid_thw"][torch.tensor(images, dtype=torch.long, device=index.device)]
-        out["pixel_values"] = t["pixel_values"].index_select(0, patch_index.to(t["pixel_values"].device))
+        patches = [i for r in rows for i in range(patch_slices[r].start, patch_slices[r].stop)]
+        out["image_grid_thw"] = t["image_grid_thw"].index_select(0, _index(images, t["image_grid_thw"]))
+        out["pixel_values"] = t["pixel_values"].index_select(0, _index(patches, t["pixel_values"]))
     return PromptInputs(out, [inputs.images_per_row[r] for r in rows])
+
+
+def _index(positions: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """``positions`` as an index tensor (int64 also when empty) on the device of ``like``."""
+    return torch.tensor(list(positions), dtype=torch.long, device=like.device)  # pragma: no mutate (CUDA only)
 
 
 def repeat_rows(inputs: PromptInputs, repeats: int) -> PromptInputs:
