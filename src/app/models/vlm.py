@@ -28,7 +28,7 @@ from app.models.policy import SwitchableReference
 from app.parallel.fsdp import gathered
 from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.logprobs import chunked_token_logprobs
-from app.sampling.shared_prefix import PER_TOKEN_KEYS, group_heads, prefill_shared_prefix, repeat_rows
+from app.sampling.shared_prefix import PER_TOKEN_KEYS, group_heads, prefill_shared_prefix, repeat_rows, static_cache
 from app.types import CompletionBatch, PromptInputs, VisualSample
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,10 @@ class VLMPolicy(SwitchableReference, nn.Module):
         gradient_checkpointing: recompute activations in backward to save memory.
         shared_prefix: in ``generate``, run the vision tower and the prompt prefill once per group of identical rows
             and expand the KV cache to the group (same completions for the same seed); False prefills every row.
+        static_cache: decode into a fixed-size KV cache (prompt + ``max_new_tokens`` positions, allocated per
+            rollout) instead of a growing one. On CUDA, transformers then compiles the decoding step with
+            ``torch.compile`` (the first rollout of each shape pays the compilation); on CPU it only costs memory.
+            Same completions as the growing cache (tests/models/test_static_cache.py).
         merge_lora_for_rollout: with LoRA, ``generate`` decodes with each adapter folded into a copy of its base
             weight (one product per layer instead of three; the base weights are left bit-identical, see
             :mod:`app.models.lora_merge`). Sampled tokens can differ from the unmerged computation by rounding only;
@@ -117,6 +121,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         use_liger_kernel: bool = False,
         gradient_checkpointing: bool = False,
         shared_prefix: bool = True,
+        static_cache: bool = False,
         merge_lora_for_rollout: bool = True,
         logprob_chunk_size: int = 1024,
         instruction: str = REASONING_INSTRUCTION,
@@ -135,6 +140,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         self.instruction = instruction
         self.logprob_chunk_size = logprob_chunk_size
         self.shared_prefix = shared_prefix
+        self.static_cache = static_cache
         self.merge_lora_for_rollout = merge_lora_for_rollout
         self.uses_lora = lora is not None
         self.kernels = apply_liger_kernels(hf_model) if use_liger_kernel else None  # LigerTargets: what was replaced
@@ -218,6 +224,9 @@ class VLMPolicy(SwitchableReference, nn.Module):
                 if heads is not None:
                     inputs = {k: v for k, v in inputs.items() if k in PER_TOKEN_KEYS}
                     inputs["cache"] = prefill_shared_prefix(self.hf_model, heads, group_size)
+                if self.static_cache:
+                    length = prompt_inputs.tensors["input_ids"].shape[1] + sampling.max_new_tokens
+                    inputs["cache"] = static_cache(self.hf_model.config, length, inputs.get("cache"))
                 sequences = self.model.generate(
                     **inputs,
                     max_new_tokens=sampling.max_new_tokens,

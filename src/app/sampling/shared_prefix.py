@@ -97,3 +97,16 @@ def prefill_shared_prefix(hf_model: nn.Module, heads: PromptInputs, group_size: 
     if getattr(inner, "rope_deltas", None) is not None:  # Qwen-VL mRoPE: one offset per row, read by the decode steps
         inner.rope_deltas = inner.rope_deltas.repeat_interleave(group_size, dim=0)
     return cache
+
+
+def static_cache(config, max_cache_len: int, filled=None):
+    """A transformers ``StaticCache`` of ``max_cache_len`` positions (prompt + new tokens), holding a copy of the
+    ``filled`` cache's keys and values when given (the expanded shared prefix). A fixed-shape cache is what lets
+    transformers compile the decoding step (it does so by itself on CUDA)."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    if filled is not None:
+        for layer, source in zip(cache.layers, filled.layers, strict=True):
+            layer.update(source.keys, source.values)
+    return cache
