@@ -75,7 +75,7 @@ def plain_id(value: str | bytes, limit: int = 40) -> str:
         value = value.decode("latin-1")
     text = "".join(
         c if c.isascii() and c.isprintable() and c != "\\" else "/" if c == "\\" else " " if c.isspace() else "?"
-        for c in value
+        for c in value[: limit + 1]  # no more is shown; some parameters are 100,000-character completions
     )
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -106,13 +106,51 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under mutmut (a mutant's run, in ``mutants/``), run the test files with the least recorded time first: the run
-    stops at the first failure, so a caught mutant is caught sooner. Files stay whole, in their own order, so module
-    fixtures are built once. Outside mutmut nothing changes. First, every test id must be selectable by id."""
-    _check_selectable_ids(items)
-    if "__mutmut_" not in os.environ.get("MUTANT_UNDER_TEST", ""):  # mutmut's mutant names; its other runs as they are
+# ------------------------------------------------------------------------------------------------- mutant runs
+# mutmut runs each mutant's tests in a new pytest session, forked from a process that holds torch, the package and
+# every test module, with the ids of the tests that reach the mutated function (up to ~1,000 of them) on the command
+# line. The hooks below change nothing outside those sessions (mutmut's mutant names hold "__mutmut_").
+_REQUESTED_IDS = pytest.StashKey[set]()
+
+
+def _in_mutant_run() -> bool:
+    return "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", "")
+
+
+def pytest_configure(config):
+    """In a mutant run: freeze the inherited heap out of the garbage collector (its full passes over it cost about a
+    second of collection per mutant), and collect the named tests' files whole, keeping the named tests afterwards:
+    pytest matches each id on the command line against its file separately, which cost more than collecting the
+    files (measured with cProfile on a 760-test mutant run; ``benchmarks/pytest_overhead.py`` times sessions)."""
+    if not _in_mutant_run():
         return
+    import gc
+
+    gc.freeze()
+    if config.args and all("::" in arg for arg in config.args):
+        config.stash[_REQUESTED_IDS] = set(config.args)
+        config.args[:] = list(dict.fromkeys(arg.split("::")[0] for arg in config.args))
+
+
+def _keep_requested(config, items) -> None:
+    requested = config.stash.get(_REQUESTED_IDS, None)
+    if requested is None:
+        return
+    missing = requested - {item.nodeid for item in items}
+    if missing:
+        raise pytest.UsageError(f"{len(missing)} requested test id(s) not found, e.g. {sorted(missing)[0]!r}")
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in requested])
+    items[:] = [item for item in items if item.nodeid in requested]
+
+
+def pytest_collection_modifyitems(config, items):
+    """In a mutant run (see above), run the test files with the least recorded time first: the run stops at the first
+    failure, so a caught mutant is caught sooner. Files stay whole, in their own order, so module fixtures are built
+    once. First, every test id must be selectable by id (also outside mutant runs)."""
+    _check_selectable_ids(items)
+    if not _in_mutant_run():
+        return
+    _keep_requested(config, items)
     durations = _recorded_test_durations()
     cost: dict[str, float] = {}
     for item in items:

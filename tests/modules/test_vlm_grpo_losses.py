@@ -1,0 +1,181 @@
+"""``VLMGRPOModule``'s loss path called directly on a hand-made rollout (no Trainer): each micro batch's loss weighted
+by its share of the aggregation's normaliser sums to the loss of the whole batch, with the module's clip range, beta,
+aggregation, generation budget and sampling temperature; the rollout logs; and the loss mask ``finish_rollout`` builds.
+
+The rollout: 2 prompts x K = 2 completions of L = 5 tokens (budget 6, so ``constant`` divides by 6, not L), one row
+left out of the loss entirely and one with a single token, stored old log-probs whose ratios reach both clip bounds on
+tokens where the clip acts, and reference log-probs 0.3 above the policy's (k3 KL = e^0.3 - 1.3 per token).
+"""
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from app.algorithms import grpo_loss
+from app.models import SamplingSettings
+from app.modules import VLMGRPOModule
+from app.modules.grpo import ScoredGroups
+from app.modules.pipeline import Generation
+from app.rewards import AccuracyReward
+from app.types import CompletionBatch, GRPOBatch, RewardOutput
+
+K, L, MAX_NEW_TOKENS, TEMPERATURE = 2, 5, 6, 0.7
+EPS_LOW, EPS_HIGH, BETA = 0.1, 0.3, 0.1
+COMPLETION_MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]])
+LOSS_MASK = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]])
+"""8 tokens in 3 rows (row 1 all masked, row 2 a single token) of 4."""
+ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5])
+RATIOS = torch.tensor(
+    [[1.25, 1.35, 0.7, 1.0, 1.1], [0.5, 2.0, 1.0, 1.0, 1.0], [1.4, 1.0, 1.0, 1.0, 1.0], [0.85, 0.75, 1.0, 1.0, 1.0]]
+)
+"""Policy / old probability of each token: above 1 + eps_high (clipped, A > 0), between the bounds of eps 0.2 and
+the module's, and below 1 - eps_low (clipped, A < 0)."""
+SHARES = {  # micro_batch_size 1: kept tokens / 8, rows with a token / 3, rows / 4
+    "token_mean": [5 / 8, 0.0, 1 / 8, 2 / 8],
+    "sequence_mean": [1 / 3, 0.0, 1 / 3, 1 / 3],
+    "constant": [1 / 4] * 4,
+}
+AGGREGATIONS = sorted(SHARES)
+
+
+def grpo_module(policy, **kwargs) -> VLMGRPOModule:
+    return VLMGRPOModule(
+        policy, [AccuracyReward()], SamplingSettings(num_generations=K, max_new_tokens=MAX_NEW_TOKENS,
+        temperature=TEMPERATURE), eps_low=EPS_LOW, eps_high=EPS_HIGH, **kwargs,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def case(tiny_policy, new_samples):
+    """``(rollout, logprobs)``: the hand-made rollout and the policy's log-probs ``[N, L]`` of its completions at the
+    sampling temperature, computed on the whole batch."""
+    prompt_inputs = tiny_policy.encode_prompts(new_samples(2), repeats=K)
+    tokens = torch.randint(0, 1000, (2 * K, L), generator=torch.Generator().manual_seed(0))
+    pad = tiny_policy.processor.tokenizer.pad_token_id
+    completion_ids = torch.where(COMPLETION_MASK.bool(), tokens, pad)
+    with torch.no_grad():
+        logprobs = tiny_policy.sequence_logprobs(prompt_inputs, completion_ids, COMPLETION_MASK, TEMPERATURE)
+    completions = CompletionBatch(completion_ids, COMPLETION_MASK, [""] * 4, torch.zeros(4, dtype=torch.bool), K)
+    rollout = GRPOBatch(
+        prompt_inputs, completions, old_logprobs=logprobs - RATIOS.log(), ref_logprobs=logprobs + 0.3,
+        advantages=ADVANTAGES, loss_mask=LOSS_MASK, rewards=RewardOutput(ADVANTAGES, {}), group_size=K,
+    )  # fmt: skip
+    return rollout, logprobs
+
+
+def expected_loss(logprobs, rollout, aggregation, beta=BETA):
+    return grpo_loss(
+        logprobs, rollout.old_logprobs, rollout.advantages, rollout.loss_mask, eps_low=EPS_LOW, eps_high=EPS_HIGH,
+        beta=beta, ref_logprobs=rollout.ref_logprobs, aggregation=aggregation, max_length=MAX_NEW_TOKENS,
+    )  # fmt: skip
+
+
+def weighted_sum(parts, field="loss"):
+    return sum(share * getattr(out, field) for out, share in parts)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("micro_batch_size", [1, None])
+def test_share_weighted_micro_batch_losses_are_the_full_batch_loss(tiny_policy, case, aggregation, micro_batch_size):
+    rollout, logprobs = case
+    module = grpo_module(tiny_policy, beta=BETA, loss_aggregation=aggregation, micro_batch_size=micro_batch_size)
+    parts = list(module.weighted_losses(rollout))
+    shares = [float(share) for _, share in parts]
+    assert shares == pytest.approx(SHARES[aggregation] if micro_batch_size == 1 else [1.0])
+
+    expected = expected_loss(logprobs, rollout, aggregation)
+    assert expected.clip_fraction > 0 and expected.kl > 0  # the clip acts, the reference counts
+    for field in ("loss", "policy_loss", "kl"):
+        torch.testing.assert_close(weighted_sum(parts, field), getattr(expected, field), msg=field)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_one_kept_token_carries_the_whole_weight(tiny_policy, case, aggregation):
+    """Only row 2's single token is kept: its micro batch is the whole token / row normaliser."""
+    rollout, logprobs = case
+    one_token = torch.zeros_like(LOSS_MASK)
+    one_token[2, 0] = 1
+    rollout = dataclasses.replace(rollout, loss_mask=one_token)
+    module = grpo_module(tiny_policy, beta=BETA, loss_aggregation=aggregation, micro_batch_size=1)
+    parts = list(module.weighted_losses(rollout))
+    expected_shares = [1 / 4] * 4 if aggregation == "constant" else [0.0, 0.0, 1.0, 0.0]
+    assert [float(share) for _, share in parts] == pytest.approx(expected_shares)
+    torch.testing.assert_close(weighted_sum(parts), expected_loss(logprobs, rollout, aggregation).loss)
+
+
+def test_without_stored_log_probs_the_ratio_is_one_and_the_loss_minus_the_mean_advantage(tiny_policy, case):
+    """No old log-probs: the current ones detached (ratio exactly 1, nothing clipped); no reference: KL 0. The token
+    mean of -A over the kept tokens is -(5 * 1 + 0.5 - 2 * 0.5) / 8."""
+    rollout, _ = case
+    rollout = dataclasses.replace(rollout, old_logprobs=None, ref_logprobs=None)
+    parts = list(grpo_module(tiny_policy, micro_batch_size=1).weighted_losses(rollout))
+    assert [float(out.ratio_mean) for out, _ in parts] == [1.0, 0.0, 1.0, 1.0]  # 0: no token in row 1
+    assert [float(out.clip_fraction) for out, _ in parts] == [0.0] * 4
+    assert [float(out.kl) for out, _ in parts] == [0.0] * 4
+    assert float(weighted_sum(parts).detach()) == pytest.approx(-4.5 / 8)
+
+
+def test_old_log_probs_stored_at_the_sampling_temperature_give_ratio_one(tiny_policy, case):
+    """The loss recomputes the log-probs at the sampling temperature, so the ones stored at generation time match."""
+    rollout, logprobs = case
+    rollout = dataclasses.replace(rollout, old_logprobs=logprobs, ref_logprobs=None)
+    module = grpo_module(tiny_policy, num_iterations=2, micro_batch_size=2)
+    for out, _ in module.weighted_losses(rollout):
+        torch.testing.assert_close(out.ratio_mean, torch.tensor(1.0))
+        assert out.clip_fraction == 0
+
+
+def test_the_fused_loss_gives_each_micro_batch_loss(tiny_policy, case):
+    """With ``fused_linear_loss`` the losses come from liger-kernel's fused loss: the same total, but no ratio."""
+    pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (extra 'gpu')")
+    rollout, logprobs = case
+    module = grpo_module(
+        tiny_policy, beta=BETA, micro_batch_size=2, num_iterations=2, fused_linear_loss=True, fused_loss_compiled=False
+    )
+    parts = list(module.weighted_losses(rollout))
+    assert len(parts) == 2
+    assert all(math.isnan(out.ratio_mean) for out, _ in parts)  # a statistic Liger does not return
+    expected = expected_loss(logprobs, rollout, "token_mean").loss
+    torch.testing.assert_close(weighted_sum(parts), expected, atol=1e-6, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------------ rollout logs and loss mask
+TRUNCATING = CompletionBatch(
+    completion_ids=torch.zeros(4, 4, dtype=torch.long),
+    completion_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]]),
+    texts=[""] * 4,
+    truncated=torch.tensor([True, False, False, False]),  # row 1 ends with its end token at the budget
+    group_size=K,
+)
+"""Completions of a budget of 4 tokens: lengths 4, 4, 1, 2 (mean 2.75), one of four truncated."""
+
+
+def test_rollout_logs_are_the_mean_completion_length_and_the_truncated_fraction(tiny_policy):
+    logs = grpo_module(tiny_policy).rollout_logs(SimpleNamespace(completions=TRUNCATING))
+    assert {key: float(value) for key, value in logs.items()} == {
+        "train/completion_length": 2.75,
+        "train/frac_truncated": 0.25,
+    }
+
+
+@pytest.mark.parametrize(
+    "mask_truncated, kept_rows",
+    [(False, [True, True, False, False]), (True, [False, True, False, False])],
+    ids=["truncated_kept", "truncated_masked"],
+)
+def test_loss_mask_leaves_out_dropped_groups_and_truncated_rows(tiny_policy, mask_truncated, kept_rows):
+    """Group 1 (rows 2, 3) is dropped; row 0 is truncated, left out only with ``mask_truncated``."""
+    module = grpo_module(tiny_policy, mask_truncated=mask_truncated)
+    completions = dataclasses.replace(TRUNCATING, completion_mask=TRUNCATING.completion_mask.clone())
+    parts = dict(prompt_inputs=None, completions=completions, old_logprobs=None, ref_logprobs=None)
+    rewards = RewardOutput(torch.tensor([1.0, 0.0, 1.0, 1.0]), {})
+    scored = ScoredGroups(rewards, advantages=torch.tensor([1.0, -1.0, 0.0, 0.0]), keep=torch.tensor([1, 1, 0, 0]) > 0)
+    batch = module.finish_rollout(Generation([], [""] * 4, parts, version=0), scored)
+
+    expected = TRUNCATING.completion_mask * torch.tensor(kept_rows)[:, None]
+    assert torch.equal(batch.loss_mask, expected)
+    assert torch.equal(batch.completions.completion_mask, TRUNCATING.completion_mask)  # the completions keep theirs
+    assert batch.advantages is scored.advantages and batch.rewards is rewards and batch.group_size == K
