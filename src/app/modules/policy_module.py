@@ -87,11 +87,7 @@ class PolicyModule(L.LightningModule):
     def on_train_start(self) -> None:
         """Warn about trainable modules in eval mode. Lightning's warning counts every module in eval mode, including
         the frozen VAE, encoders and reference kept there on purpose, so ``app.console`` filters it for this one."""
-        stray = [
-            name
-            for name, module in self.named_modules()
-            if not module.training and any(p.requires_grad for p in module.parameters(recurse=False))
-        ]
+        stray = [name for name, module in self.named_modules() if not module.training and _trains_own_weights(module)]
         if stray:
             log.warning(
                 "%d module(s) with trainable parameters are in eval mode at the start of training (dropout and "
@@ -147,3 +143,9 @@ class PolicyModule(L.LightningModule):
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"])
         restore_frozen_parameters(self, checkpoint)
+
+
+def _trains_own_weights(module: torch.nn.Module) -> bool:
+    """Whether ``module`` itself (not a child) holds a parameter that requires gradients."""
+    own = module.parameters(recurse=False)  # pragma: no mutate (equivalent: recurse=None reads as False)
+    return any(p.requires_grad for p in own)
