@@ -3,6 +3,7 @@ and records; and that each family supplies only what differs."""
 
 import contextlib
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,8 +12,10 @@ from torch import nn
 from app.algorithms import grpo_loss
 from app.models import Policy
 from app.modules import FlowGRPOModule, GRPOModule, VLMGRPOModule
+from app.modules.pipeline import Generation
 from app.parallel import ShardingPlan
 from app.rewards import RewardComponent
+from app.rewards.groups import split_groups
 from app.types import RewardOutput, VisualSample
 
 K = 3
@@ -66,6 +69,7 @@ class Settings:
 @dataclass
 class ToyRollout:
     features: torch.Tensor  # [N, 2]
+    outputs: list[str]  # [N]
     rewards: RewardOutput
     advantages: torch.Tensor
     keep: torch.Tensor
@@ -73,20 +77,25 @@ class ToyRollout:
 
 
 class ToyGRPO(GRPOModule):
-    """Outputs are fixed numbers; the loss parts are rows in pairs, each weighted by its share of kept rows."""
+    """Outputs are fixed numbers; the loss parts are rows in pairs, each weighted by its share of kept rows.
+    ``settings`` overrides the skeleton's other arguments (``num_iterations``, ``pipeline``...)."""
 
-    def __init__(self, policy, drop_zero_std_groups=False, part_size=2):
+    def __init__(self, policy, drop_zero_std_groups=False, part_size=2, rewards=None, **settings):
+        defaults = dict(eps_low=0.2, eps_high=0.2, beta=0.0, num_iterations=1, advantage_scale="group",
+                        gradient_clip_val=0.0, records_per_step=4, learning_rate=0.1, weight_decay=0.0,
+                        warmup_steps=0)  # fmt: skip
         super().__init__(
-            policy, [ValueReward()], Settings(), eps_low=0.2, eps_high=0.2, beta=0.0, num_iterations=1,
-            advantage_scale="group", drop_zero_std_groups=drop_zero_std_groups, micro_batch_size=part_size,
-            gradient_clip_val=0.0, records_per_step=4, learning_rate=0.1, weight_decay=0.0, warmup_steps=0,
+            policy, rewards or [ValueReward()], Settings(), drop_zero_std_groups=drop_zero_std_groups,
+            micro_batch_size=part_size, **(defaults | settings),
         )  # fmt: skip
         self.outputs = ["1", "2", "6", "5", "5", "5"]  # two groups of K = 3; the second has equal rewards
 
-    def rollout(self, samples):
-        scored = self.score(self.outputs, samples)
-        features = torch.arange(12.0).reshape(6, 2) / 10
-        return ToyRollout(features, scored.rewards, scored.advantages, scored.keep, self.group_size)
+    def generate_rollout(self, samples):
+        return Generation(samples, list(self.outputs), {"features": torch.arange(12.0).reshape(6, 2) / 10}, version=0)
+
+    def finish_rollout(self, generation, scored):
+        return ToyRollout(generation.parts["features"], generation.outputs, scored.rewards, scored.advantages,
+                          scored.keep, self.group_size)  # fmt: skip
 
     def loss_terms(self, rollout, rows):
         logprobs = (rollout.features[rows] @ self.policy.weight)[:, None]  # [n, 1]
@@ -99,7 +108,7 @@ class ToyGRPO(GRPOModule):
             yield self.loss_terms(rollout, rows), rollout.keep[rows].sum() / total
 
     def completion_text(self, rollout, row):
-        return self.outputs[row]
+        return rollout.outputs[row]
 
 
 def samples():
@@ -145,13 +154,36 @@ def test_the_update_accumulates_the_full_rollout_gradient_whatever_the_parts(par
     assert "grad_norm" not in stats  # gradient_clip_val = 0 disables clipping
 
 
+class GroupMean(ValueReward):
+    """A reward that compares the outputs of a group (so it is handed K): each output scores its group's mean."""
+
+    scope = "group_pair"
+
+    def score(self, completions, samples, group_size=None):
+        values = super().score(completions, samples)
+        return torch.cat(
+            [values[rows].mean().expand(rows.stop - rows.start) for rows in split_groups(samples, group_size)]
+        )
+
+
+def test_score_hands_the_rewards_k_so_a_prompt_drawn_twice_makes_two_groups():
+    module = ToyGRPO(LinearPolicy(), rewards=[GroupMean(name="group_mean")])
+    prompt = VisualSample([], "prompt", "toy", answer="5")
+    scored = module.score(module.outputs, [prompt, prompt])  # without K the six rows would read as one group
+    assert scored.rewards.components["group_mean"].tolist() == [3.0, 3.0, 3.0, 5.0, 5.0, 5.0]
+
+
 def test_records_show_each_output_with_its_prompt_reward_and_advantage():
     module = ToyGRPO(LinearPolicy())
     rollout = module.rollout(samples())
+    module.outputs = ["drawn later"] * 6  # the records show the rollout's own outputs
+    module._trainer = SimpleNamespace(global_step=7)
     records = module._records(samples(), rollout)
     assert len(records) == 4  # records_per_step
+    assert [r.step for r in records] == [7] * 4
     assert [r.completion for r in records] == ["1", "2", "6", "5"]
     assert [r.question for r in records] == ["prompt 0"] * 3 + ["prompt 1"]
+    assert [(r.task, r.answer) for r in records] == [("toy", "0")] * 3 + [("toy", "1")]
     assert [r.reward for r in records] == [1.0, 2.0, 6.0, 5.0]
     assert records[2].advantage == pytest.approx(float(rollout.advantages[2]))
     assert records[0].components == {"value": 1.0}
