@@ -515,8 +515,8 @@ def test_a_position_holds_each_workers_progress_whose_turn_is_next_and_the_skips
 
 
 def test_a_loader_keeps_the_positions_of_its_last_history_batches_only(shards, caplog):
-    """With ``HISTORY`` 3, a pass of 10 batches answers for batches 8-10 (and its start, 0); older counts give the
-    start with a warning. Before any pass, nothing is skipped."""
+    """With ``HISTORY`` 3, a pass of 10 batches answers for batches 8-10; older counts (0 included: its position left
+    the history too) give the start with a warning. Before any pass, nothing is skipped."""
     loader = ShardLoader(ShardStream(sorted(glob.glob(shards)), batch_size=2))
     assert loader.skipped_this_pass == loader.skipped == SkipCounts()
     loader.HISTORY = 3
