@@ -144,9 +144,9 @@ def _keep_requested(config, items) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """In a mutant run (see above), run the test files with the least recorded time first: the run stops at the first
-    failure, so a caught mutant is caught sooner. Files stay whole, in their own order, so module fixtures are built
-    once. First, every test id must be selectable by id (also outside mutant runs)."""
+    """In a mutant run (see above), run the test files with the least recorded time first, and in each file its
+    quickest tests first: the run stops at the first failure, so a caught mutant is caught sooner. Files stay whole,
+    so module fixtures are built once. First, every test id must be selectable by id (also outside mutant runs)."""
     _check_selectable_ids(items)
     if not _in_mutant_run():
         return
@@ -155,7 +155,7 @@ def pytest_collection_modifyitems(config, items):
     cost: dict[str, float] = {}
     for item in items:
         cost[item.fspath.strpath] = cost.get(item.fspath.strpath, 0.0) + durations.get(item.nodeid, 1.0)
-    items.sort(key=lambda item: cost[item.fspath.strpath])  # stable: the order inside a file is kept
+    items.sort(key=lambda item: (cost[item.fspath.strpath], durations.get(item.nodeid, 1.0)))
 
 
 # mutmut records only each test's call phase; fixtures that fit a model would make their file look free. Its statistics
