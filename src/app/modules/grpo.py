@@ -394,6 +394,7 @@ class GRPOModule(PolicyModule):
                         future.cancel()
             self._pending.clear()
         if self._own_executor and self.reward_executor is not None:
+            # mutant wait=None: equivalent (shutdown only joins its threads when wait is truthy)
             self.reward_executor.shutdown(wait=False, cancel_futures=True)
             self.reward_executor, self._own_executor = None, False
 

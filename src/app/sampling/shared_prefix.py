@@ -106,7 +106,6 @@ def static_cache(config, max_cache_len: int, filled=None):
     from transformers import StaticCache
 
     cache = StaticCache(config=config, max_cache_len=max_cache_len)
-    if filled is not None:
-        for layer, source in zip(cache.layers, filled.layers, strict=True):
-            layer.update(source.keys, source.values)
+    for index, source in enumerate(filled.layers if filled is not None else ()):
+        cache.layers[index].update(source.keys, source.values)
     return cache
