@@ -229,3 +229,29 @@ def test_train_end_drops_counts_and_logs_the_pending_rollout_and_stops_its_own_w
     assert [r.getMessage() for r in caplog.records] == [
         "rollout pipeline: 1 generated rollout(s) left untrained at the end of fit"
     ]
+
+
+class MassWeighted(ToyGRPO):
+    """Several rollouts in one update weigh by their kept rows."""
+
+    def loss_mass(self, rollout):
+        return rollout.keep.sum().float()
+
+
+def test_an_update_over_several_rollouts_weighs_each_by_its_share_of_the_loss_mass():
+    import dataclasses
+
+    module = attach(MassWeighted(LinearPolicy()), optimizer=Recorder())  # no step: the gradients stay to be read
+    whole = module.rollout(samples())  # 6 kept rows
+    keep = whole.keep.clone()
+    keep[3:] = False
+    half = dataclasses.replace(whole, keep=keep)  # 3 kept rows: the first group only
+
+    def gradient(rollouts):
+        module.policy.weight.grad = None
+        module._update(rollouts, Recorder())
+        return module.policy.weight.grad.clone()
+
+    expected = 6 / 9 * gradient(whole) + 3 / 9 * gradient(half)
+    assert torch.allclose(gradient([whole, half]), expected, atol=1e-7)
+    assert not torch.allclose(gradient([whole, half]), 0.5 * gradient(whole) + 0.5 * gradient(half), atol=1e-7)
