@@ -46,6 +46,10 @@ from app.types import CompletionRecord, RewardOutput, VisualSample
 
 log = logging.getLogger(__name__)
 
+_SOME_MASS = 1e-12
+"""Divides the loss masses of an update's rollouts when all are 0 (weights 0, not NaN). Masses are counts of tokens or
+rows, so their sum is 0 or at least 1: any value in (0, 1] gives the same weights."""
+
 LOSS_TERMS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")
 """The :class:`~app.algorithms.GRPOLossOutput` fields summed over a rollout's micro-batches and logged."""
 _LOGGED_AS = {"policy_loss": "train/loss/policy", "kl": "train/kl", "clip_fraction": "train/clip_fraction",
@@ -405,7 +409,7 @@ class GRPOModule(PolicyModule):
         sums: dict[str, Tensor] = {}
         if isinstance(rollouts, list):
             masses = torch.stack([self.loss_mass(r) for r in rollouts])
-            weights = (masses / masses.sum().clamp(min=1e-12)).tolist()
+            weights = (masses / masses.sum().clamp(min=_SOME_MASS)).tolist()
             parts = (
                 (out, share * weight)
                 for rollout, weight in zip(rollouts, weights, strict=True)
