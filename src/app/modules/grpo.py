@@ -411,8 +411,8 @@ class GRPOModule(PolicyModule):
             masses = torch.stack([self.loss_mass(r) for r in rollouts])
             weights = (masses / masses.sum().clamp(min=_SOME_MASS)).tolist()
             parts = (
-                (out, share * weight)
-                for rollout, weight in zip(rollouts, weights, strict=True)
+                (out, share * weights[index])
+                for index, rollout in enumerate(rollouts)
                 for out, share in self.weighted_losses(rollout)
             )
         else:
