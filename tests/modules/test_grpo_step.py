@@ -7,10 +7,10 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from types import SimpleNamespace
 
 import pytest
+import test_pipeline
 import torch
 from test_grpo_skeleton import LinearPolicy, Recorder, ToyGRPO, samples  # the skeleton tests' toy module
 
-from app.modules import grpo
 from app.modules.pipeline import Generation, PipelineSettings
 from app.rewards import PendingRewards, RewardError
 from app.types import RewardOutput, VisualSample
@@ -27,23 +27,7 @@ class Logs:
         module.log = lambda name, value, **kwargs: self.singles.append((name, float(value), kwargs))
 
 
-class Clock:
-    """Stands in for ``time.perf_counter`` in the skeleton: reading n (from 0) is 10 ** n seconds, so every difference
-    of two readings is a distinct number naming the stretch it measures."""
-
-    def __init__(self):
-        self.readings = 0
-
-    def perf_counter(self) -> float:
-        self.readings += 1
-        return 10.0 ** (self.readings - 1)
-
-
-@pytest.fixture
-def clock(monkeypatch) -> Clock:
-    fake = Clock()
-    monkeypatch.setattr(grpo, "time", fake)
-    return fake
+clock = test_pipeline.clock  # the fake perf_counter fixture of the pipeline tests
 
 
 def attach(module, optimizer=None, scheduler=None):

@@ -46,9 +46,7 @@ from app.types import CompletionRecord, RewardOutput, VisualSample
 
 log = logging.getLogger(__name__)
 
-_SOME_MASS = 1e-12
-"""Divides the loss masses of an update's rollouts when all are 0 (weights 0, not NaN). Masses are counts of tokens or
-rows, so their sum is 0 or at least 1: any value in (0, 1] gives the same weights."""
+_SOME_MASS = 1e-12  # divides all-zero loss masses (weights 0, not NaN); masses are counts: any value in (0, 1] is equal
 
 LOSS_TERMS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")
 """The :class:`~app.algorithms.GRPOLossOutput` fields summed over a rollout's micro-batches and logged."""
