@@ -187,7 +187,8 @@ def saved(module: GRPOModule) -> dict:
 def pipeline_state(version: int, seed: int, *steps: int) -> dict:
     """A rank's saved pipeline state: the rollouts of ``steps`` pending, scored."""
     pending = [
-        Generation(prompts(i), ["1.0", "3.0", "2.0", "-2.0"], {"features": torch.full((4, 2), float(i))}, version,
+        Generation(prompts(i), ["1.0", "3.0", "2.0", "-2.0"],
+                   {"features": torch.full((4, 2), float(i)), "old_logprobs": torch.zeros(4)}, version,
                    RewardOutput(torch.tensor([1.0, 3.0, 2.0, -2.0]), {"value": torch.tensor([1.0, 3.0, 2.0, -2.0])}))
         for i in steps
     ]  # fmt: skip
@@ -221,6 +222,16 @@ def test_a_pipelined_checkpoint_carries_the_pending_rollout_the_version_and_the_
     assert describe(again) == describe(state)
     draws = [torch.randint(10, (3,), generator=m.drawer.generator).tolist() for m in (module, fresh)]
     assert draws[0] == draws[1]
+
+
+def test_a_resumed_pipeline_takes_its_saved_rollouts_once_and_then_keeps_its_own():
+    module = Toy(delay=1)
+    module.on_load_checkpoint({"rollout_pipeline": [pipeline_state(4, 7, 3)]})
+    module.training_step(prompts(5), 5)  # trains the restored rollout; rollout 5 pending
+    module.training_step(prompts(6), 6)  # trains rollout 5; rollout 6 pending
+    (state,) = saved(module)["rollout_pipeline"]
+    assert [[s.question for s in g.samples] for g in from_plain(state["pending"])] == [["p60", "p61"]]
+    assert state["version"] == 6  # two updates after the saved version 4
 
 
 def test_without_the_pipeline_no_pipeline_state_is_saved_or_taken():

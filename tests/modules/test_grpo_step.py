@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 import test_pipeline
 import torch
-from test_grpo_skeleton import LinearPolicy, Recorder, ToyGRPO, samples  # the skeleton tests' toy module
+from test_grpo_skeleton import LinearPolicy, Recorder, ToyGRPO, ValueReward, samples  # the skeleton tests' toy module
 
+from app.modules import NonFiniteTrainingError
 from app.modules.pipeline import Generation, PipelineSettings
 from app.rewards import PendingRewards, RewardError
 from app.types import RewardOutput, VisualSample
@@ -239,3 +240,51 @@ def test_an_update_over_several_rollouts_weighs_each_by_its_share_of_the_loss_ma
     expected = 6 / 9 * gradient(whole) + 3 / 9 * gradient(half)
     assert torch.allclose(gradient([whole, half]), expected, atol=1e-7)
     assert not torch.allclose(gradient([whole, half]), 0.5 * gradient(whole) + 0.5 * gradient(half), atol=1e-7)
+
+
+def test_with_clipping_off_a_non_finite_gradient_under_a_finite_loss_still_skips_the_update():
+    module = attach(ToyGRPO(LinearPolicy(), gradient_clip_val=0.0), optimizer := Recorder())
+    rollout = module.rollout(samples())
+    module.policy.weight.register_hook(lambda grad: grad * float("inf"))  # the loss stays finite
+    stats = module._update(rollout, optimizer)
+    assert torch.isfinite(stats["loss"]) and "grad_norm" not in stats
+    assert stats["skipped"] is True and optimizer.steps == 0 and module.skipped_updates == 1
+
+
+# ------------------------------------------------------------------------------------------ non-finite rewards
+def nan_rewards(rows: int, components: int, nonfinite: int) -> RewardOutput:
+    """Rewards of ``rows`` completions whose components returned ``nonfinite`` NaNs (replaced by 0)."""
+    names = [f"r{i}" for i in range(components)]
+    return RewardOutput(torch.zeros(rows), {name: torch.zeros(rows) for name in names}, num_nonfinite=nonfinite)
+
+
+def module_with(components: int, group_size: int = 3, max_nonfinite_steps: int = 1):
+    rewards = [ValueReward(name=f"r{i}") for i in range(components)]
+    module = ToyGRPO(LinearPolicy(), rewards=rewards, max_nonfinite_steps=max_nonfinite_steps)
+    module.sampling.num_generations = group_size
+    return module
+
+
+def test_a_rollout_stops_training_only_when_every_value_of_every_reward_was_non_finite():
+    module = module_with(components=2)
+    module._scored(nan_rewards(rows=6, components=2, nonfinite=6))  # one reward of two broken: training goes on
+    module._scored(nan_rewards(rows=6, components=2, nonfinite=11))
+    with pytest.raises(NonFiniteTrainingError, match="every reward was non-finite .* in 1 consecutive rollouts"):
+        module._scored(nan_rewards(rows=6, components=2, nonfinite=12))
+
+
+@pytest.mark.filterwarnings("ignore:std:UserWarning")  # the empty rollout's advantages
+def test_a_single_completion_whose_rewards_are_all_non_finite_counts_an_empty_rollout_does_not():
+    module_with(components=1, group_size=1)._scored(nan_rewards(rows=0, components=1, nonfinite=0))
+    with pytest.raises(NonFiniteTrainingError, match="in 1 consecutive rollouts"):
+        module_with(components=1, group_size=1)._scored(nan_rewards(rows=1, components=1, nonfinite=1))
+
+
+def test_a_rollout_with_a_finite_reward_resets_the_count_of_consecutive_non_finite_ones():
+    module = module_with(components=1, max_nonfinite_steps=2)
+    broken, fine = nan_rewards(rows=6, components=1, nonfinite=6), nan_rewards(rows=6, components=1, nonfinite=0)
+    for rewards in (broken, fine, broken):  # never two broken rollouts in a row
+        module._scored(rewards)
+    assert module._consecutive_nonfinite_rewards == 1
+    with pytest.raises(NonFiniteTrainingError, match="in 2 consecutive rollouts"):
+        module._scored(broken)

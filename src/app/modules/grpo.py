@@ -224,7 +224,7 @@ class GRPOModule(PolicyModule):
         hp, k, n = self.hparams, self.group_size, len(rewards.total)
         all_nonfinite = rewards.num_nonfinite >= n * len(self.rewards.components)
         self._check_rewards(all_nonfinite and n > 0)
-        total = rewards.total.float().to(self.device)  # [N]
+        total = rewards.total.float().to(self.device)  # pragma: no mutate (equivalent off CUDA: .to(None)). [N]
         advantages = group_advantages(total, k, scale=hp.advantage_scale)  # [N]
         keep = torch.ones_like(advantages, dtype=torch.bool)  # [N]
         if hp.drop_zero_std_groups or self.pipeline.dynamic_sampling:
