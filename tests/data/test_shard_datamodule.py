@@ -142,7 +142,7 @@ def test_resampled_epoch_has_exactly_epoch_size_samples(shard_dir, num_workers):
     loader = dm.train_dataloader()
     assert len(loader) == 3
     for _ in range(2):
-        batches = list(loader)
+        batches = list(itertools.islice(loader, 10))  # bounded: a stream that never ended would fail, not hang
         assert sorted(len(b) for b in batches) == [2, 4, 4]
         assert set(_indices(batches)) <= set(range(NUM_SAMPLES))
 
@@ -324,8 +324,13 @@ def _seed(*parts: object) -> int:
     return random.Random(":".join(str(p) for p in parts)).getrandbits(63)
 
 
+STREAM_BOUND = 200  # more batches than any stream here yields: one that never ends fails instead of hanging
+
+
 def _stream_items(stream: ShardStream) -> list[tuple[list[int], SkipCounts]]:
-    return [([s.meta["index"] for s in item.samples], item.skipped) for item in stream]
+    items = list(itertools.islice(stream, STREAM_BOUND + 1))
+    assert len(items) <= STREAM_BOUND, "the stream did not end"
+    return [([s.meta["index"] for s in item.samples], item.skipped) for item in items]
 
 
 def _stream_indices(stream: ShardStream) -> list[int]:
