@@ -1,14 +1,16 @@
-"""What every policy module shares, called directly (no trainer run): sharding the policy when the trainer's strategy
-is FSDP2, in a one-process gloo group, and leaving it alone otherwise."""
+"""What every policy module shares, called directly (no trainer run): sharding the policy under FSDP2 (a one-process
+gloo group) and only then, decisions every rank takes together, and skipping non-finite updates."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 from test_grpo_skeleton import LinearPolicy, ToyGRPO  # the skeleton tests' toy module
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
+from app.modules import NonFiniteTrainingError
 from app.parallel import FSDP2Strategy
 from app.parallel.fsdp import MESH_DIMS, is_sharded
 
@@ -46,3 +48,90 @@ def test_configure_model_leaves_the_policy_alone_without_a_trainer_or_under_anot
     for module in (ToyGRPO(LinearPolicy()), under(SimpleNamespace(name="ddp"))):
         module.configure_model()
         assert not is_sharded(module.policy) and not isinstance(module.policy.weight, DTensor)
+
+
+class TwoRanks(DDPStrategy):
+    """Lightning's DDP strategy as rank 0 of two, the other rank voting ``other`` (one process cannot hold two ranks:
+    the all-reduce adds that vote; the decision logic is Lightning's own)."""
+
+    def __init__(self, other: bool):
+        super().__init__(parallel_devices=[torch.device("cpu")])
+        self.other = other
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def reduce(self, tensor, group=None, reduce_op="mean"):
+        return tensor + int(self.other)
+
+
+@pytest.mark.parametrize(("mine", "other"), [(False, False), (False, True), (True, False), (True, True)])
+def test_a_decision_holds_on_every_rank_when_any_rank_makes_it(mine, other):
+    assert under(TwoRanks(other))._any_rank(mine) is (mine or other)
+    assert ToyGRPO(LinearPolicy())._any_rank(mine) is mine  # without a trainer: this process alone
+
+
+# ------------------------------------------------------------------------------------------------ skipped updates
+def automatic(max_nonfinite_steps: int = 3):
+    """The toy module as an automatically optimised one (SFT, flow matching), its logged values kept."""
+    module = ToyGRPO(LinearPolicy(), max_nonfinite_steps=max_nonfinite_steps)
+    module.automatic_optimization = True
+    module.logged = []
+    module.log = lambda name, value, **kwargs: module.logged.append((name, value))
+    return module
+
+
+def optimizer_with(module, grad: list[float] | None):
+    module.policy.weight.grad = None if grad is None else torch.tensor(grad)
+    return torch.optim.SGD(module.policy.trainable_parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("grad", [[float("nan"), 1.0], [1.0, float("inf")], [float("-inf"), 0.0]])
+def test_a_non_finite_gradient_is_dropped_before_the_step_and_counted(grad):
+    module = automatic()
+    optimizer = optimizer_with(module, grad)
+    module.on_before_optimizer_step(optimizer)
+    assert module.policy.weight.grad is None  # the optimizer's step leaves the weight alone
+    assert (module.skipped_updates, module._consecutive_skips) == (1, 1)
+    assert module.logged == [("train/skipped_updates", 1.0)]
+
+
+@pytest.mark.parametrize("grad", [[0.5, -2.0], None])
+def test_a_finite_gradient_or_none_goes_to_the_optimizer_untouched(grad):
+    module = automatic()
+    module._consecutive_skips = 2
+    optimizer = optimizer_with(module, grad)
+    module.on_before_optimizer_step(optimizer)
+    expected = None if grad is None else torch.tensor(grad)
+    assert (module.policy.weight.grad is None) if grad is None else torch.equal(module.policy.weight.grad, expected)
+    assert (module.skipped_updates, module._consecutive_skips) == (0, 0)  # a finite step ends a run of skips
+    assert module.logged == [("train/skipped_updates", 0.0)]
+
+
+def test_manual_optimisation_checks_its_own_update_so_the_hook_does_nothing():
+    module = ToyGRPO(LinearPolicy())  # manual optimisation
+    module.log = lambda *args, **kwargs: pytest.fail("the hook logged under manual optimisation")
+    optimizer = optimizer_with(module, [float("nan"), 0.0])
+    module.on_before_optimizer_step(optimizer)
+    assert torch.isnan(module.policy.weight.grad[0]) and module.skipped_updates == 0
+
+
+def test_skips_are_counted_and_warned_and_the_run_stops_after_max_nonfinite_steps_in_a_row(caplog):
+    module = automatic(max_nonfinite_steps=3)
+    for skipped in (True, True, False, True, True):  # a finite update resets the run of skips
+        module._count_skip(skipped)
+    assert (module.skipped_updates, module._consecutive_skips) == (4, 2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"skipped an update with a non-finite loss or gradient ({row} in a row, {total} in all)"
+        for row, total in ((1, 1), (2, 2), (1, 3), (2, 4))
+    ]
+    message = (
+        "3 consecutive updates had a non-finite loss or gradient and were skipped; stopping (the weights are unchanged "
+        "since the last finite update). Lower the learning rate, check the rewards and the model's dtype, or raise "
+        "model.init_args.max_nonfinite_steps"
+    )
+    with pytest.raises(NonFiniteTrainingError) as raised:
+        module._count_skip(True)
+    assert str(raised.value) == message and module.skipped_updates == 5

@@ -112,8 +112,12 @@ class PolicyModule(L.LightningModule):
 
     def _any_rank(self, decision: bool) -> bool:
         """True on every rank when ``decision`` is True on any (so all ranks skip or stop together)."""
-        trainer = self._trainer
-        return trainer.strategy.reduce_boolean_decision(decision, all=False) if trainer is not None else decision
+        if self._trainer is None:
+            return decision
+        return self._trainer.strategy.reduce_boolean_decision(
+            decision,
+            all=False,  # pragma: no mutate (equivalent: all=None is read as any too)
+        )
 
     def _count_skip(self, skipped: bool) -> None:
         if not skipped:

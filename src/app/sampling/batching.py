@@ -13,5 +13,7 @@ def micro_batches(n: int, size: int | None) -> list[slice]:
     >>> micro_batches(0, None)
     []
     """
-    size = size or max(n, 1)
+    if not n:
+        return []
+    size = size or n
     return [slice(start, min(start + size, n)) for start in range(0, n, size)]
