@@ -1,0 +1,66 @@
+"""FlowSamplingSettings: the values it accepts at their bounds, and the message naming each value it refuses."""
+
+import re
+
+import pytest
+
+from app.sampling.flow_rollout import FlowSamplingSettings
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(num_generations=1, num_steps=1),
+        dict(sampler="cps", eta=1.0),
+        dict(sampler="sde", eta=1.5),  # no upper bound for the SDE sampler
+        dict(eta=1e-6, timestep_fraction=1.0),
+        dict(timestep_fraction=1e-6),
+        dict(eval_sampler="unipc", guidance_scale=1.0),
+        dict(guidance_scale=4.5),
+    ],
+)
+def test_values_at_their_bounds_are_accepted(settings):
+    made = FlowSamplingSettings(**settings)
+    assert all(getattr(made, name) == value for name, value in settings.items())
+
+
+@pytest.mark.parametrize(
+    ("window", "num_steps", "kept"),
+    [([0, 1], 2, (0, 1)), ((2, 9), 10, (2, 9)), ((8, 10), 10, (8, 10)), (("1", "3"), 4, (1, 3))],
+)
+def test_an_sde_window_is_kept_as_a_tuple_of_ints(window, num_steps, kept):
+    assert FlowSamplingSettings(num_steps=num_steps, sde_window=window).sde_window == kept
+
+
+NEED = "need num_generations >= 1 and num_steps >= 1, got {} and {}"
+WINDOW = (
+    "sde_window must be (start, end) with 0 <= start < end and start < num_steps - 1 = {} (the last step is never "
+    "trained), got {}"
+)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (dict(num_generations=0), NEED.format(0, 10)),
+        (dict(num_steps=0), NEED.format(8, 0)),
+        (dict(sampler="ode"), "sampler must be 'sde' or 'cps', got 'ode'"),
+        (dict(eta=0.0), "eta must be > 0 (and <= 1 for cps): eta = 0 makes every step deterministic, got 0.0"),
+        (dict(sampler="sde", eta=-0.5), "eta must be > 0 (and <= 1 for cps): eta = 0 makes every step "
+                                        "deterministic, got -0.5"),
+        (dict(sampler="cps", eta=1.01), "eta must be > 0 (and <= 1 for cps): eta = 0 makes every step "
+                                        "deterministic, got 1.01"),
+        (dict(timestep_fraction=0.0), "timestep_fraction must be in (0, 1], got 0.0"),
+        (dict(timestep_fraction=1.5), "timestep_fraction must be in (0, 1], got 1.5"),
+        (dict(eval_sampler="ddim"), "eval_sampler must be 'euler' or 'unipc', got 'ddim'"),
+        (dict(guidance_scale=0.99), "guidance_scale must be >= 1 (1 disables guidance), got 0.99"),
+        (dict(num_steps=10, sde_window=(3, 3)), WINDOW.format(9, (3, 3))),  # start == end
+        (dict(num_steps=10, sde_window=(9, 10)), WINDOW.format(9, (9, 10))),  # starts at the last step
+        (dict(num_steps=10, sde_window=(-1, 4)), WINDOW.format(9, (-1, 4))),
+        (dict(num_steps=10, sde_window=(1, 2, 3)), WINDOW.format(9, (1, 2, 3))),
+        (dict(num_steps=10, sde_window=(1,)), WINDOW.format(9, (1,))),
+    ],
+)  # fmt: skip
+def test_each_refused_value_is_named_in_the_message(settings, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        FlowSamplingSettings(**settings)
