@@ -111,7 +111,6 @@ def pytest_runtest_makereport(item, call):
 # every test module, with the ids of the tests that reach the mutated function (up to ~1,000 of them) on the command
 # line. The hooks below change nothing outside those sessions (mutmut's mutant names hold "__mutmut_").
 _REQUESTED_IDS = pytest.StashKey[set]()
-_LATER_IDS = pytest.StashKey[list]()  # the named tests of the other files, run only if the first file catches nothing
 
 
 def _in_mutant_run() -> bool:
@@ -122,24 +121,15 @@ def pytest_configure(config):
     """In a mutant run: freeze the inherited heap out of the garbage collector (its full passes over it cost about a
     second of collection per mutant), and collect the named tests' files whole, keeping the named tests afterwards:
     pytest matches each id on the command line against its file separately, which cost more than collecting the
-    files (measured with cProfile on a 760-test mutant run; ``benchmarks/pytest_overhead.py`` times sessions).
-    Only the file with the least recorded time is collected at first; the others are run in a nested session
-    (``pytest_sessionfinish``), file by file in the same way, only when it catches nothing: collecting the 19 files
-    that reach ``grpo_loss`` took 0.4 s of a 0.6 s profiled session whose first file caught the mutant."""
+    files (measured with cProfile on a 760-test mutant run; ``benchmarks/pytest_overhead.py`` times sessions)."""
     if not _in_mutant_run():
         return
     import gc
 
     gc.freeze()
     if config.args and all("::" in arg for arg in config.args):
-        by_file: dict[str, list[str]] = {}
-        for test_id in config.args:
-            by_file.setdefault(test_id.split("::")[0], []).append(test_id)
-        durations = _recorded_test_durations()
-        files = sorted(by_file, key=lambda file: sum(durations.get(i, 1.0) for i in by_file[file]))
-        config.stash[_REQUESTED_IDS] = set(by_file[files[0]])
-        config.stash[_LATER_IDS] = [test_id for file in files[1:] for test_id in by_file[file]]
-        config.args[:] = files[:1]
+        config.stash[_REQUESTED_IDS] = set(config.args)
+        config.args[:] = list(dict.fromkeys(arg.split("::")[0] for arg in config.args))
 
 
 def _keep_requested(config, items) -> None:
@@ -190,11 +180,6 @@ _STATS_PASSED = "APP_MUTMUT_FULL_STATS_PASSED"
 
 
 def pytest_sessionfinish(session, exitstatus):
-    later = session.config.stash.get(_LATER_IDS, None)
-    if later and exitstatus == pytest.ExitCode.OK and _in_mutant_run():  # the first file caught nothing: the others
-        options = [arg for arg in session.config.invocation_params.args if "::" not in arg]
-        session.exitstatus = pytest.main([*options, *later])  # which again runs its cheapest file first
-        return
     if os.environ.get("MUTANT_UNDER_TEST") != "stats":
         return
     whole_selection = not any("::" in arg for arg in session.config.args)
