@@ -5,6 +5,7 @@ Run from the folder holding ``mutants/`` after ``mutmut run`` (see README, "Muta
     python benchmarks/mutation_summary.py            # table per file, then the total
     python benchmarks/mutation_summary.py --markdown # the same as a Markdown table (for the README)
     python benchmarks/mutation_summary.py --folders  # one row per folder of mutated files
+    python benchmarks/mutation_summary.py --killers  # mutants caught per test file, and the tests that caught most
 
 "Caught" counts mutmut's "killed" (a test failed) and "caught by type check". A timeout (the mutant made the code hang)
 and a crash (the test process died of a signal, e.g. a native library handed None) are reported on their own: caught in
@@ -53,6 +54,28 @@ def by_folder(counts: dict[str, Counter], seconds: dict[str, float]) -> tuple[di
     return folder_counts, folder_seconds
 
 
+def killers(mutants_dir: Path) -> Counter:
+    """Mutants caught per test id: the first failing test of each caught mutant's run, as ``tests/conftest.py``
+    records it under ``mutmut-kills/`` (one file per mutated function, a line ``<mutant number> <test id>`` each)."""
+    caught: Counter = Counter()
+    for record in (mutants_dir / "mutmut-kills").glob("*"):
+        for line in record.read_text(encoding="utf-8").splitlines():
+            caught[line.split(" ", 1)[1]] += 1
+    return caught
+
+
+def print_killers(caught: Counter, top: int = 20) -> None:
+    files: Counter = Counter()
+    for test_id, n in caught.items():
+        files[test_id.split("::")[0]] += n
+    print(f"{'mutants':>7}  test file")
+    for name, n in files.most_common():
+        print(f"{n:>7}  {name}")
+    print(f"\n{'mutants':>7}  test (the {top} that caught most)")
+    for name, n in caught.most_common(top):
+        print(f"{n:>7}  {name}")
+
+
 def rate(status: Counter) -> str:
     checked = status["mutants"] - status["not checked"]
     return f"{100 * status['caught'] / checked:.1f} %" if checked else "-"
@@ -63,9 +86,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mutants", type=Path, default=Path("mutants"), help="mutmut's working folder")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--folders", action="store_true", help="one row per folder instead of per file")
+    parser.add_argument("--killers", action="store_true", help="mutants caught per test file and per test instead")
     args = parser.parse_args(argv)
     if not args.mutants.is_dir():
         raise SystemExit(f"no {args.mutants}/ here: run `mutmut run` first, or pass --mutants")
+    if args.killers:
+        print_killers(killers(args.mutants))
+        return
     counts, seconds = summarise(args.mutants)
     if args.folders:
         counts, seconds = by_folder(counts, seconds)

@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,16 +118,49 @@ def _in_mutant_run() -> bool:
     return "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", "")
 
 
+_MUTMUT_LOOKUP = pytest.StashKey[Callable[[], str]]()
+
+
+def _fix_active_mutant(config) -> None:
+    """mutmut wraps every mutated function in a trampoline that looks the active mutant up in ``os.environ`` on every
+    call (so that a test that clears the environment cannot switch it off). Within one of its sessions the mutant never
+    changes, and the look-ups cost up to 40 % of a test that calls a mutated parser in a loop (a numeric-reward mutant
+    ran 2.0 s, 1.3 s without them; ``benchmarks/mutmut_trampolines.py`` times one call). The lookup is fixed to
+    the session's value until the session ends. Nothing here changes when mutmut's trampoline module is not loaded."""
+    trampoline = sys.modules.get("mutmut.mutation.trampoline")
+    if trampoline is None or not callable(getattr(trampoline, "get_mutant_under_test", None)):
+        return
+    active = os.environ["MUTANT_UNDER_TEST"]
+    config.stash[_MUTMUT_LOOKUP] = trampoline.get_mutant_under_test
+    trampoline.get_mutant_under_test = lambda: active
+
+
+def pytest_unconfigure(config):
+    lookup = config.stash.get(_MUTMUT_LOOKUP, None)
+    if lookup is not None:  # the statistics run's session ends in mutmut's own process
+        sys.modules["mutmut.mutation.trampoline"].get_mutant_under_test = lookup
+
+
 def pytest_configure(config):
-    """In a mutant run: freeze the inherited heap out of the garbage collector (its full passes over it cost about a
-    second of collection per mutant), and collect the named tests' files whole, keeping the named tests afterwards:
+    """In a mutant run (and mutmut's statistics run): fix the active mutant for the session (:func:`_fix_active_mutant`).
+    In a mutant run also: freeze the inherited heap out of the garbage collector (its full passes over it cost about a
+    second of collection per mutant), stop property tests at their first failing example, and collect the named tests' files whole, keeping the named tests afterwards:
     pytest matches each id on the command line against its file separately, which cost more than collecting the
     files (measured with cProfile on a 760-test mutant run; ``benchmarks/pytest_overhead.py`` times sessions)."""
+    if _in_mutant_run() or os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        _fix_active_mutant(config)
     if not _in_mutant_run():
         return
     import gc
 
+    from hypothesis import Phase
+    from hypothesis import settings as hypothesis_settings
+
     gc.freeze()
+    # a failing property test stops at its first failing example: shrinking it and explaining it (a traced rerun of every
+    # line) show a person the smallest case, and mutmut reads only the exit code
+    hypothesis_settings.register_profile("mutant-run", phases=(Phase.explicit, Phase.reuse, Phase.generate))
+    hypothesis_settings.load_profile("mutant-run")
     if config.args and all("::" in arg for arg in config.args):
         config.stash[_REQUESTED_IDS] = set(config.args)
         config.args[:] = list(dict.fromkeys(arg.split("::")[0] for arg in config.args))
@@ -167,9 +201,22 @@ FULL_DURATIONS = Path("mutmut-full-durations.json")
 _full_durations: dict[str, float] = {}
 
 
+# Which test caught each mutant: a line per caught mutant, in a file per mutated function under KILLS in mutmut's working
+# directory (``benchmarks/mutation_summary.py --killers`` reads them).
+KILLS = Path("mutmut-kills")
+_kill_recorded = False
+
+
 def pytest_runtest_logreport(report):
+    global _kill_recorded
     if os.environ.get("MUTANT_UNDER_TEST") == "stats":
         _full_durations[report.nodeid] = _full_durations.get(report.nodeid, 0.0) + report.duration
+    elif report.failed and not _kill_recorded and _in_mutant_run():
+        _kill_recorded = True
+        function, _, number = os.environ["MUTANT_UNDER_TEST"].rpartition("__mutmut_")
+        KILLS.mkdir(exist_ok=True)
+        with open(KILLS / function, "a", encoding="utf-8") as kills:
+            kills.write(f"{number} {report.nodeid}\n")
 
 
 # mutmut then runs the same tests once more, unmutated ("clean", MUTANT_UNDER_TEST=""), in the same process, to check

@@ -56,3 +56,16 @@ def test_folders_sum_the_files_of_each_folder(summary):
         "src/app/": summary.Counter(mutants=2, caught=2),
     }
     assert seconds == {"src/app/x/": 3.0, "src/app/": 4.0}
+
+
+def test_killers_count_the_catching_test_of_each_mutant_per_test_and_per_file(summary, tmp_path, capsys):
+    kills = tmp_path / "mutants" / "mutmut-kills"
+    kills.mkdir(parents=True)
+    (kills / "app.a.x_f").write_text("1 tests/test_a.py::test_one\n2 tests/test_a.py::test_one\n3 tests/test_b.py::t\n")
+    (kills / "app.a.xǁCǁg").write_text("7 tests/test_a.py::test_two[x y]\n")
+    caught = summary.killers(tmp_path / "mutants")
+    assert caught == {"tests/test_a.py::test_one": 2, "tests/test_b.py::t": 1, "tests/test_a.py::test_two[x y]": 1}
+    summary.main(["--mutants", str(tmp_path / "mutants"), "--killers"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == ["mutants  test file", "      3  tests/test_a.py", "      1  tests/test_b.py"]
+    assert lines[5] == "      2  tests/test_a.py::test_one"

@@ -180,7 +180,7 @@ class Unfinished(Future):
 def test_a_checkpoint_waits_for_pending_rewards_no_longer_than_the_pipeline_s_time_limit():
     module = ToyGRPO(LinearPolicy(), pipeline=PipelineSettings(delay=1, workers="inline", reward_timeout_s=0.05))
     pending = PendingRewards({"value": Unfinished()}, num_completions=6)
-    module._pending.append(Generation(samples(), list(module.outputs), {}, version=0, rewards=pending))
+    module.rollout_queue.pending.append(Generation(samples(), list(module.outputs), {}, version=0, rewards=pending))
     with pytest.raises(RewardError, match=re.escape("reward 'value' gave no result within 0.05 s")):
         module.on_save_checkpoint({})
 
@@ -193,24 +193,25 @@ def test_train_end_drops_counts_and_logs_the_pending_rollout_and_stops_its_own_w
     from concurrent.futures import ThreadPoolExecutor
 
     module = ToyGRPO(LinearPolicy(), pipeline=PipelineSettings(delay=1))
-    module.dropped_rollouts = 2  # from the epochs before
+    module.rollout_queue.dropped = 2  # from the epochs before
     workers, release = ThreadPoolExecutor(1), threading.Event()
     running = workers.submit(release.wait, 2.0)  # holds the only worker
     queued = workers.submit(int)  # a reward of no pending rollout, still queued
     pending_reward = workers.submit(int)
     pending = PendingRewards({"value": pending_reward}, num_completions=6)
-    module._pending.append(Generation(samples(), list(module.outputs), {}, version=0, rewards=pending))
-    module.reward_executor, module._own_executor = workers, True
+    queue = module.rollout_queue
+    queue.pending.append(Generation(samples(), list(module.outputs), {}, version=0, rewards=pending))
+    queue.executor, queue.owns_executor = workers, True  # as if built by the queue
     try:
-        with caplog.at_level(logging.INFO, logger="app.modules.grpo"):
+        with caplog.at_level(logging.INFO, logger="app.modules.rollout_queue"):
             module.on_train_end()
         returned_while_running = not running.done()
     finally:
         release.set()
     assert returned_while_running  # shutdown(wait=False)
     assert pending_reward.cancelled() and queued.cancelled()  # the pending rollout's and every other queued reward
-    assert module.dropped_rollouts == 3 and len(module._pending) == 0
-    assert module.reward_executor is None and module._own_executor is False
+    assert module.dropped_rollouts == 3 and len(queue.pending) == 0
+    assert module.reward_executor is None and queue.owns_executor is False
     assert [r.getMessage() for r in caplog.records] == [
         "rollout pipeline: 1 generated rollout(s) left untrained at the end of fit"
     ]

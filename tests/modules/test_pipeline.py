@@ -691,13 +691,17 @@ class ToyDynamic(ToyPipelined):
     def __init__(self, dataset: list[VisualSample], batch_size: int, max_extra_rollouts: int):
         super().__init__(delay=0, dynamic_sampling=True, max_extra_rollouts=max_extra_rollouts)
         self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=list)
-        self._drawer = InOrder()
+        self.in_order = InOrder()
         self.masks: list[list[list[int]]] = []
         self.logged: dict[str, float] = {}
 
     @property
     def trainer(self):
         return SimpleNamespace(train_dataloader=self.loader)
+
+    @property
+    def drawer(self):
+        return self.in_order
 
     def _train_on(self, rollouts):
         self.masks.append(
@@ -827,8 +831,7 @@ def test_two_ddp_ranks_pipeline_their_own_rollouts_and_resume_them(new_policy, t
     module._trainer = SimpleNamespace(world_size=2, global_rank=1)
     module.on_load_checkpoint(checkpoint)
     module._trainer = None
-    module._restore_pending()
-    assert [s.question for s in module._pending[0].samples] == [s.question for s in pending[1][0].samples]
+    assert [s.question for s in module.rollout_queue.pending[0].samples] == [s.question for s in pending[1][0].samples]
     single = vlm_module(new_policy, PipelineSettings(delay=1))
     with pytest.raises(ValueError, match="pipeline of 2 processes, this run has 1"):
         single.on_load_checkpoint(checkpoint)

@@ -18,9 +18,7 @@ A subclass supplies only what differs between families:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import logging
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
@@ -31,20 +29,11 @@ from torch import Tensor
 
 from app.algorithms import GRPOLossOutput, group_advantages, zero_std_groups
 from app.models.policy import Policy
-from app.modules.pipeline import (
-    Generation,
-    PipelineSettings,
-    PromptDrawer,
-    from_plain,
-    reward_executor,
-    to_device,
-    to_plain,
-)
+from app.modules.pipeline import Generation, PipelineSettings, PromptDrawer
 from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
-from app.rewards import PendingRewards, RewardComponent, WeightedReward
+from app.modules.rollout_queue import RolloutQueue
+from app.rewards import RewardComponent, WeightedReward
 from app.types import CompletionRecord, RewardOutput, VisualSample
-
-log = logging.getLogger(__name__)
 
 _SOME_MASS = 1e-12  # divides all-zero loss masses (weights 0, not NaN); masses are counts: any value in (0, 1] is equal
 
@@ -141,19 +130,28 @@ class GRPOModule(PolicyModule):
         if beta > 0:
             policy.enable_reference()
         self._consecutive_nonfinite_rewards = 0
-        self.reward_executor: Executor | None = None  # built from ``pipeline`` when first needed; may be set instead
-        self._own_executor = False
-        self._pending: collections.deque[Generation] = collections.deque()  # generated, not trained yet
-        self._restored_pending: list | None = None  # plain data from a checkpoint, materialised on the next step
-        self._version = 0  # rollouts trained so far (the policy version a generation records)
-        self.dropped_rollouts = 0  # rollouts still pending when fit ended (see app.modules.pipeline)
+        self.rollout_queue = RolloutQueue(self.pipeline, self.rewards)  # what the pipeline carries between steps
         self._reward_seconds = 0.0  # pragma: no mutate (equivalent: each plain step zeroes it before it scores)
-        self._drawer: PromptDrawer | None = None  # dynamic sampling's prompt sampler, seeded per rank on first use
 
     @property
     def group_size(self) -> int:
         """K, the outputs drawn per prompt."""
         return self.sampling.num_generations
+
+    @property
+    def reward_executor(self) -> Executor | None:
+        """The delayed pipeline's reward workers: built from ``pipeline`` when first needed, unless one is set here
+        (then it is not this module's to shut down)."""
+        return self.rollout_queue.executor
+
+    @reward_executor.setter
+    def reward_executor(self, executor: Executor | None) -> None:
+        self.rollout_queue.executor, self.rollout_queue.owns_executor = executor, False
+
+    @property
+    def dropped_rollouts(self) -> int:
+        """Rollouts still pending when a fit ended (see :mod:`app.modules.pipeline`)."""
+        return self.rollout_queue.dropped
 
     @property
     def unlogged_loss_terms(self) -> frozenset[str]:
@@ -262,16 +260,15 @@ class GRPOModule(PolicyModule):
         """Generate rollout k+1 and submit its rewards, then train on rollout k once its rewards are in (with delay 0:
         the rollout of this very batch). The first step of a delayed pipeline only primes it."""
         started = time.perf_counter()
-        self._restore_pending()
-        self._pending.append(self._generate_and_submit(batch))
-        if len(self._pending) <= self.pipeline.delay:
+        queue = self.rollout_queue
+        queue.submit(self._generate(batch), batch, self.group_size)
+        generation = queue.take(self.device)
+        if generation is None:
             return None
-        generation = self._pending.popleft()
         rolled_out = time.perf_counter()
-        if isinstance(generation.rewards, PendingRewards):
-            generation.rewards = self.rewards.gather(generation.rewards, self.pipeline.reward_timeout_s)
+        rewards = queue.collect(generation)
         waited = time.perf_counter() - rolled_out
-        rollout = self.finish_rollout(generation, self._scored(generation.rewards))
+        rollout = self.finish_rollout(generation, self._scored(rewards))
         rollouts, logs = [rollout], {}
         if self.pipeline.dynamic_sampling:
             rollouts, logs = self._refill(rollout, len(generation.samples))
@@ -279,8 +276,7 @@ class GRPOModule(PolicyModule):
         stats = self._train_on(
             rollouts if len(rollouts) > 1 else rollout  # pragma: no mutate (equivalent: one rollout weighs m / m = 1)
         )  # fmt: skip
-        lag = self._version - generation.version
-        self._version += 1
+        lag = queue.trained(generation)
         logs["train/policy_lag"] = torch.tensor(float(lag))
         logs["train/reward_wait_s"] = torch.tensor(waited)
         self._log_step(rollout, stats, batch_size=len(generation.samples), extra=logs)
@@ -289,23 +285,6 @@ class GRPOModule(PolicyModule):
             "loss": stats["loss"], "records": self._records(generation.samples, rollout), "rewards": rollout.rewards,
             "advantages": rollout.advantages, "timings": timings, "policy_lag": lag, **self.step_outputs(rollout),
         }  # fmt: skip
-
-    def _generate_and_submit(self, samples: list[VisualSample]) -> Generation:
-        generation = self._generate(samples)
-        generation.version = self._version
-        k = self.group_size
-        grouped_samples = [s for s in samples for _ in range(k)]
-        executor = self._executor() if self.pipeline.delay > 0 else None
-        generation.rewards = self.rewards.submit(generation.outputs, grouped_samples, group_size=k, executor=executor)
-        return generation
-
-    def _executor(self) -> Executor | None:
-        if (
-            self.reward_executor is None
-            and self.pipeline.workers != "inline"  # pragma: no mutate (equivalent: inline builds no executor anyway)
-        ):
-            self.reward_executor, self._own_executor = reward_executor(self.pipeline), True
-        return self.reward_executor
 
     def _refill(self, rollout: Rollout, num_prompts: int) -> tuple[list[Rollout], dict[str, Tensor]]:
         """DAPO's dynamic sampling: roll out and score more prompts (inline) until B groups carry a signal or the cap
@@ -338,30 +317,13 @@ class GRPOModule(PolicyModule):
     @property
     def drawer(self) -> PromptDrawer:
         """Dynamic sampling's prompt sampler, seeded with ``pipeline.seed + global_rank``."""
-        if self._drawer is None:
-            self._drawer = PromptDrawer(self.pipeline.seed + self.global_rank)
-        return self._drawer
-
-    def _restore_pending(self) -> None:
-        if self._restored_pending is not None:
-            self._pending = collections.deque(to_device(g, self.device) for g in from_plain(self._restored_pending))
-            self._restored_pending = None
-
-    def _pipeline_state(self) -> dict[str, Any]:
-        """The pipeline's state on this rank, as plain data: pending rollouts with their rewards collected (waiting
-        for them if needed: checkpoints are rare), the policy version and the prompt sampler."""
-        self._restore_pending()
-        for generation in self._pending:
-            if isinstance(generation.rewards, PendingRewards):
-                generation.rewards = self.rewards.gather(generation.rewards, self.pipeline.reward_timeout_s)
-        pending = to_plain(list(self._pending))
-        return {"pending": pending, "version": self._version, "drawer": self.drawer.generator.get_state()}
+        return self.rollout_queue.drawer(self.global_rank)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         if not self.pipeline.overlapped:
             return
-        state = self._pipeline_state()
+        state = self.rollout_queue.state(self.global_rank)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             states: list = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(states, state)  # rollouts never cross ranks: one state per rank
@@ -380,25 +342,11 @@ class GRPOModule(PolicyModule):
                 f"the checkpoint holds the rollout pipeline of {len(states)} processes, this run has {world_size}: "
                 "resume a pipelined run on as many processes as it was saved from"
             )
-        state = states[self.global_rank]
-        self._restored_pending, self._version = state["pending"], state["version"]
-        self.drawer.generator.set_state(state["drawer"])
+        self.rollout_queue.load_state(states[self.global_rank], self.global_rank)
 
     def on_train_end(self) -> None:
         """The rule for the last rollout: one still pending when fit ends is dropped, counted and logged."""
-        self._restore_pending()
-        if self._pending:
-            self.dropped_rollouts += len(self._pending)
-            log.info("rollout pipeline: %d generated rollout(s) left untrained at the end of fit", len(self._pending))
-            for generation in self._pending:
-                if isinstance(generation.rewards, PendingRewards):
-                    for future in generation.rewards.futures.values():
-                        future.cancel()
-            self._pending.clear()
-        if self._own_executor and self.reward_executor is not None:
-            # mutant wait=None: equivalent (shutdown only joins its threads when wait is truthy)
-            self.reward_executor.shutdown(wait=False, cancel_futures=True)
-            self.reward_executor, self._own_executor = None, False
+        self.rollout_queue.close()
 
     def _update(self, rollouts: Rollout | list[Rollout], optimizer) -> dict[str, Tensor]:
         """One optimizer step over the whole rollout (or several, each weighted by its :meth:`loss_mass`),
