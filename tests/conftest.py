@@ -144,7 +144,8 @@ def pytest_unconfigure(config):
 def pytest_configure(config):
     """In a mutant run (and mutmut's statistics run): fix the active mutant for the session (:func:`_fix_active_mutant`).
     In a mutant run also: freeze the inherited heap out of the garbage collector (its full passes over it cost about a
-    second of collection per mutant), stop property tests at their first failing example, and collect the named tests' files whole, keeping the named tests afterwards:
+    second of collection per mutant), reset what multiprocessing resets in a process it forks, stop property tests at
+    their first failing example, and collect the named tests' files whole, keeping the named tests afterwards:
     pytest matches each id on the command line against its file separately, which cost more than collecting the
     files (measured with cProfile on a 760-test mutant run; ``benchmarks/pytest_overhead.py`` times sessions)."""
     if _in_mutant_run() or os.environ.get("MUTANT_UNDER_TEST") == "stats":
@@ -157,6 +158,13 @@ def pytest_configure(config):
     from hypothesis import settings as hypothesis_settings
 
     gc.freeze()
+    # mutmut forks with os.fork, which skips the hooks multiprocessing runs in the processes it forks itself. Among them
+    # the reset of the resource sharer that passes tensors' file descriptors to pool workers and DataLoader workers:
+    # without it a worker asks the parent's sharer thread (which this process does not have) and dies, and a test that
+    # uses a process pool failed for every mutant (14 mutants counted as caught by that failure alone on 2026-12-02)
+    from multiprocessing import util as multiprocessing_util
+
+    multiprocessing_util._run_after_forkers()
     # a failing property test stops at its first failing example: shrinking it and explaining it (a traced rerun of every
     # line) show a person the smallest case, and mutmut reads only the exit code
     hypothesis_settings.register_profile("mutant-run", phases=(Phase.explicit, Phase.reuse, Phase.generate))

@@ -11,6 +11,7 @@ import test_pipeline
 import torch
 from test_grpo_skeleton import LinearPolicy, Recorder, ToyGRPO, ValueReward, samples  # the skeleton tests' toy module
 
+from app.algorithms import group_advantages
 from app.modules import NonFiniteTrainingError
 from app.modules.pipeline import Generation, PipelineSettings
 from app.rewards import PendingRewards, RewardError
@@ -60,6 +61,28 @@ def test_a_skipped_update_leaves_the_learning_rate_schedule_where_it_was():
     stats = module._train_on(rollout)
     assert stats["skipped"] is True and module.skipped_updates == 1
     assert (optimizer.steps, scheduler.steps) == (0, 0)
+
+
+def test_an_update_leaves_no_gradient_behind():
+    """Gradients are released after each step (``set_to_none``), taken or skipped, so the next update starts from none
+    and the memory is free while the next rollout is generated."""
+    module = attach(ToyGRPO(LinearPolicy()))
+    rollout = module.rollout(samples())
+    assert module._update(rollout, module.optimizers())["skipped"] is False
+    assert module.policy.weight.grad is None
+    with torch.no_grad():
+        module.policy.weight.fill_(float("nan"))
+    assert module._update(rollout, module.optimizers())["skipped"] is True
+    assert module.policy.weight.grad is None
+
+
+@pytest.mark.parametrize("scale", ["batch", "none"])
+def test_scored_advantages_follow_the_module_s_advantage_scale(scale):
+    module = ToyGRPO(LinearPolicy(), advantage_scale=scale)
+    total = torch.tensor([1.0, 2.0, 6.0, 5.0, 5.0, 4.0])
+    expected = group_advantages(total, 3, scale=scale)
+    assert not torch.equal(expected, group_advantages(total, 3, scale="group"))  # the scale matters for these rewards
+    assert torch.equal(module._scored(RewardOutput(total, {"value": total})).advantages, expected)
 
 
 def test_without_a_schedule_the_update_still_steps_the_optimizer():
@@ -144,6 +167,7 @@ def test_a_plain_step_trains_logs_and_splits_its_seconds_between_rollout_reward_
     assert out["timings"] == {"rollout": 1000.0 - 1.0 - 90.0, "reward": 90.0, "update": 9000.0}
     assert not torch.equal(module.policy.weight.detach(), before)
     assert out["rewards"].total.tolist() == [1.0, 2.0, 6.0, 5.0, 5.0, 5.0]
+    assert torch.equal(out["advantages"], group_advantages(out["rewards"].total, 3, scale="group"))
     assert [(r.question, r.completion) for r in out["records"]] == [("p00", "1"), ("p00", "2"), ("p00", "6"),
                                                                     ("p01", "5")]  # fmt: skip
     ((values, kwargs),) = logs.dicts
@@ -289,3 +313,14 @@ def test_a_rollout_with_a_finite_reward_resets_the_count_of_consecutive_non_fini
     assert module._consecutive_nonfinite_rewards == 1
     with pytest.raises(NonFiniteTrainingError, match="in 2 consecutive rollouts"):
         module._scored(broken)
+
+
+@pytest.mark.filterwarnings("ignore:reward .r[01]. returned:RuntimeWarning")  # the NaNs are the point
+def test_the_stop_for_non_finite_rewards_names_each_reward_s_count_of_non_finite_values():
+    module = module_with(components=2)
+    module.outputs = ["nan", "1", "nan", "nan", "nan", "nan"]  # every value non-finite but r0's and r1's second
+    module._scored(module.rewards(module.outputs, [s for s in samples() for _ in range(3)], group_size=3))
+    module.outputs = ["nan"] * 6
+    message = "non-finite values per reward so far: {'r0': 11, 'r1': 11}"
+    with pytest.raises(NonFiniteTrainingError, match=re.escape(message)):
+        module.rollout(samples())

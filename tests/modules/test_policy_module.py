@@ -38,7 +38,7 @@ def test_configure_model_shards_the_policy_on_the_strategy_s_mesh_once(fsdp2):
     module.configure_model()
     weight = module.policy.weight
     assert is_sharded(module.policy) and isinstance(weight, DTensor)
-    assert weight.device_mesh is fsdp2.device_mesh
+    assert weight.device_mesh == fsdp2.device_mesh and weight.device_mesh.mesh_dim_names == MESH_DIMS
     assert torch.equal(weight.full_tensor(), torch.tensor([0.5, -0.25]))
     module.configure_model()  # Lightning may call it again (a second fit): the policy is not wrapped twice
     assert module.policy.weight is weight

@@ -179,3 +179,22 @@ def test_loss_mask_leaves_out_dropped_groups_and_truncated_rows(tiny_policy, mas
     assert torch.equal(batch.loss_mask, expected)
     assert torch.equal(batch.completions.completion_mask, TRUNCATING.completion_mask)  # the completions keep theirs
     assert batch.advantages is scored.advantages and batch.rewards is rewards and batch.group_size == K
+
+
+def test_log_probs_of_a_rollout_are_computed_in_micro_batches_at_the_given_temperature(tiny_policy, case):
+    """What generation stores (old and reference log-probs) goes through the policy in micro-batches of the module's
+    size, each at the sampling temperature, and comes back in row order."""
+    rollout, _ = case
+    module = grpo_module(tiny_policy, micro_batch_size=3)
+    calls = []
+
+    def row_numbers(prompt_inputs, completion_ids, completion_mask, temperature):
+        calls.append((len(prompt_inputs), completion_ids.shape[0], completion_mask.shape[0], temperature))
+        return completion_ids[:, :1].float()
+
+    completions = rollout.completions
+    out = module._in_micro_batches(
+        row_numbers, rollout.prompt_inputs, completions.completion_ids, completions.completion_mask, TEMPERATURE
+    )
+    assert calls == [(3, 3, 3, TEMPERATURE), (1, 1, 1, TEMPERATURE)]
+    assert torch.equal(out, completions.completion_ids[:, :1].float())

@@ -13,8 +13,6 @@ from app.rewards import RewardComponent, RewardError, WeightedReward
 from app.rewards.vbvr import VBVRScorerReward
 from app.types import VisualSample
 
-PARENT = os.getpid()
-
 
 class LengthReward(RewardComponent):
     value_range = (0.0, 100.0)
@@ -35,10 +33,12 @@ class FutureReward(RewardComponent):
 
 
 class WorkerPidReward(RewardComponent):
-    """1 where it was scored outside the test's process."""
+    """The id of the process that scored it (exact in float32: Linux process ids are below 2**22). Compared with the
+    test's process id when the test runs, not when the module was imported: mutmut forks each mutant's test run from
+    the process that imported it."""
 
     def score(self, completions, samples):
-        return torch.full((len(completions),), float(os.getpid() != PARENT))
+        return torch.full((len(completions),), float(os.getpid()))
 
 
 class BrokenReward(RewardComponent):
@@ -121,8 +121,9 @@ def test_a_process_pool_runs_the_reward_in_another_process():
     rewards = WeightedReward([WorkerPidReward()])
     with ProcessPoolExecutor(1) as executor:
         out = rewards.gather(rewards.submit(completions, samples, executor=executor))
-    assert out.total.tolist() == [1.0, 1.0, 1.0]
-    assert rewards(completions, samples).total.tolist() == [0.0, 0.0, 0.0]  # inline: this process
+    worker = out.total.tolist()
+    assert worker[0] != os.getpid() and worker == [worker[0]] * 3
+    assert rewards(completions, samples).total.tolist() == [float(os.getpid())] * 3  # inline: this process
 
 
 @pytest.mark.parametrize("pool", [ThreadPoolExecutor, ProcessPoolExecutor])

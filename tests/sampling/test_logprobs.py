@@ -155,3 +155,15 @@ def test_bad_arguments_raise(hidden_shape, targets_shape, kwargs, match):
     targets = torch.zeros(targets_shape, dtype=torch.long)
     with pytest.raises(ValueError, match=match):
         chunked_token_logprobs(hidden, nn.Linear(4, 10), targets, **kwargs)
+
+
+@pytest.mark.parametrize("logprobs", [token_logprobs_naive, chunked_token_logprobs], ids=["naive", "chunked"])
+def test_log_probs_divide_the_logits_by_the_temperature(logprobs):
+    """By hand: logits (2, -1, 1) at temperature 0.5 are (4, -2, 2); token 2's log-prob is 2 - log(e^4 + e^-2 + e^2)."""
+    lm_head = nn.Linear(2, 3, bias=False)
+    with torch.no_grad():
+        lm_head.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+    hidden = torch.tensor([[[2.0, -1.0]]])  # [N=1, L=1, H=2]
+    expected = 2.0 - torch.log(torch.tensor(4.0).exp() + torch.tensor(-2.0).exp() + torch.tensor(2.0).exp())
+    got = logprobs(hidden, lm_head, torch.tensor([[2]]), temperature=0.5)
+    torch.testing.assert_close(got, expected.view(1, 1))

@@ -262,7 +262,7 @@ class GRPOModule(PolicyModule):
         started = time.perf_counter()
         queue = self.rollout_queue
         queue.submit(self._generate(batch), batch, self.group_size)
-        generation = queue.take(self.device)
+        generation = queue.take(self.device)  # pragma: no mutate (equivalent off CUDA: take(None) moves nothing)
         if generation is None:
             return None
         rolled_out = time.perf_counter()
