@@ -124,3 +124,39 @@ def test_frames_at_size_resizes_within_the_aspect_ratio_and_refuses_to_stretch()
     assert half.shape == (2, 4, 8, 3) and (half[:, :, 4:] == 200).all() and (half[:, :, :4] == 0).all()
     with pytest.raises(ValueError, match="rendering of 16x8 pixels does not have the problem's aspect ratio \\(8x8\\)"):
         frames_at_size(frames, 8, 8)
+
+
+def test_to_uint8_frames_reads_float_images_and_videos_channel_first_clamped_to_0_1():
+    import torch
+
+    from app.cv import to_uint8_frames
+
+    image = torch.tensor([-0.5, 0.5, 1.5]).view(3, 1, 1).expand(3, 2, 2)  # [3, H, W]: red below 0, blue above 1
+    frames = to_uint8_frames(image)
+    assert frames.dtype == np.uint8 and frames.shape == (1, 2, 2, 3)
+    assert frames[0, 0, 0].tolist() == [0, 128, 255]  # clamped to [0, 1], then * 255 rounded
+    video = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 3, 2, 2) / 2  # [T = 3, 3, H, W]: frame t is grey t / 2
+    frames = to_uint8_frames(video)
+    assert frames.shape == (3, 2, 2, 3) and frames[:, 0, 0, 0].tolist() == [0, 128, 255]
+    with pytest.raises(ValueError, match=re.escape("numpy renderings must be uint8, got float64")):
+        to_uint8_frames(np.zeros((2, 2, 3)))
+
+
+def test_frames_at_size_allows_an_aspect_difference_up_to_the_tolerance_and_says_what_to_do_beyond():
+    frames = np.zeros((1, 2, 3, 3), np.uint8)  # 3:2, target 4x4: (3 / 2) / 1 - 1 = 0.5 exactly
+    assert frames_at_size(frames, 4, 4, aspect_tolerance=0.5).shape == (1, 4, 4, 3)
+    message = ("rendering of 3x2 pixels does not have the problem's aspect ratio (4x4): generate at the problem's "
+               "aspect ratio (the flow policy's resolution)")  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(message)):
+        frames_at_size(frames, 4, 4, aspect_tolerance=0.49)
+
+
+def test_frames_at_size_averages_areas_when_it_shrinks():
+    """Each 4x4 block: 200 in its inner 2x2, 0 around it. Area interpolation gives the block mean, 50; bilinear
+    interpolation (OpenCV's default) would read only the inner pixels."""
+    block = np.zeros((4, 4), np.uint8)
+    block[1:3, 1:3] = 200
+    frames = np.repeat(np.tile(block, (2, 2))[None, :, :, None], 3, axis=3)  # [1, 8, 8, 3]
+    small = frames_at_size(frames, 2, 2)
+    assert (small == 50).all()
+    assert (cv2.resize(frames[0], (2, 2)) != 50).any()  # the default would not

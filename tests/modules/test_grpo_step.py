@@ -225,7 +225,7 @@ def test_train_end_drops_counts_and_logs_the_pending_rollout_and_stops_its_own_w
     pending = PendingRewards({"value": pending_reward}, num_completions=6)
     queue = module.rollout_queue
     queue.pending.append(Generation(samples(), list(module.outputs), {}, version=0, rewards=pending))
-    queue.executor, queue.owns_executor = workers, True  # as if built by the queue
+    queue.executor = queue.built_executor = workers  # as if built by the queue
     try:
         with caplog.at_level(logging.INFO, logger="app.modules.rollout_queue"):
             module.on_train_end()
@@ -235,7 +235,7 @@ def test_train_end_drops_counts_and_logs_the_pending_rollout_and_stops_its_own_w
     assert returned_while_running  # shutdown(wait=False)
     assert pending_reward.cancelled() and queued.cancelled()  # the pending rollout's and every other queued reward
     assert module.dropped_rollouts == 3 and len(queue.pending) == 0
-    assert module.reward_executor is None and queue.owns_executor is False
+    assert module.reward_executor is None and queue.built_executor is None
     assert [r.getMessage() for r in caplog.records] == [
         "rollout pipeline: 1 generated rollout(s) left untrained at the end of fit"
     ]

