@@ -25,7 +25,7 @@ def test_reads_the_selection_and_the_session_arguments_of_the_project(check):
 
 
 def test_a_test_that_fails_only_in_a_fork_is_found(check, tmp_path):
-    probe = tmp_path / "test_probe.py"
+    probe = tmp_path / "test_fork_probe.py"  # a module name no other in-process session imports
     probe.write_text(
         "import os\n\nPID = os.getpid()  # taken at import, in the parent\n\n\n"
         "def test_same_process():\n    assert os.getpid() == PID\n\n\n"
@@ -33,4 +33,4 @@ def test_a_test_that_fails_only_in_a_fork_is_found(check, tmp_path):
     )
     args = [f"--rootdir={tmp_path}", "-p", "no:cacheprovider", "-q", "-c", os.devnull, str(probe)]
     assert check.failures(args) == []
-    assert check.failures_in_a_fork(args) == ["test_probe.py::test_same_process"]
+    assert check.failures_in_a_fork(args) == ["test_fork_probe.py::test_same_process"]
