@@ -1,21 +1,15 @@
 """benchmarks/mutation_fork_check.py: it reads mutmut's selection, and finds a test that passes in the process that
 imported it but fails in a fork of that process (as every mutant session is)."""
 
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "mutation_fork_check.py"
+from benchmark_scripts import load_benchmark  # the scripts are not a package
 
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("mutation_fork_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("mutation_fork_check")
 
 
 def test_reads_the_selection_and_the_session_arguments_of_the_project(check):

@@ -1,20 +1,15 @@
 """benchmarks/mutation_summary.py: counts per mutated file from mutmut's ``.meta`` files, and the caught rate."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "mutation_summary.py"
+from benchmark_scripts import load_benchmark  # the scripts are not a package
 
 
 @pytest.fixture(scope="module")
 def summary():
-    spec = importlib.util.spec_from_file_location("mutation_summary", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("mutation_summary")
 
 
 def write_meta(path: Path, codes: dict, durations: dict) -> None:

@@ -1,19 +1,12 @@
 """benchmarks/pytest_overhead.py: it times exactly the arguments mutmut passes, and a session it times really ran."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "pytest_overhead.py"
+from benchmark_scripts import load_benchmark  # the scripts are not a package
 
 
 @pytest.fixture(scope="module")
 def overhead():
-    spec = importlib.util.spec_from_file_location("pytest_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pytest_overhead")
 
 
 def test_reads_mutmuts_pytest_arguments_from_the_project(overhead):
