@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import LogitsProcessorList
 
 from app.algorithms import GRPOLossOutput
 from app.algorithms.fused_linear import FusedLinearGRPOLoss
@@ -29,6 +30,7 @@ from app.parallel.fsdp import gathered
 from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.logprobs import chunked_token_logprobs
 from app.sampling.shared_prefix import PER_TOKEN_KEYS, group_heads, prefill_shared_prefix, repeat_rows, static_cache
+from app.sampling.token_sampling import InverseCDFSampling
 from app.types import CompletionBatch, PromptInputs, VisualSample
 
 log = logging.getLogger(__name__)
@@ -209,11 +211,9 @@ class VLMPolicy(SwitchableReference, nn.Module):
         With ``shared_prefix`` and groups of ``group_size`` identical rows, each prompt's images and text are encoded
         and prefilled once and the KV cache is expanded to its K rows (see :mod:`app.sampling.shared_prefix`)."""
         sampling = sampling or SamplingSettings()
-        kwargs = (
-            dict(do_sample=False)
-            if greedy
-            else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        )
+        kwargs = {"do_sample": False}  # sampled rows are drawn by the last logits processor (see token_sampling)
+        if not greedy:
+            kwargs["logits_processor"] = LogitsProcessorList([InverseCDFSampling(sampling.temperature, sampling.top_p)])
         was_training = self.model.training
         self.model.eval()
         try:
