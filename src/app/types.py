@@ -37,10 +37,14 @@ class PromptInputs:
         tensors: ``input_ids`` / ``attention_mask`` / ``mm_token_type_ids`` ``[N, P]``; ``pixel_values``
             ``[num_patches, D]`` (the patches of all images, in row order) and ``image_grid_thw`` ``[num_images, 3]``.
         images_per_row: number of images in each row.
+        copies_of: for each row, the index of the distinct prompt it holds: rows with the same index hold the same
+            tokens and images (``encode_prompts(repeats=K)`` repeats each prompt K times), so what depends on the
+            prompt alone (image features, positions) can be computed once per index. None: every row is its own.
     """
 
     tensors: dict[str, torch.Tensor]
     images_per_row: list[int]
+    copies_of: list[int] | None = None
 
     def __len__(self) -> int:
         return self.tensors["input_ids"].shape[0]
@@ -58,7 +62,8 @@ class PromptInputs:
             first_patch, last_patch = int(patches[:first_image].sum()), int(patches[:last_image].sum())
             out["image_grid_thw"] = grid[first_image:last_image]
             out["pixel_values"] = self.tensors["pixel_values"][first_patch:last_patch]
-        return PromptInputs(out, self.images_per_row[start:stop])
+        copies_of = self.copies_of[start:stop] if self.copies_of is not None else None
+        return PromptInputs(out, self.images_per_row[start:stop], copies_of)
 
 
 @dataclass

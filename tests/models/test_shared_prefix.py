@@ -1,12 +1,13 @@
 """Shared-prefix rollouts: the prompt is encoded and prefilled once per group and the KV cache expanded to K rows; the
-completions are the same, token for token, as with one prefill per row for the same seed."""
+completions are the same, token for token, as with one prefill per row for the same seed. The training forward encodes
+each prompt's images and finds its positions once too, with the same log-probs and gradients."""
 
 import pytest
 import torch
 from PIL import Image
 
 from app.models import SamplingSettings
-from app.sampling.shared_prefix import group_heads, repeat_rows, take_rows
+from app.sampling.shared_prefix import distinct_rows, group_heads, repeat_rows, shared_prompt_features, take_rows
 from app.types import PromptInputs, VisualSample
 
 K = 3
@@ -158,3 +159,92 @@ def test_group_heads_of_text_prompts_take_the_first_row_of_each_group_at_the_sma
     assert group_heads(ends_in_image, 2) is None  # the last prompt token must be text
     image_inside = text_prompts([[5, 6], [5, 6]], mm_token_type_ids=torch.tensor([[1, 0], [1, 0]]))
     assert group_heads(image_inside, 2) is not None
+
+
+# ------------------------------------------------------------------------------------------------ training forward
+def test_repeated_rows_know_which_prompt_they_copy(tiny_policy, samples):
+    prompts = tiny_policy.encode_prompts(samples, repeats=K)
+    assert prompts.copies_of == [0] * K + [1] * K + [2] * K
+    assert tiny_policy.encode_prompts(samples).copies_of is None
+    part = prompts.select(slice(2, 7))  # the last row of prompt 0, prompt 1, the first row of prompt 2
+    assert part.copies_of == [0, 1, 1, 1, 2]
+    heads, prompt_of_row = distinct_rows(part)
+    assert prompt_of_row == [0, 1, 1, 1, 2] and heads.images_per_row == [1, 2, 1]
+    assert torch.equal(heads.tensors["input_ids"], prompts.tensors["input_ids"][[0, K, 2 * K]])
+    assert torch.equal(take_rows(part, [1, 4]).tensors["input_ids"], heads.tensors["input_ids"][[1, 2]])
+    assert take_rows(part, [1, 4]).copies_of == [1, 2]
+    assert distinct_rows(take_rows(part, [0, 1, 4])) is None  # no two rows of one prompt: nothing to share
+    assert distinct_rows(tiny_policy.encode_prompts(samples)) is None
+
+
+def completions(policy, prompts, seed: int):
+    """Sampled completions cut to unequal lengths (random weights seldom stop early), padding after the cut."""
+    torch.manual_seed(seed)
+    batch = policy.generate(prompts, SamplingSettings(max_new_tokens=10), group_size=K)
+    lengths = torch.arange(len(prompts)) % 7 + 4  # [N] 4..10 tokens
+    batch.completion_mask = (torch.arange(10)[None, :] < lengths[:, None]).long()
+    batch.completion_ids = batch.completion_ids.masked_fill(batch.completion_mask == 0, policy.pad_token_id)
+    return batch
+
+
+def logprobs_and_vision_grads(policy, prompts, batch, shared: bool):
+    policy.shared_prefix = shared
+    try:
+        policy.model.zero_grad()
+        logprobs = policy.sequence_logprobs(prompts, batch.completion_ids, batch.completion_mask)
+        (logprobs * batch.completion_mask).sum().backward()
+    finally:
+        policy.shared_prefix = True
+    return logprobs.detach(), [p.grad.clone() for p in policy.vision_parameters()]
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_training_forward_encodes_each_prompt_once_with_the_same_logprobs_and_gradients(
+    new_policy, samples, model, random_seed
+):
+    """Multi-image rows of unequal lengths, completions of unequal lengths, a trainable vision tower."""
+    policy = new_policy(model, lora_r=None, freeze_vision=False)
+    prompts = policy.encode_prompts(samples, repeats=K)
+    batch = completions(policy, prompts, random_seed)
+    calls, handle = count_vision_images(policy)
+    try:
+        plain, plain_grads = logprobs_and_vision_grads(policy, prompts, batch, shared=False)
+        shared, shared_grads = logprobs_and_vision_grads(policy, prompts, batch, shared=True)
+    finally:
+        handle.remove()
+    assert calls == [4 * K, 4]  # every row's images, then each prompt's once
+    mask = batch.completion_mask.bool()
+    torch.testing.assert_close(shared[mask], plain[mask], rtol=0, atol=1e-6)
+    assert all(g.abs().sum() > 0 for g in plain_grads[:1])
+    for got, want in zip(shared_grads, plain_grads, strict=True):  # K copies' gradients summed into one encoding
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_shared_positions_equal_transformers_own_for_every_completion_token(new_policy, samples, model, random_seed):
+    policy = new_policy(model, lora_r=None)
+    prompts = policy.encode_prompts(samples, repeats=K).select(slice(1, 3 * K))  # groups cut by a micro-batch
+    batch = completions(policy, prompts, random_seed)
+    inner = policy.hf_model.model
+    t = prompts.tensors
+    full = {
+        "input_ids": torch.cat([t["input_ids"], batch.completion_ids], dim=1),
+        "attention_mask": torch.cat([t["attention_mask"], batch.completion_mask], dim=1),
+    }
+    if "mm_token_type_ids" in t:
+        full["mm_token_type_ids"] = torch.cat([t["mm_token_type_ids"], torch.zeros_like(batch.completion_ids)], 1)
+    want = inner.compute_3d_position_ids(
+        inputs_embeds=None, image_grid_thw=t["image_grid_thw"], video_grid_thw=None, cache=None, **full
+    )
+    got = shared_prompt_features(inner, prompts, batch.completion_mask)["position_ids"]
+    assert got.shape == want.shape == (3, len(prompts), full["input_ids"].shape[1])
+    assert torch.equal(got, want)
+
+
+def test_text_only_or_distinct_prompts_leave_the_forward_to_the_model(tiny_policy, samples):
+    text = [VisualSample(images=[], question="Short?", task="t")]
+    prompts = tiny_policy.encode_prompts(text, repeats=K)
+    mask = torch.ones(K, 2, dtype=torch.long)
+    assert shared_prompt_features(tiny_policy.hf_model.model, prompts, mask) is None
+    distinct = tiny_policy.encode_prompts(samples)
+    assert shared_prompt_features(tiny_policy.hf_model.model, distinct, torch.ones(3, 2, dtype=torch.long)) is None

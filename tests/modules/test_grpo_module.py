@@ -54,7 +54,7 @@ def grpo_module(policy, rewards=None, max_new_tokens: int = 8, temperature: floa
 
 
 @contextmanager
-def likely_eos(policy, bias: float = 4.5):
+def likely_eos(policy, bias: float = 5.0):
     """Make the end-of-turn token likely (a forward hook on the real lm_head), so some completions end early."""
     eos = policy.processor.tokenizer.eos_token_id
 
@@ -630,16 +630,20 @@ def test_rows_left_out_carry_no_loss_and_no_gradient(name, option_run):
 def test_micro_batches_make_the_same_updates_as_the_full_batch(option_run):
     full, micro = option_run("token_mean"), option_run("micro_batch")
     assert micro.module.hparams.micro_batch_size == 3 and full.module.hparams.micro_batch_size is None
+    # The gradients agree to 1e-4; the weights to 1e-2 of a step (learning rate 1e-2): Adam divides each gradient by
+    # its running RMS (eps 1e-8), so where a LoRA gradient element is ~1e-8 (B, then A, start from zero) the
+    # summation-order noise of micro-batching moves that element's step by up to ~1e-3 of the learning rate.
+    weight_atol = 1e-4
     for a, b in zip(full.updates, micro.updates, strict=True):
         assert a["rollout"].completions.texts == b["rollout"].completions.texts  # the same seed, the same samples
         for name, value in a["before"].items():  # the second update starts from the first one's result
-            torch.testing.assert_close(b["before"][name], value, rtol=1e-5, atol=1e-6, msg=name)
+            torch.testing.assert_close(b["before"][name], value, rtol=1e-5, atol=weight_atol, msg=name)
         assert_grads_close(b["grads"], a["grads"], rtol=1e-4, atol=1e-7)
         for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
             assert b["stats"][key] == pytest.approx(a["stats"][key], rel=1e-4, abs=1e-7), key
     assert any(not torch.equal(full.before[n], full.after[n]) for n in full.after)
     for name, value in full.after.items():
-        torch.testing.assert_close(micro.after[name], value, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(micro.after[name], value, rtol=1e-5, atol=weight_atol, msg=name)
 
 
 @pytest.mark.parametrize("name", ["token_mean", "advantage_batch", "advantage_none"])

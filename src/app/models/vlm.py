@@ -29,7 +29,14 @@ from app.models.policy import SwitchableReference
 from app.parallel.fsdp import gathered
 from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.logprobs import chunked_token_logprobs
-from app.sampling.shared_prefix import PER_TOKEN_KEYS, group_heads, prefill_shared_prefix, repeat_rows, static_cache
+from app.sampling.shared_prefix import (
+    PER_TOKEN_KEYS,
+    group_heads,
+    prefill_shared_prefix,
+    repeat_rows,
+    shared_prompt_features,
+    static_cache,
+)
 from app.sampling.token_sampling import InverseCDFSampling
 from app.types import CompletionBatch, PromptInputs, VisualSample
 
@@ -315,6 +322,10 @@ class VLMPolicy(SwitchableReference, nn.Module):
                 [prompt["mm_token_type_ids"], torch.zeros_like(completion_ids)], dim=1
             )
         hf_model = hf_model or (self.frozen_reference if self._use_reference else self.hf_model)
+        shared = shared_prompt_features(hf_model.model, prompt_inputs, completion_mask) if self.shared_prefix else None
+        if shared is not None:  # the vision tower and the positions once per distinct prompt, not once per row
+            inputs.pop("pixel_values")
+            inputs.update(shared)
         hidden = hf_model.model(**inputs, use_cache=False).last_hidden_state  # [N, P+L, H]
         hidden = hidden[:, prompt_length - 1 : -1]  # [N, L, H] states that predict the completion tokens
         if fused_loss is not None:

@@ -1,5 +1,7 @@
 """Shared-prefix rollouts: the K completions of a prompt share its images and text, so the vision tower and the
-prefill of the prompt run once per prompt and the KV cache is expanded to the K rows before decoding.
+prefill of the prompt run once per prompt and the KV cache is expanded to the K rows before decoding; in the training
+forward, the image features and the 3-D positions of the prompt are likewise computed once per prompt
+(:func:`shared_prompt_features`).
 
 The prefill covers the prompt without its last token; ``generate`` is then called on all ``B*K`` rows with that cache
 and processes the last prompt token itself, so the first sampled token is drawn from the same ``[B*K, V]`` distribution,
@@ -33,7 +35,8 @@ def take_rows(inputs: PromptInputs, rows: Sequence[int]) -> PromptInputs:
         patches = [i for r in rows for i in range(patch_slices[r].start, patch_slices[r].stop)]
         out["image_grid_thw"] = t["image_grid_thw"].index_select(0, _index(images, t["image_grid_thw"]))
         out["pixel_values"] = t["pixel_values"].index_select(0, _index(patches, t["pixel_values"]))
-    return PromptInputs(out, [inputs.images_per_row[r] for r in rows])
+    copies_of = [inputs.copies_of[r] if inputs.copies_of is not None else r for r in rows]
+    return PromptInputs(out, [inputs.images_per_row[r] for r in rows], copies_of)
 
 
 def _index(positions: Sequence[int], like: torch.Tensor) -> torch.Tensor:
@@ -109,3 +112,47 @@ def static_cache(config, max_cache_len: int, filled=None):
     for index, source in enumerate(filled.layers if filled is not None else ()):
         cache.layers[index].update(source.keys, source.values)
     return cache
+
+
+def distinct_rows(inputs: PromptInputs) -> tuple[PromptInputs, list[int]] | None:
+    """The first row of each distinct prompt (by ``copies_of``) and, for every row, the position of its prompt among
+    them; None when no two rows are copies of one prompt (or nothing says so)."""
+    copies_of = inputs.copies_of
+    if copies_of is None or len(set(copies_of)) == len(copies_of):
+        return None
+    first_row: dict[int, int] = {}
+    for row, prompt in enumerate(copies_of):
+        first_row.setdefault(prompt, row)
+    position = {prompt: index for index, prompt in enumerate(first_row)}
+    return take_rows(inputs, list(first_row.values())), [position[p] for p in copies_of]
+
+
+def shared_prompt_features(inner: nn.Module, inputs: PromptInputs, completion_mask: torch.Tensor) -> dict | None:
+    """Keyword arguments for Qwen-VL's multimodal backbone ``inner`` over the prompt rows ``inputs`` followed by
+    completions: the image features (``mm_encoder_outputs``) and the 3-D rotary positions (``position_ids``) of each
+    distinct prompt, computed once and repeated to its rows, instead of the vision tower and the position search
+    running on every row. The completion tokens continue the text positions after the prompt's last (text) token;
+    padding after a completion gets position 0, as transformers gives masked tokens. None when no rows repeat or the
+    prompts hold no images (then the backbone computes everything per row, as usual)."""
+    found = distinct_rows(inputs)
+    if found is None or "image_grid_thw" not in inputs.tensors:
+        return None
+    heads, prompt_of_row = found
+    t = heads.tensors
+    features = inner.get_image_features(t["pixel_values"], t["image_grid_thw"], return_dict=True)
+    image_slices, _ = _image_slices(heads)
+    images = [i for p in prompt_of_row for i in range(image_slices[p].start, image_slices[p].stop)]
+    features.pooler_output = tuple(features.pooler_output[i] for i in images)  # per image: [tokens, H]
+    if getattr(features, "deepstack_features", None) is not None:  # Qwen3-VL: per layer, per image
+        features.deepstack_features = [tuple(layer[i] for i in images) for layer in features.deepstack_features]
+    out = {"mm_encoder_outputs": {"image": features}}
+    positions = inner.compute_3d_position_ids(
+        input_ids=t["input_ids"], inputs_embeds=None, image_grid_thw=t["image_grid_thw"], video_grid_thw=None,
+        attention_mask=t["attention_mask"], cache=None, mm_token_type_ids=t.get("mm_token_type_ids"),
+    )  # fmt: skip
+    if positions is not None:  # [3, heads, P]
+        positions = positions[:, _index(prompt_of_row, positions)]  # [3, N, P]
+        steps = torch.arange(1, completion_mask.shape[1] + 1, device=positions.device)  # [L]
+        completion = (positions[..., -1:] + steps) * completion_mask.to(positions.dtype)  # [3, N, L]
+        out["position_ids"] = torch.cat([positions, completion], dim=-1)  # [3, N, P + L]
+    return out
