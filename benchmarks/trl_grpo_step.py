@@ -9,6 +9,8 @@ reasoning instruction), 4 prompts x K = 8 completions x up to 32 new tokens at t
 same accuracy + 0.5 x format rewards (this package's reward classes called from TRL's reward functions), one update per
 rollout, no KL, learning rate 1e-5 (LoRA r 8 / alpha 16 on the same projections in LoRA mode). A step is one
 ``Trainer`` step (generation, rewards, update), timed by a callback; the table shows medians after ``--warmup`` steps.
+TRL's GRPOConfig turns gradient checkpointing on by default; ``--no-gradient-checkpointing`` turns it off, as this
+package's default is (``VLMPolicy(gradient_checkpointing=False)``).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def reward_functions():
     return [accuracy, format_]
 
 
-def run(mode: str, steps: int, warmup: int, model: str) -> list[float]:
+def run(mode: str, steps: int, warmup: int, model: str, gradient_checkpointing: bool = True) -> list[float]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -95,6 +97,7 @@ def run(mode: str, steps: int, warmup: int, model: str) -> list[float]:
             logging_strategy="no", max_steps=warmup + steps, per_device_train_batch_size=32, num_generations=8,
             gradient_accumulation_steps=1, max_completion_length=32, temperature=1.0, beta=0.0, learning_rate=1e-5,
             reward_weights=[1.0, 0.5], seed=0, dataloader_num_workers=0, disable_tqdm=True,
+            gradient_checkpointing=gradient_checkpointing,
         )  # fmt: skip
         timer = StepTimer()
         trainer = GRPOTrainer(
@@ -112,17 +115,22 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="tiny-qwen2.5-vl")
+    parser.add_argument(
+        "--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
+        help="turn off TRL's default gradient checkpointing (this package's default is off)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     import trl
 
     print(
-        f"TRL {trl.__version__} GRPOTrainer, {args.model}, 4 prompts x 8 x 32 tokens, float32, {args.threads} threads"
+        f"TRL {trl.__version__} GRPOTrainer, {args.model}, 4 prompts x 8 x 32 tokens, float32, {args.threads} threads, "
+        f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}"
     )
     print("| mode | step (s), median | range |")
     print("|---|---|---|")
     for mode in args.modes:
-        times = run(mode, args.steps, args.warmup, args.model)
+        times = run(mode, args.steps, args.warmup, args.model, args.gradient_checkpointing)
         print(f"| {mode} | {statistics.median(times):.3f} | {min(times):.3f}-{max(times):.3f} |", flush=True)
 
 
