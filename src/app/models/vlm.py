@@ -106,7 +106,8 @@ class VLMPolicy(SwitchableReference, nn.Module):
             (needs liger-kernel and CUDA: an error otherwise, see :mod:`app.models.kernels`).
         gradient_checkpointing: recompute activations in backward to save memory.
         shared_prefix: in ``generate``, run the vision tower and the prompt prefill once per group of identical rows
-            and expand the KV cache to the group (same completions for the same seed); False prefills every row.
+            and expand the KV cache to the group (same completions for the same seed); in the log-prob forward, encode
+            the images and find the 3-D positions once per distinct prompt (same log-probs). False: every row.
         static_cache: decode into a fixed-size KV cache (prompt + ``max_new_tokens`` positions, allocated per
             rollout) instead of a growing one. On CUDA, transformers then compiles the decoding step with
             ``torch.compile`` (the first rollout of each shape pays the compilation); on CPU it only costs memory.
