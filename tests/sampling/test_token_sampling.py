@@ -112,3 +112,16 @@ def test_processor_top_p_keeps_transformers_nucleus_and_renormalises_it():
 def test_processor_rejects_a_non_positive_temperature():
     with pytest.raises(ValueError, match="temperature must be > 0"):
         InverseCDFSampling(temperature=0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_draws_on_cuda_follow_the_probabilities_and_stay_on_the_device():
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05, 0.0], device="cuda")
+    torch.manual_seed(10)
+    tokens = sample_from_probs(probs.expand(DRAWS, -1))
+    assert tokens.device == probs.device
+    assert_law(tokens.cpu(), probs.double().cpu())
+    scores = torch.log(probs).expand(4, -1).clone()
+    out = InverseCDFSampling(temperature=0.7, top_p=0.9)(torch.zeros(4, 1, dtype=torch.long, device="cuda"), scores)
+    assert out.device == scores.device and torch.isin(out.argmax(dim=-1).cpu(), torch.tensor([0, 2, 3])).all()
