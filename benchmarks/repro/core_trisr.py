@@ -49,18 +49,21 @@ FORMAT = {"class_path": "app.rewards.FormatReward", "init_args": {"weight": 0.5}
 TASK_ONLY_REWARDS = [{"class_path": "app.rewards.trisr.TripletTaskReward", "init_args": {"weight": 1.0}}, FORMAT]
 
 DIAGNOSIS = (
-    "Reading (seeds 0-2 at the default steps): neither GRPO arm improves on its SFT start on seeds 0 and 1 (partial "
-    "accuracy 0.563 → 0.490 / 0.287 and 0.530 → 0.480 / 0.330 for TriSR / task only); seed 2's SFT start is weak "
-    "(0.217) and both arms rise from it. The sampled completions (temperature 1) score far below the greedy ones "
-    "(`train/reward/triplet_task` about 0.2 against a greedy partial accuracy of 0.56 on seed 0), and at lr 2e-4 "
-    "both arms drift towards answers that ignore the images: TriSR's arm ends perfectly consistent (R_tc 1.0 on every "
-    "seed) with overall / partial accuracy near what one fixed transitive ordering scores (1/6 and 1/2), the task-only "
-    "arm ends with R_tc 0 on every seed (answers whose 1-2 and 2-3 directions disagree, which R_tc leaves undecided) "
-    "and loses the count lines (grounding 0.64 → 0.20). So the structured terms keep the response structured and "
-    "consistent, which is what the TriSR-minus-task-only gaps measure here; they do not show the paper's accuracy gain "
-    "from better comparisons. At lr 5e-5 (`--set model.init_args.learning_rate=5e-5`, same SFT starts, seeds 0-2) "
-    "neither arm collapses and the two are level: overall 0.163 ± 0.040 vs 0.187 ± 0.023, partial 0.513 ± 0.043 vs "
-    "0.510 ± 0.030, R_tc 0.667 ± 0.577 vs 0.583 ± 0.528 (TriSR vs task only; not reproduced)."
+    "Reading (seeds 0-2 at the default steps, 2026-12-03): neither GRPO arm improves on its SFT start on seeds 0 "
+    "and 1 (partial accuracy 0.563 → 0.367 / 0.000 and 0.530 → 0.480 / 0.207 for TriSR / task only); seed 2's SFT "
+    "start is weak (0.217) and both arms rise from it (0.437 / 0.530). The sampled completions (temperature 1) "
+    "score below the greedy ones (task-only arm: `train/reward/triplet_task` 0.00-0.27 over the first 30 steps, "
+    "against greedy partial accuracies of 0.22-0.56 at its starts), and at lr 2e-4 both arms drift towards answers "
+    "that ignore the images: TriSR's arm ends perfectly consistent on seeds 1 and 2 (R_tc 1.0) with overall / "
+    "partial accuracy near what one fixed transitive ordering scores (1/6 and 1/2), and with R_tc 0 on seed 0; the "
+    "task-only arm ends with R_tc 0 on every seed (answers whose 1-2 and 2-3 directions disagree, which R_tc "
+    "leaves undecided) and loses the count lines on seeds 0 and 2 (grounding 0.66 → 0.27 and 0.63 → 0.00), which "
+    "TriSR's arm keeps (0.59-0.65 on every seed). So the structured terms keep the response structured and, on two "
+    "seeds of three, consistent, which is what the TriSR-minus-task-only gaps measure here; they do not show the "
+    "paper's accuracy gain from better comparisons. At lr 5e-5 (`--set model.init_args.learning_rate=5e-5`, same "
+    "SFT starts, seeds 0-2; run on 2026-12-02, before inverse-transform sampling) neither arm collapsed and the "
+    "two were level: overall 0.163 ± 0.040 vs 0.187 ± 0.023, partial 0.513 ± 0.043 vs 0.510 ± 0.030, R_tc 0.667 ± "
+    "0.577 vs 0.583 ± 0.528 (TriSR vs task only; not reproduced)."
 )
 
 

@@ -170,7 +170,11 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
 
 
 FINDINGS = """**What we found.** Single runs are marked as such; the per-kind and per-pair figures were measured with a
-throw-away greedy-decoding script (not in the repository) on the same validation prompts.
+throw-away greedy-decoding script (not in the repository) on the same validation prompts. These findings come from the runs of
+2026-12-02, before rollouts moved to inverse-transform sampling; their seed figures and "the table" refer to that
+table: (d) 0.762 / 0.803 / 0.790, (a) 0.875 / 0.858 / 0.853, (b) 0.868 / 0.770 / 0.825, (c) 0.738 / 0.623 / 0.835 for
+seeds 0-2. In the rerun above seed 0 rises and seed 1 falls again, as then, and seed 2 falls too, so the verdicts
+are now "not reproduced" where they were "mixed"; the per-pair diagnosis below was not repeated on the rerun.
 
 - *The earlier collapse of consistency training (0.640 -> 0.480) came from the SFT start, not from the reward.* The quickstart SFT only ever
   sees "Is the red dot left of the blue dot?"; asked the swapped question it answers as if it were the original one
