@@ -39,7 +39,8 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit into $OUT/NA
 
 part environment 60 "$PY" - <<'PY'
 import importlib, torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))
+print("torch", torch.__version__, "cuda", torch.version.cuda,
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no CUDA device)")
 for name in ("transformers", "diffusers", "peft", "lightning", "liger_kernel", "flash_attn", "triton"):
     try:
         print(name, getattr(importlib.import_module(name), "__version__", "?"))
