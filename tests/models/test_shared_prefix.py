@@ -215,7 +215,7 @@ def test_training_forward_encodes_each_prompt_once_with_the_same_logprobs_and_gr
     assert calls == [4 * K, 4]  # every row's images, then each prompt's once
     mask = batch.completion_mask.bool()
     torch.testing.assert_close(shared[mask], plain[mask], rtol=0, atol=1e-6)
-    assert all(g.abs().sum() > 0 for g in plain_grads[:1])
+    assert any(g.abs().sum() > 0 for g in plain_grads), "the vision tower should get a gradient"
     for got, want in zip(shared_grads, plain_grads, strict=True):  # K copies' gradients summed into one encoding
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 

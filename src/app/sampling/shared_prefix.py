@@ -134,8 +134,8 @@ def shared_prompt_features(inner: nn.Module, inputs: PromptInputs, completion_ma
     running on every row. The completion tokens continue the text positions after the prompt's last (text) token;
     padding after a completion gets position 0, as transformers gives masked tokens. None when no rows repeat or the
     prompts hold no images (then the backbone computes everything per row, as usual)."""
-    found = distinct_rows(inputs)
-    if found is None or "image_grid_thw" not in inputs.tensors:
+    found = distinct_rows(inputs) if "image_grid_thw" in inputs.tensors else None
+    if found is None:
         return None
     heads, prompt_of_row = found
     t = heads.tensors
