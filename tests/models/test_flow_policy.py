@@ -1,5 +1,7 @@
 """FlowPolicy on the real tiny models: conditioning, velocities, ODE sampling + decoding, LoRA, reference, export."""
 
+import re
+
 import pytest
 import torch
 from peft import PeftModel
@@ -150,6 +152,14 @@ def test_full_fine_tuning_keeps_a_frozen_reference_only_once_enabled():
 def test_unknown_embedded_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown embedded flow model 'tiny-nope'"):
         FlowPolicy("tiny-nope")
+
+
+def test_lora_targets_that_match_no_module_are_an_error_naming_the_pattern_and_the_model():
+    from app.errors import ConfigError
+
+    named = re.escape(r"'.*attn\.to_qkv' matches no module of tiny-sd3")
+    with pytest.raises(ConfigError, match=named + r" .*: .*attn\.to_q"):
+        FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=2, alpha=4, target_modules=r".*attn\.to_qkv"))
 
 
 def test_resolution_sets_the_latent_size():

@@ -83,10 +83,11 @@ def test_dora_layers_and_models_without_lora_are_left_as_they_are():
         assert merged == 0
 
 
-def test_vlm_rollout_with_merged_adapters_draws_the_unmerged_completions(new_policy, new_samples):
-    from tests.models.test_vlm_policy import perturb
+@pytest.mark.parametrize("vision", [False, True], ids=["language-model", "vision-too"])
+def test_vlm_rollout_with_merged_adapters_draws_the_unmerged_completions(new_policy, new_samples, vision):
+    from tests.models.test_vlm_policy import perturb, vision_lora_policy
 
-    policy = new_policy("tiny-qwen2-vl", lora_r=4)
+    policy = vision_lora_policy("tiny-qwen2-vl") if vision else new_policy("tiny-qwen2-vl", lora_r=4)
     perturb([p for n, p in policy.model.named_parameters() if "lora_B" in n], scale=0.2)  # an adapter that matters
     prompts = policy.encode_prompts(new_samples(2, seed=5), repeats=4)
     completions = {}
@@ -99,3 +100,6 @@ def test_vlm_rollout_with_merged_adapters_draws_the_unmerged_completions(new_pol
         torch.manual_seed(7)
         base = policy.generate(prompts, SamplingSettings(max_new_tokens=12), group_size=4).completion_ids
     assert not torch.equal(base, completions[True])  # the adapter changes what is drawn, so the equality says something
+    merged = {id(layer) for layer in mergeable_lora_layers(policy.model)}
+    merged_vision = [n for n, m in policy.model.named_modules() if id(m) in merged and ".visual." in n]
+    assert bool(merged_vision) == vision  # the vision tower's adapters are folded too

@@ -10,6 +10,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from app.embedded.models import resolve_pretrained
 from app.models import LoRASettings, SamplingSettings, VLMPolicy
+from app.models.vlm import LANGUAGE_MODEL_PROJECTIONS
 from app.types import VisualSample
 
 K = 3
@@ -222,11 +223,15 @@ def test_lora_trains_only_adapters_of_the_language_model(new_policy):
     }
 
 
-def test_lora_with_unfrozen_vision_trains_the_vision_tower_too(new_policy):
-    policy = new_policy("tiny-qwen2-vl", lora_r=4, freeze_vision=False)
-    assert all(p.requires_grad for p in policy.vision_parameters())
-    base_lm = [p for n, p in policy.model.named_parameters() if "language_model" in n and "lora_" not in n]
-    assert base_lm and not any(p.requires_grad for p in base_lm)
+def test_lora_with_unfrozen_vision_still_trains_only_the_adapters(new_policy, caplog):
+    """``freeze_vision`` is about the vision tower's base weights: under LoRA they stay frozen either way (and the
+    setting that would have no effect is reported)."""
+    with caplog.at_level("WARNING", logger="app.models.vlm"):
+        policy = new_policy("tiny-qwen2-vl", lora_r=4, freeze_vision=False)
+    assert not any(p.requires_grad for p in policy.vision_parameters())
+    trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert "freeze_vision" in caplog.text
 
 
 @pytest.mark.parametrize("freeze_vision", [True, False])
@@ -351,3 +356,147 @@ def test_full_fine_tuning_export_has_no_adapter(new_policy, new_samples, tmp_pat
         got = policy.sequence_logprobs(prompts, c.completion_ids, c.completion_mask, hf_model=reloaded)
     mask = c.completion_mask.bool()
     assert (got - expected)[mask].abs().max() < 1e-5
+
+
+# ------------------------------------------------------------------------------------------- vision-tower LoRA
+VISION_BLOCKS = r".*visual\.blocks\.\d+\.(attn\.(qkv|proj)|mlp\.(fc1|fc2|gate_proj|up_proj|down_proj))"
+"""The attention and MLP linears of every block of the tiny Qwen2- and Qwen2.5-VL vision towers (not the merger)."""
+
+
+def vision_lora_policy(model: str = "tiny-qwen2.5-vl", **kwargs) -> VLMPolicy:
+    """LoRA r 4 (no dropout) on the language model's projections and on the vision blocks' linears."""
+    targets = f"{LANGUAGE_MODEL_PROJECTIONS}|{VISION_BLOCKS}"
+    return VLMPolicy(model, lora=LoRASettings(r=4, alpha=8, dropout=0.0, target_modules=targets), **kwargs)
+
+
+def vision_split(policy: VLMPolicy) -> tuple[dict, dict]:
+    """The vision tower's parameters by name: its LoRA adapters, and its base weights."""
+    vision = {id(p) for p in policy.vision_parameters()}
+    named = [(n, p) for n, p in policy.model.named_parameters() if id(p) in vision]
+    return {n: p for n, p in named if "lora_" in n}, {n: p for n, p in named if "lora_" not in n}
+
+
+@pytest.mark.parametrize("freeze_vision", [True, False])
+def test_lora_targets_in_the_vision_tower_train_their_adapters_and_only_those(freeze_vision):
+    policy = vision_lora_policy(freeze_vision=freeze_vision)
+    adapters, base = vision_split(policy)
+    adapted = {n.rsplit(".", 1)[-1] for n, m in policy.model.named_modules() if hasattr(m, "lora_A") and "visual" in n}
+    assert adapted == {"qkv", "proj", "gate_proj", "up_proj", "down_proj"}
+    assert adapters and all(p.requires_grad for p in adapters.values())
+    assert base and not any(p.requires_grad for p in base.values()), "the vision base weights stay frozen"
+    trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, _ in policy.model.named_parameters() if "lora_" in n}
+    assert any("language_model" in n for n in trainable)
+
+
+def test_one_sft_step_moves_the_vision_adapters_and_leaves_every_base_weight_bit_identical(new_samples):
+    from app.modules import VLMSFTModule
+
+    torch.manual_seed(0)
+    policy = vision_lora_policy()
+    module = VLMSFTModule(policy, learning_rate=1e-2)
+    optimizer = module.configure_optimizers()["optimizer"]
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    loss = module.training_step(new_samples(2), 0)  # outside a trainer, self.log only warns
+    loss.backward()
+    optimizer.step()
+    adapters, base = vision_split(policy)
+    moved = {n for n, p in policy.model.named_parameters() if not torch.equal(p, before[n])}
+    vision_b = {n for n in adapters if "lora_B" in n}
+    assert vision_b and vision_b <= moved, "every vision lora_B should move (they start at zero)"
+    assert not moved - {n for n in before if "lora_" in n}, "no base weight may move"
+    assert base and not moved & set(base)
+
+
+def test_the_shared_prompt_encoding_gives_the_vision_adapters_the_per_row_gradients(new_samples):
+    policy = vision_lora_policy()
+    prompts = policy.encode_prompts(new_samples(2), repeats=K)  # rows repeat: the shared path encodes once
+    targets = policy.encode_targets(["<think>a</think><answer>yes</answer>", "<answer>no</answer>"] * K)
+    adapters, _ = vision_split(policy)
+    grads = {}
+    for shared in (False, True):
+        policy.shared_prefix = shared
+        policy.model.zero_grad()
+        logprobs = policy.sequence_logprobs(prompts, targets.completion_ids, targets.completion_mask)
+        (logprobs * targets.completion_mask).sum().backward()
+        grads[shared] = {n: p.grad.clone() for n, p in adapters.items() if "lora_B" in n}
+    policy.shared_prefix = True
+    assert all(g.abs().sum() > 0 for g in grads[False].values()), "every vision lora_B should get a gradient"
+    for name, want in grads[False].items():
+        torch.testing.assert_close(grads[True][name], want, rtol=1e-4, atol=1e-6)
+
+
+def test_full_fine_tuning_with_unfrozen_vision_trains_the_whole_tower_in_its_own_group(new_samples):
+    from app.modules import VLMSFTModule
+
+    policy = VLMPolicy("tiny-qwen2-vl", lora=None, freeze_vision=False, vision_learning_rate=1e-5)
+    vision = {id(p) for p in policy.vision_parameters()}
+    assert vision and all(p.requires_grad for p in policy.vision_parameters())
+    groups = VLMSFTModule(policy, learning_rate=1e-3).configure_optimizers()["optimizer"].param_groups
+    assert [g["lr"] for g in groups] == [1e-3, 1e-5]
+    assert {id(p) for p in groups[1]["params"]} == vision
+    assert {id(p) for g in groups for p in g["params"]} == {id(p) for p in policy.model.parameters()}
+
+
+def test_vision_learning_rate_puts_the_vision_adapters_in_their_own_warmed_up_group_kept_by_lean_checkpoints():
+    from app.modules import VLMSFTModule
+    from app.modules.checkpoints import omit_frozen_parameters, restore_frozen_parameters
+
+    policy = vision_lora_policy(vision_learning_rate=1e-5)
+    module = VLMSFTModule(policy, learning_rate=1e-3, warmup_steps=3)
+    config = module.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    groups = optimizer.param_groups
+    adapters, _ = vision_split(policy)
+    assert len(groups) == 2 and {id(p) for p in groups[1]["params"]} == {id(p) for p in adapters.values()}
+    assert {id(p) for p in groups[0]["params"]} == {id(p) for p in policy.trainable_parameters()} - {
+        id(p) for p in adapters.values()
+    }
+    assert [g["lr"] for g in groups] == pytest.approx([1e-3 / 4, 1e-5 / 4])  # warm-up from 1 / (3 + 1)
+    for _ in range(3):
+        optimizer.step()
+        scheduler.step()
+    assert [g["lr"] for g in groups] == pytest.approx([1e-3, 1e-5])
+
+    checkpoint = {"state_dict": module.state_dict()}
+    omit_frozen_parameters(module, checkpoint, [optimizer])
+    kept = {k for k in checkpoint["state_dict"] if k in dict(module.named_parameters())}
+    assert kept == {n for n, p in module.named_parameters() if p.requires_grad}
+    assert any(".visual." in k for k in kept) and any(".language_model." in k for k in kept)
+    restore_frozen_parameters(module, checkpoint)
+    module.load_state_dict(checkpoint["state_dict"], strict=True)
+
+    single = VLMSFTModule(vision_lora_policy(), learning_rate=1e-3).configure_optimizers()["optimizer"]
+    assert len(single.param_groups) == 1  # without vision_learning_rate: one group, as before
+
+
+def test_lora_targets_that_match_no_module_are_an_error_naming_the_pattern():
+    from app.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"qkv_proj.*tiny-qwen2-vl(.|\n)*visual\.blocks\.0\.attn\.qkv"):
+        VLMPolicy("tiny-qwen2-vl", lora=LoRASettings(r=2, alpha=4, target_modules=r".*visual.*\.qkv_proj"))
+    with pytest.raises(ConfigError, match="'q_proj_typo'"):  # a list: each name must match a module
+        VLMPolicy("tiny-qwen2-vl", lora=LoRASettings(r=2, alpha=4, target_modules=["q_proj", "q_proj_typo"]))
+    policy = VLMPolicy("tiny-qwen2-vl", lora=LoRASettings(r=2, alpha=4, target_modules=["qkv"]))  # PEFT's suffixes
+    assert {n for n, m in policy.model.named_modules() if hasattr(m, "lora_A")} == {
+        f"base_model.model.model.visual.blocks.{i}.attn.qkv" for i in range(2)
+    }
+
+
+def test_the_vision_adapters_shard_with_the_vision_tower():
+    policy = vision_lora_policy()
+    adapters, _ = vision_split(policy)
+    (tower,) = [unit for unit in policy.sharding_plan().units if unit is policy.hf_model.model.visual]
+    assert {id(p) for p in adapters.values()} <= {id(p) for p in tower.parameters()}
+
+
+def test_export_with_vision_adapters_loads_with_from_pretrained_and_gives_the_policy_s_logprobs(
+    mixed_samples, tmp_path
+):
+    from export_checks import assert_export_matches_policy
+
+    policy = vision_lora_policy("tiny-qwen2-vl")
+    adapters, _ = vision_split(policy)
+    perturb([p for n, p in adapters.items() if "lora_B" in n], scale=0.2)  # only the vision adapters "trained"
+    out = policy.export(tmp_path / "policy")
+    assert_export_matches_policy(policy, out, mixed_samples[:2], min_change=1e-4)

@@ -239,6 +239,45 @@ def test_vlm_plan_shards_every_decoder_layer_and_the_vision_tower(new_policy):
     assert len(plan.units) == len(layers) + 2 and plan.roots == [policy]
 
 
+def test_vision_adapters_shard_with_the_vision_tower_and_train_in_their_own_group(new_samples):
+    """One process under FSDP2 (gloo): the LoRA adapters of the vision blocks are sharded with the tower's unit, the
+    optimizer's vision group holds them, and one SFT step moves them and leaves the tower's base weights alone."""
+    from types import SimpleNamespace
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from app.modules import VLMSFTModule
+    from app.parallel.fsdp import MESH_DIMS
+    from tests.models.test_vlm_policy import vision_lora_policy, vision_split
+
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        strategy = FSDP2Strategy(reshard_after_forward=False)
+        strategy._device_mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=MESH_DIMS)
+        module = VLMSFTModule(vision_lora_policy("tiny-qwen2-vl", vision_learning_rate=1e-3), learning_rate=1e-2)
+        module._trainer = SimpleNamespace(strategy=strategy)
+        module.configure_model()
+        module._trainer = None  # training_step's self.log only warns outside a trainer
+        policy = module.policy
+        adapters, base = vision_split(policy)
+        tower_state = policy.hf_model.model.visual._get_fsdp_state()._fsdp_param_group
+        sharded_in_tower = {id(fsdp_param.sharded_param) for fsdp_param in tower_state.fsdp_params}
+        assert adapters and {id(p) for p in adapters.values()} <= sharded_in_tower
+        assert all(isinstance(p, DTensor) for p in adapters.values())
+        optimizer = module.configure_optimizers()["optimizer"]
+        vision_group = optimizer.param_groups[1]
+        assert vision_group["lr"] == 1e-3
+        assert {id(p) for p in vision_group["params"]} == {id(p) for p in adapters.values()}
+        before = {n: p.full_tensor().clone() for n, p in {**adapters, **base}.items()}
+        module.training_step(new_samples(2), 0).backward()
+        optimizer.step()
+        assert all(not torch.equal(adapters[n].full_tensor(), before[n]) for n in adapters if "lora_B" in n)
+        assert all(torch.equal(p.full_tensor(), before[n]) for n, p in base.items())
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def test_flow_plan_shards_the_transformer_blocks():
     from app.models import FlowLoRASettings, FlowPolicy
 

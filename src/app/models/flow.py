@@ -64,15 +64,17 @@ class FlowLoRASettings:
         r: rank of the update.
         alpha: scaling numerator (``lora_alpha``); the update is scaled by alpha / r.
         dropout: dropout on the LoRA input.
-        target_modules: regex over module names (PEFT full-matches it); the default hits the query/key/value/output
-            projections of every attention, and SD3/Flux's context-stream projections of joint attention
-            (``add_{q,k,v}_proj``, ``to_add_out``), as Flow-GRPO's SD3 recipe does.
+        target_modules: regex over module names (PEFT full-matches it), or a list of names (each a module's name or
+            its last dotted parts); the default hits the query/key/value/output projections of every attention, and
+            SD3/Flux's context-stream projections of joint attention (``add_{q,k,v}_proj``, ``to_add_out``), as
+            Flow-GRPO's SD3 recipe does. A regex, or a list entry, that matches no module of the transformer is an
+            error naming it.
     """
 
     r: int = 32
     alpha: int = 64
     dropout: float = 0.0
-    target_modules: str = FLOW_ATTENTION_PROJECTIONS
+    target_modules: str | list[str] = FLOW_ATTENTION_PROJECTIONS
 
     def __post_init__(self):
         if self.r < 1 or self.alpha <= 0:
@@ -173,7 +175,7 @@ class FlowPolicy(SwitchableReference, nn.Module):
             pipeline_class=_pipeline_class(transformer),
         )
         self.latent_shape: tuple[int, ...] = self._latent_shape(transformer)
-        self.model = trainable_transformer(transformer, lora)  # PeftModel with LoRA, the diffusers model otherwise
+        self.model = trainable_transformer(transformer, lora, model)  # PeftModel with LoRA, else the diffusers model
         self.model.train()  # from_pretrained returns eval mode; the trained transformer is in train mode
         self.frozen_reference: nn.Module | None = None  # full fine-tuning's KL reference, see enable_reference
         self._use_reference = False

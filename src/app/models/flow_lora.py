@@ -6,6 +6,8 @@ from typing import Protocol
 
 from torch import nn
 
+from app.models.lora_targets import check_lora_targets
+
 
 class LoRAShape(Protocol):
     """What the adapter is built from (``app.models.flow.FlowLoRASettings``, defined beside the policy that takes it)."""
@@ -13,15 +15,18 @@ class LoRAShape(Protocol):
     r: int
     alpha: int
     dropout: float
-    target_modules: str
+    target_modules: str | list[str]
 
 
-def trainable_transformer(transformer: nn.Module, lora: LoRAShape | None) -> nn.Module:
+def trainable_transformer(transformer: nn.Module, lora: LoRAShape | None, model_name: str = "") -> nn.Module:
     """``transformer`` with every parameter trainable (``lora`` None), or wrapped in a PEFT LoRA adapter whose B starts
-    at zero (the policy starts exactly at the base model) with the base weights frozen."""
+    at zero (the policy starts exactly at the base model) with the base weights frozen. Targets that match no module
+    are an error naming them and ``model_name`` (:func:`~app.models.lora_targets.check_lora_targets`)."""
     if lora is None:
         return transformer.requires_grad_(True)
     from peft import LoraConfig, get_peft_model
+
+    check_lora_targets(transformer, lora.target_modules, model_name or type(transformer).__name__)
 
     config = LoraConfig(
         r=lora.r,

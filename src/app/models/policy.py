@@ -23,6 +23,11 @@ class Policy(Protocol):
     model with the adapter disabled; with full fine-tuning it is ``frozen_reference``, a frozen copy of the starting
     weights that :meth:`enable_reference` makes (modules call it only when ``beta > 0``, so runs without a KL term
     never hold a second copy). Inside ``with policy.reference():`` the policy's forward passes are the reference's.
+
+    A policy may also have ``parameter_groups(learning_rate) -> list[dict]``: its trainable parameters as torch
+    optimizer param groups, some with their own ``lr`` (the VLM policy's ``vision_learning_rate``); the modules'
+    optimizer uses it when present, and ``trainable_parameters()`` at the module's rate otherwise (it is not part of
+    the protocol, so a policy without it is still one).
     """
 
     uses_lora: bool

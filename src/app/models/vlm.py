@@ -25,6 +25,7 @@ from app.embedded.models import load_vlm
 from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_liger_kernels, require_liger, validate_attn_implementation
 from app.models.lora_merge import merged_lora
+from app.models.lora_targets import check_lora_targets
 from app.models.policy import SwitchableReference
 from app.parallel.fsdp import gathered
 from app.parallel.plan import ShardingPlan, repeated_blocks
@@ -49,20 +50,26 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 @dataclass
 class LoRASettings:
-    """PEFT LoRA on the language model.
+    """PEFT LoRA on the language model (and, when the targets reach it, the vision tower).
+
+    Every base weight stays frozen under LoRA; only the adapters train, wherever they are. Adapters on layers of the
+    vision tower (``visual``) train whatever ``VLMPolicy.freeze_vision`` says (it is about the tower's base weights).
 
     Attributes:
         r: rank of the update.
         alpha: scaling numerator (``lora_alpha``); the update is scaled by alpha / r.
         dropout: dropout on the LoRA input.
-        target_modules: regex over module names; the default hits the language model's attention and MLP projections
-            and nothing in the vision tower.
+        target_modules: a regex that must match a whole module name (PEFT's ``re.fullmatch``), or a list of names,
+            each the name of a module or its last dotted parts (``["qkv"]`` selects every ``...attn.qkv``). The
+            default hits the language model's attention and MLP projections and nothing in the vision tower; for
+            the vision blocks add e.g. ``|.*visual.blocks.*(qkv|proj|fc1|fc2)``. A regex, or a list
+            entry, that matches no module of the model is an error naming it (:mod:`app.models.lora_targets`).
     """
 
     r: int = 32
     alpha: int = 64
     dropout: float = 0.05
-    target_modules: str = LANGUAGE_MODEL_PROJECTIONS
+    target_modules: str | list[str] = LANGUAGE_MODEL_PROJECTIONS
 
     def __post_init__(self):
         if self.r < 1 or self.alpha <= 0:
@@ -98,7 +105,12 @@ class VLMPolicy(SwitchableReference, nn.Module):
         model: an embedded name (``tiny-qwen2-vl``, ``tiny-qwen2.5-vl``, ``tiny-qwen3-vl``), a hub id such as
             ``Qwen/Qwen2.5-VL-3B-Instruct``, or a local folder (for example an exported SFT policy).
         lora: LoRA settings; None trains all language-model parameters (full fine-tuning).
-        freeze_vision: keep the vision tower (and its merger) frozen.
+        freeze_vision: keep the base weights of the vision tower (and its merger) frozen. It matters for full
+            fine-tuning only (False trains the whole tower, True none of it): under LoRA every base weight is frozen
+            anyway, and LoRA adapters that ``lora.target_modules`` puts in the vision tower train either way.
+        vision_learning_rate: the learning rate of the vision tower's trainable parameters (its LoRA adapters, or
+            the whole tower under full fine-tuning with ``freeze_vision=False``), in an optimizer group of their own
+            (see :meth:`parameter_groups`; the warm-up scales it like the module's); None: the module's rate.
         dtype: weight dtype: float32, bfloat16 or float16.
         attn_implementation: ``sdpa`` (PyTorch picks its flash kernel when the inputs allow it), ``eager`` or
             ``flash_attention_2`` (needs flash-attn and CUDA); None = library default.
@@ -126,6 +138,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         model: str = "tiny-qwen2.5-vl",
         lora: LoRASettings | None = None,
         freeze_vision: bool = True,
+        vision_learning_rate: float | None = None,
         dtype: str = "float32",
         attn_implementation: str | None = None,
         use_liger_kernel: bool = False,
@@ -140,6 +153,9 @@ class VLMPolicy(SwitchableReference, nn.Module):
         super().__init__()
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        if vision_learning_rate is not None and not vision_learning_rate > 0:
+            raise ValueError(f"vision_learning_rate must be > 0 or null, got {vision_learning_rate}")
+        self.vision_learning_rate = vision_learning_rate
         attn_implementation = validate_attn_implementation(attn_implementation)
         if use_liger_kernel:
             require_liger()  # before loading the weights
@@ -156,7 +172,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         self.kernels = apply_liger_kernels(hf_model) if use_liger_kernel else None  # LigerTargets: what was replaced
         if gradient_checkpointing:
             hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        self.model = self._wrap(hf_model, lora, freeze_vision)  # PeftModel with LoRA, the HF model otherwise
+        self.model = self._wrap(hf_model, lora, freeze_vision, model)  # PeftModel with LoRA, the HF model otherwise
         self.model.train()  # from_pretrained returns eval mode; generation switches to eval and back itself
         self.frozen_reference: nn.Module | None = None  # full fine-tuning's KL reference, see enable_reference
         self._use_reference = False
@@ -170,21 +186,30 @@ class VLMPolicy(SwitchableReference, nn.Module):
         ]
 
     @staticmethod
-    def _wrap(hf_model: nn.Module, lora: LoRASettings | None, freeze_vision: bool) -> nn.Module:
-        if lora is not None:
-            from peft import LoraConfig, get_peft_model
+    def _wrap(hf_model: nn.Module, lora: LoRASettings | None, freeze_vision: bool, model_name: str) -> nn.Module:
+        """The PEFT model (LoRA: the adapters train, every base weight is frozen, in the vision tower too) or the HF
+        model with everything trainable but, with ``freeze_vision``, the vision tower."""
+        vision = _vision_tower(hf_model)
+        if lora is None:
+            hf_model.requires_grad_(True)
+            vision.requires_grad_(not freeze_vision)
+            return hf_model
+        from peft import LoraConfig, get_peft_model
 
-            config = LoraConfig(
-                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules
+        targets = check_lora_targets(hf_model, lora.target_modules, model_name)
+        vision_prefix = next(name for name, module in hf_model.named_modules() if module is vision) + "."
+        in_vision = sum(name.startswith(vision_prefix) for name in targets)
+        if not freeze_vision:
+            log.warning(
+                "freeze_vision=False has no effect with LoRA: the vision tower's base weights stay frozen (%s)",
+                f"{in_vision} of its modules carry trained adapters" if in_vision else "no LoRA target reaches it",
             )
-            wrapped = get_peft_model(hf_model, config)
-        else:
-            wrapped = hf_model
-            for parameter in hf_model.parameters():
-                parameter.requires_grad_(True)
-        for parameter in _vision_tower(hf_model).parameters():
-            parameter.requires_grad_(not freeze_vision)
-        return wrapped
+        elif in_vision:
+            log.info("LoRA adapts %d modules of the vision tower (its base weights stay frozen)", in_vision)
+        config = LoraConfig(
+            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules
+        )
+        return get_peft_model(hf_model, config)  # only the adapters require gradients
 
     # ----------------------------------------------------------------------------------------------------- prompts
     def prompt_text(self, sample: VisualSample) -> str:
@@ -373,6 +398,25 @@ class VLMPolicy(SwitchableReference, nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    def parameter_groups(self, learning_rate: float) -> list[dict]:
+        """The trainable parameters as torch optimizer param groups: one at ``learning_rate``, or, with
+        ``vision_learning_rate``, the vision tower's (named ``vision``) at that rate after the rest (``policy``). An
+        empty group is left out (a warning says when ``vision_learning_rate`` then applies to nothing)."""
+        trainable = self.trainable_parameters()
+        if self.vision_learning_rate is None:
+            return [{"params": trainable, "lr": learning_rate}]
+        vision = {id(p) for p in self.vision_parameters()}
+        groups = [
+            {"params": [p for p in trainable if id(p) not in vision], "lr": learning_rate, "name": "policy"},
+            {"params": [p for p in trainable if id(p) in vision], "lr": self.vision_learning_rate, "name": "vision"},
+        ]
+        if not groups[1]["params"]:
+            log.warning(
+                "vision_learning_rate is set but nothing in the vision tower trains (set LoRA targets in it, or "
+                "freeze_vision=False for full fine-tuning)"
+            )
+        return [group for group in groups if group["params"]]
 
     def vision_parameters(self) -> list[nn.Parameter]:
         return list(_vision_tower(self.hf_model).parameters())

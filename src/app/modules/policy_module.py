@@ -78,10 +78,14 @@ class PolicyModule(L.LightningModule):
         return gathered(self.policy)
 
     def configure_optimizers(self):
+        """AdamW with warm-up over the policy's ``parameter_groups(learning_rate)`` (param groups with their own
+        rates) when it has that method, else over its ``trainable_parameters()`` at the module's rate."""
         parameters = self.policy.trainable_parameters()
         if not parameters:
             raise ValueError("the policy has no trainable parameters: set a LoRA adapter or freeze less")
         hp = self.hparams
+        if hasattr(self.policy, "parameter_groups"):
+            parameters = self.policy.parameter_groups(hp.learning_rate)
         return adamw_with_warmup(parameters, hp.learning_rate, hp.weight_decay, hp.warmup_steps)
 
     def on_train_start(self) -> None:
