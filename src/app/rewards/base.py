@@ -18,12 +18,16 @@ tensor([1.5000])
 
 from __future__ import annotations
 
+import copy
+import difflib
 import math
+import numbers
 import re
 import warnings
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -39,10 +43,89 @@ class RewardError(RuntimeError):
     """A reward failed while scoring asynchronously (in a worker thread or process); the message names the reward."""
 
 
-def _score_in_worker(component: RewardComponent, completions, samples, grouping: dict[str, Any]):
-    """Run ``component.score`` where an executor puts it (a module-level function, so process pools can pickle it)."""
+@dataclass
+class WorkerResult:
+    """What scoring a copy of a reward gave (in a worker process): the raw values and the side state the copy
+    accumulated meanwhile, ``{module path: {attribute: increment}}`` (see :attr:`RewardComponent.side_state`).
+    :meth:`RewardComponent.collect` merges it into the caller's reward and sets it to None, so it counts once."""
+
+    values: Any
+    side_state: dict[str, dict[str, Any]] | None
+
+
+class _Shipment:
+    """A reward as handed to an executor. ``copied`` stays False while the worker holds the caller's own object (a
+    thread pool: ``score`` updates the side state in place) and turns True when it is unpickled (a process pool, or
+    any executor that serialises its work): only then must the side state travel back."""
+
+    def __init__(self, component: RewardComponent) -> None:
+        self.component = component
+        self.copied = False
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.copied = True
+
+
+def _score_in_worker(shipment: _Shipment, completions, samples, grouping: dict[str, Any]):
+    """Run ``component.score`` where an executor puts it (a module-level function, so process pools can pickle it):
+    the raw values, or on a copy of the reward a :class:`WorkerResult` with its side state's increments."""
+    component = shipment.component
+    before = None
+    if shipment.copied:
+        component.own_side_state()
+        before = component.side_state_snapshot()
     values = component.score(completions, samples, **grouping)
-    return values.result() if isinstance(values, Future) else values
+    values = values.result() if isinstance(values, Future) else values
+    if before is None:  # the caller's own object: its side state is already there
+        return values
+    return WorkerResult(values, component.side_state_delta(before))
+
+
+_MISSING = object()
+
+
+def _side_value_error(owner: RewardComponent, name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be side state (None if it can): a number, a mapping of numbers, or a tensor."""
+    if isinstance(value, Tensor) or (isinstance(value, numbers.Number) and not isinstance(value, bool)):
+        return None
+    if isinstance(value, Mapping):
+        bad = [key for key, count in value.items() if not isinstance(count, numbers.Number) or isinstance(count, bool)]
+        if not bad:
+            return None
+        return f"{type(owner).__name__}.{name}[{bad[0]!r}] is {type(value[bad[0]]).__name__}, not a number"
+    return (
+        f"{type(owner).__name__}.{name} is a {type(value).__name__}: side state must be a number, a mapping of "
+        "name -> number (a Counter) or a tensor, whose increments add up"
+    )
+
+
+def _copy_counter(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.detach().clone()
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+def _increment(after: Any, before: Any) -> Any:
+    """``after - before`` of one counter (a mapping: the keys that changed)."""
+    if isinstance(after, Mapping):
+        return {key: count - before.get(key, 0) for key, count in after.items() if count != before.get(key, 0)}
+    if isinstance(after, Tensor) and after.shape != before.shape:
+        raise ValueError(f"side state tensor changed shape while scoring: {list(before.shape)} -> {list(after.shape)}")
+    return after - before
+
+
+def _added(current: Any, increment: Any) -> Any:
+    """``current + increment`` as a new object: the caller's counter is never changed in place, so that an executor
+    pickling this reward for its next batch (a process pool does that in a thread of its own) never sees it change."""
+    if isinstance(current, Mapping):
+        merged = copy.copy(current)
+        for key, count in increment.items():
+            merged[key] = merged.get(key, 0) + count
+        return merged
+    if isinstance(current, Tensor):
+        return current + increment.to(current)
+    return current + increment
 
 
 def default_name(cls: type) -> str:
@@ -68,6 +151,11 @@ class RewardComponent(Metric):
       its group and of the paired group (a prompt and its augmented twin, for consistency rewards). ``"triplet"``: the
       rows of the three related prompts (TriSR). Whatever the scope, ``score`` returns one value per row.
     - ``value_range``: ``(low, high)`` bounds of every value ``score`` returns.
+    - ``side_state``: names of the attributes ``score`` accumulates beside the values (counters such as
+      ``num_malformed``, or ``failed_checks`` of :class:`~app.rewards.VBVRScorerReward`): each a number, a mapping of
+      name -> number (a ``Counter``) or a tensor, set in ``__init__``. Scored in a worker process, a reward is a
+      pickled copy; its increments to these come back with the values and :meth:`collect` adds them to this object,
+      so the counts are the same inline, in threads and in processes. An attribute not named here is lost there.
 
     Args:
         weight: weight of this component in a :class:`~app.rewards.WeightedReward` total.
@@ -94,6 +182,7 @@ class RewardComponent(Metric):
     is_differentiable: ClassVar[bool] = False
     scope: ClassVar[str] = "completion"
     value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    side_state: ClassVar[tuple[str, ...]] = ()
 
     total: Tensor
     count: Tensor
@@ -105,6 +194,9 @@ class RewardComponent(Metric):
         low, high = cls.value_range
         if not low <= high:
             raise TypeError(f"{cls.__name__}.value_range must be (low, high) with low <= high, got {cls.value_range}")
+        names = cls.side_state
+        if not isinstance(names, tuple | list) or not all(isinstance(n, str) and n.isidentifier() for n in names):
+            raise TypeError(f"{cls.__name__}.side_state must be a tuple of attribute names, got {names!r}")
 
     def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -138,10 +230,12 @@ class RewardComponent(Metric):
         By default :meth:`score` runs in ``executor`` (a thread pool, or a process pool: then the reward and its inputs
         are pickled to the worker), or at once in this thread without one; a ``score`` that itself returns a future is
         passed through. A reward with workers of its own (:class:`~app.rewards.VBVRScorerReward`) overrides this.
+        From a process the future gives a :class:`WorkerResult` carrying the copy's :attr:`side_state` increments:
+        pass what the future gives to :meth:`collect` (:meth:`~app.rewards.WeightedReward.gather` does).
         """
         grouping = self._grouping(group_size)
         if executor is not None:
-            return executor.submit(_score_in_worker, self, completions, samples, grouping)
+            return executor.submit(_score_in_worker, _Shipment(self), completions, samples, grouping)
         future: Future = Future()
         try:
             values = self.score(completions, samples, **grouping)
@@ -173,9 +267,79 @@ class RewardComponent(Metric):
             values = values.result()
         return self.check_values(values, len(completions))
 
+    def collect(self, raw: Any) -> Any:
+        """The raw values in ``raw``, what a future of :meth:`score_async` gave. A :class:`WorkerResult` (scored on a
+        copy in another process) also brings the copy's :attr:`side_state` increments: they are added to this reward
+        here, in the caller's thread, once (collecting the same result again adds nothing)."""
+        if not isinstance(raw, WorkerResult):
+            return raw
+        increments, raw.side_state = raw.side_state, None
+        if increments:
+            self.merge_side_state(increments)
+        return raw.values
+
+    def _side_state_owners(self):
+        """``(module path, reward)`` of this reward and of every reward it holds (a correctness reward inside a length
+        reward, say) that declares :attr:`side_state`."""
+        for path, module in self.named_modules():
+            if isinstance(module, RewardComponent) and module.side_state:
+                yield path, module
+
+    def check_side_state(self) -> None:
+        """Raise if an attribute named in :attr:`side_state` is missing or is not a counter (a number, a mapping of
+        numbers, a tensor). :class:`~app.rewards.WeightedReward` checks its components when it is built."""
+        for _, owner in self._side_state_owners():
+            for name in owner.side_state:
+                value = getattr(owner, name, _MISSING)
+                if value is _MISSING:
+                    close = difflib.get_close_matches(name, [a for a in vars(owner) if not a.startswith("_")], n=1)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    raise AttributeError(
+                        f"{type(owner).__name__}.side_state names {name!r}, but the reward has no attribute {name!r} "
+                        f"(side state is set in __init__){hint}"
+                    )
+                why = _side_value_error(owner, name, value)
+                if why is not None:
+                    raise TypeError(why)
+
+    def own_side_state(self) -> None:
+        """Give this reward tensors of its own for its :attr:`side_state` tensors. A process pool pickles a tensor by
+        moving it to shared memory: unpickled in a worker, the copy would write into the caller's tensor, and its
+        increments would count twice once :meth:`collect` adds them."""
+        for _, owner in self._side_state_owners():
+            for name in owner.side_state:
+                value = getattr(owner, name, None)
+                if isinstance(value, Tensor):
+                    setattr(owner, name, value.clone())
+
+    def side_state_snapshot(self) -> dict[str, dict[str, Any]]:
+        """Copies of the :attr:`side_state` counters now, ``{module path: {attribute: value}}`` (``""``: this
+        reward)."""
+        self.check_side_state()
+        return {
+            path: {name: _copy_counter(getattr(owner, name)) for name in owner.side_state}
+            for path, owner in self._side_state_owners()
+        }
+
+    def side_state_delta(self, before: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """What the :attr:`side_state` counters gained since ``before`` (a :meth:`side_state_snapshot`)."""
+        self.check_side_state()
+        return {
+            path: {name: _increment(getattr(owner, name), before[path][name]) for name in owner.side_state}
+            for path, owner in self._side_state_owners()
+        }
+
+    def merge_side_state(self, delta: dict[str, dict[str, Any]]) -> None:
+        """Add ``delta`` (a :meth:`side_state_delta` of a copy of this reward) to its :attr:`side_state` counters."""
+        for path, increments in delta.items():
+            owner = self.get_submodule(path) if path else self
+            for name, increment in increments.items():
+                setattr(owner, name, _added(getattr(owner, name), increment))
+
     def check_values(self, values: Any, num_completions: int) -> tuple[Tensor, int]:
-        """The contract of :meth:`checked_score` on values already computed: ``([N] float32, number non-finite)``."""
-        values = torch.as_tensor(values, dtype=torch.float32)
+        """The contract of :meth:`checked_score` on values already computed: ``([N] float32, number non-finite)``.
+        A :class:`WorkerResult` is collected first (:meth:`collect`)."""
+        values = torch.as_tensor(self.collect(values), dtype=torch.float32)
         if values.shape != (num_completions,):
             raise ValueError(
                 f"reward {self.name!r}: score must return shape [{num_completions}] (one value per completion), "

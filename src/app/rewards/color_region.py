@@ -117,6 +117,8 @@ class ColorRegionReward(RewardComponent):
         shape_tolerance: fill-ratio distance at which the shape credit reaches 0.
     """
 
+    side_state = ("num_malformed",)
+
     def __init__(self, min_pixels: int = 12, shape_tolerance: float = 0.2, weight: float = 1.0,
                  name: str | None = None, **kwargs) -> None:  # fmt: skip
         super().__init__(weight=weight, name=name, **kwargs)

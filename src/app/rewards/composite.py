@@ -64,6 +64,7 @@ class WeightedReward(torch.nn.Module):
         for component in components:
             if not isinstance(component, RewardComponent):
                 raise TypeError(f"reward components must be RewardComponent instances, got {type(component).__name__}")
+            component.check_side_state()  # a misnamed counter fails here, not in a worker process
         duplicates = sorted(name for name, n in Counter(c.name for c in components).items() if n > 1)
         if duplicates:
             raise ValueError(
@@ -136,14 +137,15 @@ class WeightedReward(torch.nn.Module):
         """Wait for a batch started by :meth:`submit` and combine it as :meth:`forward` does.
 
         A component that raised (here or in a worker, a dead worker process included) or that gave no result within
-        ``timeout`` seconds fails with :class:`~app.rewards.RewardError` naming it.
+        ``timeout`` seconds fails with :class:`~app.rewards.RewardError` naming it. The side state a component scored in
+        a worker process accumulated is added to it here (:meth:`~app.rewards.RewardComponent.collect`), once per batch.
         """
         values: dict[str, Tensor] = {}
         nonfinite = 0
         for component in self.components:
             future = pending.futures[component.name]
             try:
-                raw = future.result(timeout)
+                raw = component.collect(future.result(timeout))
             except FutureTimeoutError:
                 raise RewardError(f"reward {component.name!r} gave no result within {timeout} s") from None
             except Exception as error:

@@ -75,6 +75,8 @@ class VBVRScorerReward(RewardComponent):
         weight, name: see :class:`~app.rewards.RewardComponent`.
     """
 
+    side_state = ("num_malformed", "failed_checks")
+
     def __init__(self, num_workers: int = 0, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
         super().__init__(weight=weight, name=name, **kwargs)
         self.num_workers = num_workers
