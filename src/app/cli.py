@@ -87,6 +87,8 @@ def _epilog() -> str:
         f"  {PROG} fit --model.help app.modules.VLMGRPOModule        the arguments of a module",
         f"  {PROG} export --config configs/quickstart.yaml --output_dir exported/",
         "                                            the policy of the run's newest checkpoint, as a Hugging Face folder",
+        f"  {PROG} rehearse --config configs/grpo_qwen2_5_vl_3b.yaml",
+        "                                            a GPU recipe on CPU with the tiny model: fit, resume, export, float32",
     ]
     folder = _configs_folder()
     if folder is not None:
@@ -301,7 +303,13 @@ def _strip_debug_flag(argv: list[str] | None) -> list[str] | None:
 def main(argv: list[str] | None = None) -> None:
     argv = _strip_debug_flag(argv)
     quiet_known_noise()
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
+        if args[:1] == ["rehearse"]:  # not a Lightning command: it runs several fits (app.rehearsal)
+            from app.rehearsal.run import main as rehearse
+
+            rehearse(args[1:])
+            return
         AppCLI(args=argv)
     except ConfigError as error:
         if debug_enabled():
