@@ -229,6 +229,11 @@ def _run_settings(editor: _Editor, out: Path) -> None:
     if isinstance(logger, dict) and "save_dir" in (logger.get("init_args") or {}):
         editor.set("trainer.logger.init_args.save_dir", str(out), "the rehearsal's folder")
     callbacks = editor.get("trainer.callbacks") or []
+    if not any(isinstance(c, dict) and c.get("class_path", "").endswith("ModelCheckpoint") for c in callbacks):
+        callbacks = [*callbacks, {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {}}]
+        editor.plan.config["trainer"]["callbacks"] = callbacks
+        why = "Lightning's default checkpoint writes at epoch ends only"
+        editor.plan.changes.append(Change("trainer.callbacks", None, "+ ModelCheckpoint", why))
     for index, callback in enumerate(callbacks):
         if not isinstance(callback, dict):
             continue
