@@ -146,7 +146,7 @@ def test_fit_resumes_from_a_checkpoint_through_the_cli(cli_fit, tmp_path, monkey
     """The resumed run starts from the checkpoint's state (the state the interrupted run had): its weights, the
     optimizer's moments and step counts, and the global generators' states; then it makes one more step."""
     from app.modules import VLMGRPOModule
-    from app.modules.checkpoints import rng_states
+    from app.modules.checkpoints import RANK_STATES, rng_states
 
     _, _, saved_ckpt, _ = cli_fit
     checkpoint = torch.load(saved_ckpt, map_location="cpu", weights_only=False)
@@ -156,7 +156,7 @@ def test_fit_resumes_from_a_checkpoint_through_the_cli(cli_fit, tmp_path, monkey
         random.seed(7)
         np.random.seed(7)
         torch.manual_seed(7)
-        checkpoint["rng_states"] = rng_states()
+        checkpoint[RANK_STATES][0]["rng"] = rng_states()  # rank 0's, the only rank
     random.setstate(python_state)
     np.random.set_state(numpy_state)
     ckpt = tmp_path / "step2.ckpt"
@@ -202,7 +202,7 @@ def test_fit_resumes_from_a_checkpoint_through_the_cli(cli_fit, tmp_path, monkey
         assert float(moments["step"]) == float(restored["state"][index]["step"]) == 2
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(moments[key], restored["state"][index][key]), key
-    rng = checkpoint["rng_states"]
+    rng = checkpoint[RANK_STATES][0]["rng"]
     assert torch.equal(at_start["torch"], rng["torch"]) and at_start["python"] == rng["python"]
     assert np.array_equal(at_start["numpy"][1], rng["numpy"][1].numpy().astype(np.uint32))
     assert at_start["numpy"][2] == rng["numpy"][2]

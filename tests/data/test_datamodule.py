@@ -1,5 +1,6 @@
 import functools
 import io
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -102,3 +103,27 @@ def test_resume_state_continues_the_epoch_where_it_stopped():
     resumed = [image_bytes(s) for b in dm.train_dataloader() for s in b]
     assert resumed == full[2 * 4 :]
     assert [image_bytes(s) for b in dm.train_dataloader() for s in b] == full  # the next pass starts the epoch over
+
+
+def test_every_rank_resumes_its_own_share_from_the_one_state_rank_0_saves():
+    """The state holds nothing per rank (Lightning saves rank 0's): each of two ranks, given that same state, continues
+    its own share of the epoch where it stood."""
+
+    def on_rank(rank: int) -> VisualTaskDataModule:
+        dm = small_datamodule(seed=2)
+        dm.trainer = SimpleNamespace(
+            distributed_sampler_kwargs={"num_replicas": 2, "rank": rank},
+            _accelerator_connector=SimpleNamespace(use_distributed_sampler=True),
+            state=SimpleNamespace(fn="fit"), current_epoch=0,
+            fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_idx=0)),
+        )  # fmt: skip
+        return dm
+
+    shares = [[image_bytes(s) for b in on_rank(rank).train_dataloader() for s in b] for rank in (0, 1)]
+    states = [on_rank(rank).state_dict() for rank in (0, 1)]
+    assert states[0] == states[1] == {"epoch": 0, "batches_done": 1}
+    for rank in (0, 1):
+        dm = on_rank(rank)
+        dm.load_state_dict(states[0])
+        assert [image_bytes(s) for b in dm.train_dataloader() for s in b] == shares[rank][4:], f"rank {rank}"
+    assert not set(shares[0]) & set(shares[1])

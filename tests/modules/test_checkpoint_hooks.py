@@ -1,6 +1,7 @@
 """The checkpoint hooks, called directly on tiny modules with plain dict checkpoints (no Trainer): a lean state dict
 keeps exactly what an optimizer updates (app.modules.checkpoints), the global generators' states come back, and a
-pipelined GRPO run's pending rollout, policy version and prompt sampler travel to a fresh module (app.modules.grpo)."""
+pipelined GRPO run's pending rollout, policy version and prompt sampler travel to a fresh module (app.modules.grpo),
+and each rank takes its own random states back (or, where the checkpoint holds none for it, fresh ones of its own)."""
 
 import io
 import random
@@ -16,7 +17,15 @@ from torch import nn
 
 from app.algorithms import grpo_loss
 from app.modules import GRPOModule
-from app.modules.checkpoints import OMITTED, omit_frozen_parameters
+from app.modules.checkpoints import (
+    OMITTED,
+    RANK_STATES,
+    omit_frozen_parameters,
+    restore_rng_states,
+    rng_states,
+    saved_rank_state,
+    seed_rng_states,
+)
 from app.modules.pipeline import Generation, PipelineSettings, from_plain, to_plain
 from app.modules.policy_module import PolicyModule
 from app.types import RewardOutput, VisualSample
@@ -278,3 +287,109 @@ def test_under_torch_distributed_the_checkpoint_holds_the_gathered_state_of_ever
         torch.distributed.destroy_process_group()
     (state,) = checkpoint["rollout_pipeline"]
     assert describe(state) == describe(pipeline_state(5, 8, 3, 4))
+
+
+# ------------------------------------------------------------------------------------------- per-rank states
+def seeded_states(seed: int) -> dict:
+    """A rank's saved state (:meth:`PolicyModule.rank_state`) after seeding the global generators with ``seed``."""
+    seed_rng_states(seed)
+    return {"rng": rng_states()}
+
+
+def draws() -> tuple:
+    """A draw from each global generator (torch, python, numpy), comparable with ``==``."""
+    return tuple(torch.rand(3).tolist()), random.random(), tuple(np.random.rand(3).tolist())
+
+
+def draws_after(seed: int) -> tuple:
+    seed_rng_states(seed)
+    return draws()
+
+
+def module_on_rank(rank: int, world_size: int) -> PolicyModule:
+    module = PolicyModule(Adapted(), learning_rate=0.1)
+    module._trainer = SimpleNamespace(world_size=world_size, global_rank=rank, optimizers=[])
+    return module
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "app.modules.checkpoints" and r.levelname == "WARNING"]
+
+
+def test_each_rank_takes_its_own_global_generators_back():
+    checkpoint = through_a_file({RANK_STATES: [seeded_states(10), seeded_states(11)]})
+    for rank in (0, 1):
+        module = module_on_rank(rank, 2)
+        seed_rng_states(99)  # elsewhere, as a new process would be
+        module.on_load_checkpoint(checkpoint)
+        assert draws() == draws_after(10 + rank), f"rank {rank}"
+
+
+def test_a_checkpoint_from_before_per_rank_states_gives_rank_0_its_states_and_every_other_rank_a_seed_of_its_own(
+    caplog,
+):
+    legacy = {"rng_states": seeded_states(10)["rng"], "rollout_generator": torch.Generator().manual_seed(3).get_state()}
+    state, seed = saved_rank_state(legacy, 0, 3)
+    assert seed is None and set(state) == {"rng", "rollout_generator"} and not warnings_of(caplog)
+    assert state["rng"] is legacy["rng_states"] and state["rollout_generator"] is legacy["rollout_generator"]
+    seeds = []
+    for rank in (1, 2):
+        caplog.clear()
+        state, seed = saved_rank_state(legacy, rank, 3)
+        assert state == {} and isinstance(seed, int) and 0 <= seed < 2**63
+        (warning,) = warnings_of(caplog)
+        assert "only rank 0's random states" in warning and f"rank {rank} has none of its own" in warning
+        assert saved_rank_state(legacy, rank, 3)[1] == seed, "the same seed on every resume"
+        seeds.append(seed)
+    other = {**legacy, "rng_states": seeded_states(12)["rng"]}
+    assert len({*seeds, saved_rank_state(other, 1, 3)[1]}) == 3, "a seed per rank and per checkpoint"
+
+
+def test_ranks_missing_from_the_checkpoint_draw_from_distinct_derived_seeds_not_rank_0s_states(caplog):
+    checkpoint = through_a_file({RANK_STATES: [seeded_states(10)]})  # saved from one process, resumed on three
+    assert saved_rank_state(checkpoint, 0, 3) == (checkpoint[RANK_STATES][0], None) and not warnings_of(caplog)
+    resumed = {}
+    for rank in (1, 2):
+        caplog.clear()
+        module = module_on_rank(rank, 3)
+        seed_rng_states(99)
+        module.on_load_checkpoint(checkpoint)
+        resumed[rank] = draws()
+        (warning,) = warnings_of(caplog)
+        assert "the random states of 1 process, this run has 3" in warning and f"rank {rank}" in warning
+        module = module_on_rank(rank, 3)
+        seed_rng_states(98)
+        module.on_load_checkpoint(checkpoint)
+        assert draws() == resumed[rank], "the same fresh states on every resume"
+    assert len({resumed[1], resumed[2], draws_after(10), draws_after(99)}) == 4
+
+
+def test_states_of_more_ranks_than_running_give_each_rank_its_own_and_warn_once(caplog):
+    checkpoint = {RANK_STATES: [seeded_states(10), seeded_states(11), seeded_states(12)]}
+    state, seed = saved_rank_state(checkpoint, 0, 2)
+    assert state is checkpoint[RANK_STATES][0] and seed is None
+    (warning,) = warnings_of(caplog)
+    assert "the random states of 3 processes, this run has 2: those of ranks 2..2 are not used" in warning
+    caplog.clear()
+    state, seed = saved_rank_state(checkpoint, 1, 2)
+    assert state is checkpoint[RANK_STATES][1] and seed is None and not warnings_of(caplog)
+
+
+def test_a_checkpoint_without_random_states_leaves_the_generators_alone(caplog):
+    assert saved_rank_state({}, 1, 2) == ({}, None)
+    assert saved_rank_state({RANK_STATES: []}, 0, 1) == ({}, None)
+    module = module_on_rank(1, 2)  # its linear layers draw their initial weights from the global generator
+    seed_rng_states(5)
+    module.on_load_checkpoint({})
+    assert draws() == draws_after(5) and not warnings_of(caplog)
+
+
+def test_one_process_saves_its_states_as_the_only_ranks():
+    module = module_on_rank(0, 1)
+    seed_rng_states(4)
+    checkpoint = {"state_dict": module.state_dict()}
+    module.on_save_checkpoint(checkpoint)
+    (state,) = through_a_file(checkpoint)[RANK_STATES]
+    assert "rng_states" not in checkpoint
+    restore_rng_states(state["rng"])
+    assert draws() == draws_after(4)

@@ -2,6 +2,7 @@
 
 import dataclasses
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from app.algorithms import group_advantages
+from app.modules.checkpoints import RANK_STATES, rng_states
 from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RewardComponent
 from app.sampling.flow import flow_sigmas
@@ -288,6 +290,43 @@ def test_checkpoints_carry_the_rollout_generator():
     resumed = flow_module(seed=0)
     resumed.on_load_checkpoint(checkpoint)
     assert torch.equal(resumed.rollout(prompts()).next_latents, expected)
+
+
+def on_rank(module: FlowGRPOModule, rank: int, world_size: int, checkpoint: dict) -> FlowGRPOModule:
+    """``module`` after loading ``checkpoint`` as process ``rank`` of ``world_size``."""
+    module._trainer = SimpleNamespace(world_size=world_size, global_rank=rank)
+    module.on_load_checkpoint(checkpoint)
+    module._trainer = None
+    return module
+
+
+def test_each_rank_takes_its_own_rollout_generator_back():
+    saved = [flow_module(seed=5), flow_module(seed=6)]  # two ranks' modules, after a rollout each
+    for module in saved:
+        module.rollout(prompts())
+    checkpoint = {RANK_STATES: [module.rank_state() for module in saved]}
+    expected = [module.rollout(prompts()).next_latents for module in saved]
+    for rank in (0, 1):
+        resumed = on_rank(flow_module(seed=0), rank, 2, checkpoint)
+        assert torch.equal(resumed.rollout(prompts()).next_latents, expected[rank]), f"rank {rank}"
+
+
+def test_a_rank_the_checkpoint_holds_no_generator_for_draws_noise_of_its_own(caplog):
+    """A checkpoint from before per-rank states holds rank 0's rollout generator only: rank 0 continues it, every other
+    rank draws from a seed derived for it (not rank 0's state, not the same on two ranks), the same on every resume."""
+    saved = flow_module(seed=5)
+    saved.rollout(prompts())
+    legacy = {"rng_states": rng_states(), "rollout_generator": saved.generator.get_state()}
+    continued = saved.rollout(prompts()).next_latents
+    latents = [on_rank(flow_module(seed=5), rank, 3, legacy).rollout(prompts()).next_latents for rank in range(3)]
+    assert torch.equal(latents[0], continued)
+    assert not torch.equal(latents[1], continued) and not torch.equal(latents[2], continued)
+    assert not torch.equal(latents[1], latents[2])
+    unresumed = flow_module(seed=6).rollout(prompts()).next_latents  # rank 1's generator seed: seed + rank
+    assert not torch.equal(latents[1], unresumed), "not the noise rank 1 starts a fresh run with"
+    again = on_rank(flow_module(seed=5), 1, 3, legacy).rollout(prompts()).next_latents
+    assert torch.equal(again, latents[1])
+    assert any("rank 1 has none of its own" in record.getMessage() for record in caplog.records)
 
 
 def test_a_small_step_along_the_loss_gradient_favours_above_average_trajectories():

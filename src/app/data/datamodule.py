@@ -194,7 +194,17 @@ class VisualTaskDataModule(LightningDataModule):
         return {"num_replicas": kwargs["num_replicas"], "rank": kwargs["rank"]}
 
     def state_dict(self) -> dict[str, int]:
-        """Where training is in the current epoch, saved in checkpoints so a resumed run continues mid-epoch."""
+        """Where training is in the current epoch, saved in checkpoints so a resumed run continues mid-epoch.
+
+        Lightning saves this from rank 0 alone, and every rank resumes at its own position from it, because the state
+        is the same on every rank and each rank's position follows from it. Every rank runs the same fit loop over as
+        many batches per epoch (:class:`~app.data.sampler.ResumableShuffleSampler` gives each ``ceil(train_size /
+        world)`` indices, and ``drop_last`` keeps as many whole batches), and a checkpoint is written by all ranks at
+        the same step, so the loop's epoch and batch index are the same on all of them. A rank's next sample is then
+        its share of the ``(seed, epoch)`` permutation (its own by rank and world size) after its first ``batches_done
+        * batch_size`` indices, and the loader draws from its own generator (seeded with ``seed``): nothing of a
+        rank's position is its own to save. (:class:`~app.data.shard_datamodule.ShardDataModule`, whose positions do
+        differ, gathers every rank's.)"""
         trainer = self.trainer
         if trainer is None or trainer.state.fn != "fit":
             return {}

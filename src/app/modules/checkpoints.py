@@ -9,20 +9,32 @@ model's own values back before Lightning loads the state strictly, so resuming (
 frozen (the VAE after ``vae_train_steps``) stays in the optimizer, so it stays in the checkpoint. A buffer of a frozen
 module that training changes (a BatchNorm's running statistics in train mode) would be lost: no policy here has one.
 
-Checkpoints also carry the global random generators' states (:func:`rng_states`), so a resumed run samples what an
-uninterrupted one would.
+Checkpoints also carry every process's random state, each rank's own (:data:`RANK_STATES`: the global generators'
+states, :func:`rng_states`, and a module's own generators), so a resumed run samples what an uninterrupted one would on
+every rank. Lightning writes a checkpoint from rank 0 alone, so :func:`gather_rank_states` collects the states of all
+ranks first and :func:`saved_rank_state` hands each rank its own back.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from app.parallel.fsdp import OMITTED  # checkpoint key: the names of the parameters left out
+
+log = logging.getLogger(__name__)
+
+RANK_STATES = "rank_states"
+"""Checkpoint key: each process's random state (``{"rng": rng_states(), ...}``, a module adds its own generators), a
+list indexed by global rank. Checkpoints written before it hold rank 0's under ``rng_states`` and
+``rollout_generator``."""
 
 
 def optimized_parameter_ids(optimizers: Sequence[torch.optim.Optimizer]) -> set[int]:
@@ -100,3 +112,92 @@ def restore_rng_states(states: dict) -> None:
     np.random.set_state((name, keys.numpy(), position, has_gauss, cached))  # numpy casts the keys back to uint32
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def seed_rng_states(seed: int) -> None:
+    """Fresh global generators (torch and every CUDA device, numpy, python), all seeded from ``seed``."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+# ------------------------------------------------------------------------------------------------- per rank
+def gather_rank_states(state: Any) -> list:
+    """Every process's ``state``, as a list indexed by global rank.
+
+    Under ``torch.distributed`` with several processes this is a collective (``all_gather_object``): call it on every
+    rank at once, as Lightning calls ``on_save_checkpoint`` on every rank before rank 0 writes the checkpoint. Otherwise
+    it is ``[state]``. ``state`` must be plain data and tensors, so the checkpoint loads with ``weights_only=True``."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not distributed or torch.distributed.get_world_size() == 1:
+        return [state]
+    states: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(states, state)
+    return states
+
+
+def saved_rank_state(checkpoint: dict, rank: int, world_size: int) -> tuple[dict, int | None]:
+    """Process ``rank``'s entry of ``checkpoint``'s :data:`RANK_STATES`, and None; or, when the checkpoint holds none
+    for it, ``({}, seed)``: a seed for fresh states, derived from the checkpoint and the rank (so distinct on every rank
+    and the same on every resume), with a warning that this rank's draws do not continue the saved run.
+
+    A checkpoint from before per-rank states (``rng_states`` and ``rollout_generator`` at the top, rank 0's only) gives
+    rank 0 those and every other rank a derived seed; one without any random state gives ``({}, None)``: nothing to
+    restore."""
+    states = checkpoint.get(RANK_STATES)
+    legacy = states is None
+    if legacy:
+        entry = {key: checkpoint[old] for key, old in _LEGACY_KEYS.items() if old in checkpoint}
+        states = [entry] if entry else []
+    if not states:
+        return {}, None
+    if rank == 0 and not legacy and len(states) > world_size:
+        log.warning(
+            "the checkpoint holds the random states of %d processes, this run has %d: those of ranks %d..%d are not "
+            "used, so the resumed run draws differently from the saved one",
+            len(states), world_size, world_size, len(states) - 1,
+        )  # fmt: skip
+    if rank < len(states):
+        return states[rank], None
+    if legacy:
+        saved = "only rank 0's random states (it was written before checkpoints held every rank's)"
+    else:
+        processes = "process" if len(states) == 1 else "processes"
+        saved = f"the random states of {len(states)} {processes}, this run has {world_size}"
+    log.warning(
+        "the checkpoint holds %s: rank %d has none of its own and does not take rank 0's; it draws from fresh states "
+        "seeded from the checkpoint and its rank instead (distinct from every other rank's), so the resumed run "
+        "samples differently from an uninterrupted one",
+        saved, rank,
+    )  # fmt: skip
+    return {}, derived_seed(_digest(states[0]), rank)
+
+
+def derived_seed(*parts: Any) -> int:
+    """A 63-bit seed that is a deterministic function of ``parts`` (their ``repr``), the same in every process."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+_LEGACY_KEYS = {"rng": "rng_states", "rollout_generator": "rollout_generator"}  # per-rank key: the old checkpoint key
+
+
+def _digest(value: Any) -> str:
+    """A fingerprint of a saved state (tensors by their bytes), the same in every process that loaded it."""
+    found = hashlib.sha256()
+
+    def add(item: Any) -> None:
+        if isinstance(item, torch.Tensor):
+            found.update(item.detach().cpu().contiguous().numpy().tobytes())
+        elif isinstance(item, dict):
+            for key in sorted(item, key=str):
+                found.update(repr(key).encode())
+                add(item[key])
+        elif isinstance(item, (list, tuple)):
+            for part in item:
+                add(part)
+        else:
+            found.update(repr(item).encode())
+
+    add(value)
+    return found.hexdigest()

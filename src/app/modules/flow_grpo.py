@@ -32,6 +32,7 @@ from torch import Tensor
 
 from app.algorithms import GRPOLossOutput, grpo_loss
 from app.models.flow import FlowPolicy
+from app.modules.checkpoints import derived_seed
 from app.modules.flow_evaluation import FlowEvaluation
 from app.modules.grpo import GRPOModule, ScoredGroups
 from app.modules.pipeline import Generation, PipelineSettings
@@ -101,14 +102,18 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         self.eval_rewards = WeightedReward(eval_rewards) if eval_rewards is not None else self.rewards
         self._generator: torch.Generator | None = None
         self._generator_state: Tensor | None = None  # restored from a checkpoint before the generator exists
+        self._generator_seed: int | None = None  # a checkpoint without this rank's state: seeds it instead
 
     @property
     def generator(self) -> torch.Generator:
-        """The rollout's random generator, on the module's device, seeded with ``seed + global_rank``."""
+        """The rollout's random generator, on the module's device, seeded with ``seed + global_rank`` (or from this
+        rank's state in the checkpoint a fit resumed from)."""
         if self._generator is None or self._generator.device != self.device:
             generator = torch.Generator(device=self.device)
             if self._generator_state is not None:
                 generator.set_state(self._generator_state)
+            elif self._generator_seed is not None:
+                generator.manual_seed(self._generator_seed)
             else:
                 generator.manual_seed(self.hparams.seed + self.global_rank)
             self._generator = generator
@@ -180,11 +185,15 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         return {"images": trajectory.images[: self.hparams.records_per_step]}
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)  # the global generators and the lean state
-        checkpoint["rollout_generator"] = self.generator.get_state()
+    def rank_state(self) -> dict:
+        """The global generators' states and this rank's rollout generator's (saved per rank, see
+        :meth:`~app.modules.policy_module.PolicyModule.on_save_checkpoint`)."""
+        return {**super().rank_state(), "rollout_generator": self.generator.get_state()}
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        if "rollout_generator" in checkpoint:
-            self._generator_state, self._generator = checkpoint["rollout_generator"], None
+    def load_rank_state(self, saved: dict, fresh_seed: int | None) -> None:
+        super().load_rank_state(saved, fresh_seed)
+        if "rollout_generator" in saved:
+            self._generator_state, self._generator = saved["rollout_generator"], None
+        elif fresh_seed is not None:  # no state for this rank: a seed of its own, not rank 0's state
+            self._generator_state, self._generator = None, None
+            self._generator_seed = derived_seed(fresh_seed, "rollout_generator")

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from app.algorithms import GRPOLossOutput, group_advantages, zero_std_groups
 from app.models.policy import Policy
+from app.modules.checkpoints import gather_rank_states
 from app.modules.pipeline import Generation, PipelineSettings, PromptDrawer
 from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
 from app.modules.rollout_queue import RolloutQueue
@@ -323,13 +324,8 @@ class GRPOModule(PolicyModule):
         super().on_save_checkpoint(checkpoint)
         if not self.pipeline.overlapped:
             return
-        state = self.rollout_queue.state(self.global_rank)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            states: list = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(states, state)  # rollouts never cross ranks: one state per rank
-        else:
-            states = [state]
-        checkpoint["rollout_pipeline"] = states
+        # rollouts never cross ranks: one state per rank (pending rollouts cannot be made up, so no derived ones either)
+        checkpoint["rollout_pipeline"] = gather_rank_states(self.rollout_queue.state(self.global_rank))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)

@@ -10,11 +10,15 @@ import torch
 
 from app.models.policy import Policy
 from app.modules.checkpoints import (
+    RANK_STATES,
     fit_optimizers,
+    gather_rank_states,
     omit_frozen_parameters,
     restore_frozen_parameters,
     restore_rng_states,
     rng_states,
+    saved_rank_state,
+    seed_rng_states,
 )
 from app.modules.optim import adamw_with_warmup
 from app.parallel.fsdp import FSDP2Strategy, full_tensor, gathered, is_sharded, shard_policy
@@ -143,14 +147,28 @@ class PolicyModule(L.LightningModule):
 
     # ---------------------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # Sampling draws from the global generators: save them so a resumed run samples what an uninterrupted one would.
-        checkpoint["rng_states"] = rng_states()
+        # Sampling draws from the global generators (and a module's own), which differ between ranks: Lightning calls
+        # this hook on every rank and writes the checkpoint from rank 0, so every rank's states are gathered into it.
+        checkpoint[RANK_STATES] = gather_rank_states(self.rank_state())
         omit_frozen_parameters(self, checkpoint, fit_optimizers(self))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "rng_states" in checkpoint:
-            restore_rng_states(checkpoint["rng_states"])
+        world_size = self._trainer.world_size if self._trainer is not None else 1
+        self.load_rank_state(*saved_rank_state(checkpoint, self.global_rank, world_size))
         restore_frozen_parameters(self, checkpoint)
+
+    def rank_state(self) -> dict:
+        """This process's random state for a checkpoint, as plain data and tensors: the global generators' states
+        (``"rng"``); a subclass adds its own generators."""
+        return {"rng": rng_states()}
+
+    def load_rank_state(self, saved: dict, fresh_seed: int | None) -> None:
+        """Take back what :meth:`rank_state` saved on this rank. ``fresh_seed`` is set when the checkpoint holds no
+        state for this rank (see :func:`~app.modules.checkpoints.saved_rank_state`): fresh generators come from it."""
+        if "rng" in saved:
+            restore_rng_states(saved["rng"])
+        elif fresh_seed is not None:
+            seed_rng_states(fresh_seed)
 
 
 def _trains_own_weights(module: torch.nn.Module) -> bool:
