@@ -1,6 +1,14 @@
-"""``python -m app fit|validate|test|export --config configs/X.yaml``."""
+"""``python -m app fit|validate|test|export --config configs/X.yaml``, and ``python -m app rehearse --config X.yaml``
+(several fits of a GPU recipe on CPU, :mod:`app.rehearsal`: not a Lightning command)."""
 
-from app.cli import main
+import sys
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["rehearse"]:
+        from app.rehearsal.run import main as rehearse
+
+        rehearse(sys.argv[2:])
+    else:
+        from app.cli import main
+
+        main()

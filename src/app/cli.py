@@ -303,13 +303,7 @@ def _strip_debug_flag(argv: list[str] | None) -> list[str] | None:
 def main(argv: list[str] | None = None) -> None:
     argv = _strip_debug_flag(argv)
     quiet_known_noise()
-    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        if args[:1] == ["rehearse"]:  # not a Lightning command: it runs several fits (app.rehearsal)
-            from app.rehearsal.run import main as rehearse
-
-            rehearse(args[1:])
-            return
         AppCLI(args=argv)
     except ConfigError as error:
         if debug_enabled():

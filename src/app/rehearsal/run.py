@@ -26,12 +26,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from app.console import quiet_known_noise
 from app.errors import ConfigError
 from app.rehearsal.recipe import Change, RehearsalPlan, float32_variant, gpu_recipes, plan_rehearsal
 
 SHARE_POINTS = 0.01  # the changed share may differ from the float32 variant's by one percentage point
 SIXTEEN_BIT = ("bfloat16", "float16")
 SUMMARY = "rehearsal.json"
+
+
+class FitsFailed(RuntimeError):
+    """A rehearsal fit raised: its own output says why."""
 
 
 @dataclass
@@ -112,7 +117,9 @@ def run_fits(stages: list[Stage], timeout: float | None = None) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         result = subprocess.run(command, env=env, timeout=timeout, check=False)
         if result.returncode != 0:
-            raise RuntimeError(f"the rehearsal fits exited with {result.returncode}: {' '.join(command)}")
+            raise FitsFailed(
+                f"the rehearsal fits exited with {result.returncode} (their error is above): {' '.join(command)}"
+            )
 
 
 def export(stage: Stage, output_dir: Path) -> str | None:
@@ -228,8 +235,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("name a recipe with --config, or a folder with --all")
     missing = [str(p) for p in recipes if not p.is_file()]
     if missing:
-        raise ConfigError(f"no such recipe: {', '.join(missing)}")
+        parser.error(f"no such recipe: {', '.join(missing)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    verdicts = rehearse(recipes, args.out)
+    quiet_known_noise()
+    try:
+        verdicts = rehearse(recipes, args.out)
+    except (ConfigError, FitsFailed) as error:
+        sys.stderr.write(f"error: {error}\n")
+        raise SystemExit(1) from None
     if not all(v.passed for v in verdicts):
         raise SystemExit(1)
