@@ -242,6 +242,7 @@ def _run_settings(editor: _Editor, out: Path) -> None:
             editor.set(f"{prefix}.dirpath", str(out / "checkpoints"), "the rehearsal's folder")
             editor.set(f"{prefix}.every_n_train_steps", 1, "a checkpoint every step, to resume from")
             editor.set(f"{prefix}.save_last", True, "a checkpoint every step, to resume from")
+            editor.set(f"{prefix}.save_top_k", 0, "only last.ckpt, the one resumed from")
         elif "output_dir" in (callback.get("init_args") or {}):
             name = Path(str(callback["init_args"]["output_dir"])).name
             editor.set(f"{prefix}.output_dir", str(out / name), "the rehearsal's folder")

@@ -91,8 +91,16 @@ def prepare(recipe: Path, out: Path) -> tuple[RehearsalPlan, list[Stage], list[C
         config["trainer"]["callbacks"] = [*(config["trainer"].get("callbacks") or []), probe]
         if name == "resumed":
             config["ckpt_path"] = str(run / "checkpoints" / "last.ckpt")
+        if name == "float32":  # a reference: nothing of it is resumed or read but its report
+            config["trainer"]["callbacks"] = [c for c in config["trainer"]["callbacks"] if not _writes_files(c)]
+            config["trainer"].update(enable_checkpointing=False, logger=False)
         stages.append(Stage(recipe.stem, name, _dump(config, root / f"{name}.yaml"), report, written.processes))
     return written, stages, float32_changes
+
+
+def _writes_files(callback) -> bool:
+    class_path = callback.get("class_path", "") if isinstance(callback, dict) else ""
+    return class_path.endswith("ModelCheckpoint") or "output_dir" in (callback.get("init_args") or {})
 
 
 def generate_data(plan: RehearsalPlan) -> None:

@@ -3,7 +3,9 @@ between the fits): ``python -m app.rehearsal.worker CONFIG [CONFIG ...]``."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 from app.cli import AppCLI, _destroy_process_group
 from app.console import quiet_known_noise
@@ -14,7 +16,10 @@ def main(configs: list[str]) -> None:
     sys.argv = sys.argv[:1]  # the configs are passed to each fit as args; LightningCLI warns about leftover argv
     try:
         for config in configs:
+            start = time.perf_counter()
             AppCLI(args=["fit", "--config", config])
+            if os.environ.get("RANK", "0") == "0":
+                print(f"rehearsal fit {config}: {time.perf_counter() - start:.1f} s", flush=True)
     finally:
         _destroy_process_group()
 
