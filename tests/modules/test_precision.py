@@ -63,3 +63,25 @@ def test_mixed_dtypes_are_listed_by_element_count():
     model.small = nn.Linear(2, 2).to(torch.bfloat16)  # 6 bfloat16
     report = precision_report(model, [], "32-true", strategy=None)
     assert "trainable weights float32 (110) + bfloat16 (6)" in report.line()
+
+
+def test_a_bf16_true_fit_warns_naming_the_field_and_a_bf16_mixed_one_does_not(new_policy, new_datamodule, fit, caplog):
+    """The real fit path (PolicyModule.on_train_start): Lightning's bf16-true casts the float32 LoRA adapters."""
+    import logging
+
+    from app.modules import VLMSFTModule
+
+    for precision, warned in (("bf16-true", True), ("bf16-mixed", False)):
+        caplog.clear()
+        module = VLMSFTModule(new_policy(), learning_rate=1e-3)
+        with caplog.at_level(logging.INFO):
+            fit(module, new_datamodule(train_size=2), max_steps=1, precision=precision)
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision: ")]
+        assert len(lines) == 1, precision
+        warnings = [r.getMessage() for r in caplog.records if "stored in 16 bits" in r.getMessage()]
+        assert bool(warnings) is warned, precision
+        if warned:
+            assert "trainer.precision: bf16-true" in warnings[0]
+            assert "trainable weights bfloat16" in lines[0]
+        else:
+            assert "trainable weights float32" in lines[0] and "compute bfloat16 (autocast)" in lines[0]

@@ -21,6 +21,7 @@ from app.modules.checkpoints import (
     seed_rng_states,
 )
 from app.modules.optim import adamw_with_warmup
+from app.modules.precision import report_precision
 from app.parallel.fsdp import FSDP2Strategy, full_tensor, gathered, is_sharded, shard_policy
 
 log = logging.getLogger(__name__)
@@ -93,8 +94,11 @@ class PolicyModule(L.LightningModule):
         return adamw_with_warmup(parameters, hp.learning_rate, hp.weight_decay, hp.warmup_steps)
 
     def on_train_start(self) -> None:
-        """Warn about trainable modules in eval mode. Lightning's warning counts every module in eval mode, including
-        the frozen VAE, encoders and reference kept there on purpose, so ``app.console`` filters it for this one."""
+        """Say in which dtypes the fit stores and computes (:mod:`app.modules.precision`, a warning when trainable
+        weights are 16-bit), and warn about trainable modules in eval mode. Lightning's warning counts every module in
+        eval mode, including the frozen VAE, encoders and reference kept there on purpose, so ``app.console`` filters
+        it for this one."""
+        report_precision(self, fit_optimizers(self), self.trainer)
         stray = [name for name, module in self.named_modules() if not module.training and _trains_own_weights(module)]
         if stray:
             log.warning(
