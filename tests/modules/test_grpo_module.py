@@ -10,6 +10,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
+from tolerances import assert_close_training
 from torch.utils.data import DataLoader
 
 from app.algorithms import group_advantages
@@ -630,20 +631,26 @@ def test_rows_left_out_carry_no_loss_and_no_gradient(name, option_run):
 def test_micro_batches_make_the_same_updates_as_the_full_batch(option_run):
     full, micro = option_run("token_mean"), option_run("micro_batch")
     assert micro.module.hparams.micro_batch_size == 3 and full.module.hparams.micro_batch_size is None
-    # The gradients agree to 1e-4; the weights to 1e-2 of a step (learning rate 1e-2): Adam divides each gradient by
-    # its running RMS (eps 1e-8), so where a LoRA gradient element is ~1e-8 (B, then A, start from zero) the
-    # summation-order noise of micro-batching moves that element's step by up to ~1e-3 of the learning rate.
-    weight_atol = 1e-4
-    for a, b in zip(full.updates, micro.updates, strict=True):
+    # Micro-batches sum the gradients in another order. From the same weights (the first update) that is float32
+    # rounding: rtol 1e-4 (840 eps) and atol 1e-7 (about 1e-6 of the largest element, for elements whose terms
+    # cancel) are far above the rounding of sums over the 8 rows' tokens. Adam's normalisation turns the rounding of
+    # near-zero gradient elements into up to 2 lr per step, so the weights are checked against AdamW's bounds
+    # (tests/tolerances.py); the second update starts from weights that differ that way, so its gradients are
+    # checked against the objective at its own weights (test_every_update_matches_the_reference_objective_...).
+    lr, trainable = full.module.hparams.learning_rate, full.updates[0]["before"].keys()
+    initial = {n: full.before[n] for n in trainable}
+    first_full, first_micro = full.updates[0], micro.updates[0]
+    assert all(torch.equal(first_micro["before"][n], initial[n]) for n in trainable)
+    assert_grads_close(first_micro["grads"], first_full["grads"], rtol=1e-4, atol=1e-7)
+    for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
+        assert first_micro["stats"][key] == pytest.approx(first_full["stats"][key], rel=1e-4, abs=1e-7), key
+    for step, (a, b) in enumerate(zip(full.updates, micro.updates, strict=True)):
         assert a["rollout"].completions.texts == b["rollout"].completions.texts  # the same seed, the same samples
-        for name, value in a["before"].items():  # the second update starts from the first one's result
-            torch.testing.assert_close(b["before"][name], value, rtol=1e-5, atol=weight_atol, msg=name)
-        assert_grads_close(b["grads"], a["grads"], rtol=1e-4, atol=1e-7)
-        for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
-            assert b["stats"][key] == pytest.approx(a["stats"][key], rel=1e-4, abs=1e-7), key
-    assert any(not torch.equal(full.before[n], full.after[n]) for n in full.after)
-    for name, value in full.after.items():
-        torch.testing.assert_close(micro.after[name], value, rtol=1e-5, atol=weight_atol, msg=name)
+        if step:  # the second update starts from the first one's result
+            assert_close_training(b["before"], a["before"], lr=lr, steps=step, initial=initial)
+    after = {n: micro.after[n] for n in trainable}
+    assert_close_training(after, {n: full.after[n] for n in trainable}, lr=lr, steps=len(full.updates), initial=initial)
+    assert all(torch.equal(micro.after[n], full.after[n]) for n in full.after if n not in trainable)  # frozen
 
 
 @pytest.mark.parametrize("name", ["token_mean", "advantage_batch", "advantage_none"])
