@@ -7,6 +7,7 @@ match (:mod:`app.errors`); ``APP_DEBUG=1`` or ``--debug`` shows the full traceba
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -30,8 +31,10 @@ from app.errors import (
     describe_parse_error,
 )
 from app.faults import AtomicCheckpointIO, PreemptionCheckpoint
+from app.parallel.loading import lean_loading
 
 PROG = "python -m app"
+LEAN_LOADING_COMMANDS = ("fit", "validate", "test", "predict")  # the commands that shard the policy under FSDP2
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -186,8 +189,11 @@ class AppCLI(LightningCLI):
         raise SystemExit(2) from None
 
     def instantiate_classes(self) -> None:
+        config = self.config.get(str(self.subcommand), self.config)
+        lean = self.subcommand in LEAN_LOADING_COMMANDS and fsdp2_processes(config.get("trainer") or {}) > 1
         try:
-            super().instantiate_classes()
+            with lean_loading(lean):  # FSDP2 over several processes: each rank reads only its shard of the weights
+                super().instantiate_classes()
         except ConfigError:
             raise
         except Exception as error:
@@ -285,6 +291,48 @@ class AppCLI(LightningCLI):
         text = artefact_summary(self.trainer, [("summary", summary)])  # every rank: trainer.log_dir is collective
         if self.trainer.is_global_zero:
             print(text, flush=True)
+
+
+def fsdp2_processes(trainer: Any) -> int:
+    """The number of processes a trainer config runs :class:`~app.parallel.FSDP2Strategy` on, 0 for another strategy.
+
+    ``WORLD_SIZE`` where a launcher set it (torchrun; Lightning's launcher for the processes it starts), else
+    ``devices x num_nodes`` as Lightning counts them (``auto`` and -1: every GPU, or one CPU process), which is what
+    the first process of Lightning's launcher knows when it builds the model."""
+    from app.parallel import FSDP2Strategy
+
+    strategy = trainer.get("strategy")
+    class_path = strategy.get("class_path") if hasattr(strategy, "get") else None
+    if isinstance(class_path, str):
+        module, _, name = class_path.rpartition(".")
+        try:
+            strategy = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            return 0
+    if not (
+        isinstance(strategy, FSDP2Strategy) or (isinstance(strategy, type) and issubclass(strategy, FSDP2Strategy))
+    ):
+        return 0
+    if os.environ.get("WORLD_SIZE"):
+        return int(os.environ["WORLD_SIZE"])
+    devices = trainer.get("devices", "auto")
+    if isinstance(devices, (list, tuple)):
+        per_node = len(devices)
+    elif isinstance(devices, str) and "," in devices:
+        per_node = len([d for d in devices.split(",") if d.strip()])
+    elif str(devices).strip() in ("auto", "-1"):
+        per_node = -1
+    else:
+        try:
+            per_node = int(devices)
+        except (TypeError, ValueError):  # Lightning reports a bad value itself
+            return 1
+    if per_node == -1:
+        import torch
+
+        on_cpu = trainer.get("accelerator", "auto") == "cpu" or not torch.cuda.is_available()
+        per_node = 1 if on_cpu else torch.cuda.device_count()
+    return per_node * int(trainer.get("num_nodes") or 1)
 
 
 def _strip_debug_flag(argv: list[str] | None) -> list[str] | None:

@@ -354,6 +354,15 @@ def _load_component(path: str, subfolder: str, library: str, dtype: torch.dtype 
     return model_class.from_pretrained(path, subfolder=subfolder, dtype=dtype)
 
 
+def _empty_transformer(path: str, dtype: torch.dtype | None):
+    import diffusers
+
+    from app.parallel.loading import empty_diffusers_model
+
+    model_class = getattr(diffusers, _read_json(path, "transformer/config.json")["_class_name"])
+    return empty_diffusers_model(model_class, path, "transformer", dtype)
+
+
 def _read_json(path: str, filename: str) -> dict[str, Any] | None:
     """A JSON file of a local folder or of a hub repository (from the local hub cache when offline)."""
     local = Path(path) / filename
@@ -368,8 +377,14 @@ def _read_json(path: str, filename: str) -> dict[str, Any] | None:
         return None
 
 
-def load_flow_components(name_or_path: str, dtype: torch.dtype | None = None, seed: int = 0) -> dict[str, Any]:
+def load_flow_components(
+    name_or_path: str, dtype: torch.dtype | None = None, seed: int = 0, empty_transformer: bool = False
+) -> dict[str, Any]:
     """Load transformer, VAE, scheduler, text encoder(s) and tokenizer(s) through ``from_pretrained``.
+
+    ``empty_transformer``: the transformer as ``from_pretrained`` would build it but with its parameters on the meta
+    device, to be sharded and filled later (:mod:`app.parallel.loading`; loaded normally where its checkpoint does not
+    allow that); the other components load as usual.
 
     Returns a dict with ``transformer``, ``vae``, ``scheduler``, ``text_encoders`` and ``tokenizers`` (by pipeline
     slot: ``text_encoder``, ``text_encoder_2``, ... and ``tokenizer``, ``tokenizer_2``, ...; only the slots the folder
@@ -383,7 +398,9 @@ def load_flow_components(name_or_path: str, dtype: torch.dtype | None = None, se
     path = resolve_flow_pretrained(name_or_path, seed=seed)
     index = _read_json(path, "model_index.json") or {}
     components: dict[str, Any] = dict(path=path)
-    components["transformer"] = _load_component(path, "transformer", "diffusers", dtype)
+    components["transformer"] = _empty_transformer(path, dtype) if empty_transformer else None
+    if components["transformer"] is None:
+        components["transformer"] = _load_component(path, "transformer", "diffusers", dtype)
     components["vae"] = _load_component(path, "vae", "diffusers", dtype)
     components["scheduler"] = FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler")
     slots = [slot for slot in ENCODER_SLOTS if slot == "text_encoder" or slot in index]

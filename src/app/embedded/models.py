@@ -188,10 +188,16 @@ def resolve_pretrained(name_or_path: str, seed: int = 0) -> str:
     return str(build_once(cache_root() / f"{name_or_path}-seed{seed}", "config.json", write))
 
 
-def load_vlm(name_or_path: str, dtype: torch.dtype | None = None, seed: int = 0, **kwargs):
-    """Load model and processor through ``from_pretrained`` (embedded names are resolved first)."""
+def load_vlm(name_or_path: str, dtype: torch.dtype | None = None, seed: int = 0, empty: bool = False, **kwargs):
+    """Load model and processor through ``from_pretrained`` (embedded names are resolved first). ``empty``: the model
+    as ``from_pretrained`` would build it but with its parameters on the meta device, to be sharded and filled later
+    (:mod:`app.parallel.loading`; loaded normally where its checkpoint does not allow that)."""
+    from app.parallel.loading import empty_transformers_model
+
     path = resolve_pretrained(name_or_path, seed=seed)
     transformers.utils.logging.disable_progress_bar()  # per-shard bars would interleave with the training bar
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, **kwargs)
+    model = empty_transformers_model(AutoModelForImageTextToText, path, dtype, **kwargs) if empty else None
+    if model is None:
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, **kwargs)
     processor = AutoProcessor.from_pretrained(path)
     return model, processor

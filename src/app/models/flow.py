@@ -44,6 +44,7 @@ from app.models.flow_lora import trainable_transformer
 from app.models.flow_text import DEFAULT_MAX_SEQUENCE_LENGTH, FlowTextEncoder
 from app.models.kernels import apply_liger_rms_norm, require_liger, set_flow_attention_backend
 from app.models.policy import SwitchableReference
+from app.parallel.loading import keeping_new_parameters, lean_loading_requested
 from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.flow import flow_sigmas
 
@@ -132,7 +133,9 @@ class FlowPolicy(SwitchableReference, nn.Module):
         _quiet_progress_bars()
         if use_liger_kernel:
             require_liger()  # before loading the weights
-        components = load_flow_components(model, dtype=_DTYPES[dtype], seed=seed)
+        # an empty transformer (meta parameters, weights read after sharding) inside app.parallel.loading.lean_loading
+        empty = lean_loading_requested()
+        components = load_flow_components(model, dtype=_DTYPES[dtype], seed=seed, empty_transformer=empty)
         self.model_name = model
         self.source_path = components["path"]
         self.uses_lora = lora is not None
@@ -175,7 +178,8 @@ class FlowPolicy(SwitchableReference, nn.Module):
             pipeline_class=_pipeline_class(transformer),
         )
         self.latent_shape: tuple[int, ...] = self._latent_shape(transformer)
-        self.model = trainable_transformer(transformer, lora, model)  # PeftModel with LoRA, else the diffusers model
+        with keeping_new_parameters(transformer):  # an empty transformer keeps the adapters' initial values
+            self.model = trainable_transformer(transformer, lora, model)  # PeftModel with LoRA, else the transformer
         self.model.train()  # from_pretrained returns eval mode; the trained transformer is in train mode
         self.frozen_reference: nn.Module | None = None  # full fine-tuning's KL reference, see enable_reference
         self._use_reference = False

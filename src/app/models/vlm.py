@@ -28,6 +28,7 @@ from app.models.lora_merge import merged_lora
 from app.models.lora_targets import check_lora_targets
 from app.models.policy import SwitchableReference
 from app.parallel.fsdp import gathered
+from app.parallel.loading import keeping_new_parameters, lean_loading_requested
 from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.logprobs import chunked_token_logprobs
 from app.sampling.shared_prefix import (
@@ -160,7 +161,9 @@ class VLMPolicy(SwitchableReference, nn.Module):
         if use_liger_kernel:
             require_liger()  # before loading the weights
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        hf_model, self.processor = load_vlm(model, dtype=_DTYPES[dtype], seed=seed, **extra)
+        # empty (meta parameters, weights read after sharding) inside app.parallel.loading.lean_loading
+        empty = lean_loading_requested()
+        hf_model, self.processor = load_vlm(model, dtype=_DTYPES[dtype], seed=seed, empty=empty, **extra)
         self.processor.tokenizer.padding_side = "left"
         self.model_name = model
         self.instruction = instruction
@@ -172,7 +175,8 @@ class VLMPolicy(SwitchableReference, nn.Module):
         self.kernels = apply_liger_kernels(hf_model) if use_liger_kernel else None  # LigerTargets: what was replaced
         if gradient_checkpointing:
             hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        self.model = self._wrap(hf_model, lora, freeze_vision, model)  # PeftModel with LoRA, the HF model otherwise
+        with keeping_new_parameters(hf_model):  # an empty model keeps the adapters' initial values
+            self.model = self._wrap(hf_model, lora, freeze_vision, model)  # PeftModel with LoRA, else the HF model
         self.model.train()  # from_pretrained returns eval mode; generation switches to eval and back itself
         self.frozen_reference: nn.Module | None = None  # full fine-tuning's KL reference, see enable_reference
         self._use_reference = False

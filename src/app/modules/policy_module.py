@@ -23,6 +23,7 @@ from app.modules.checkpoints import (
 from app.modules.optim import adamw_with_warmup
 from app.modules.precision import report_precision
 from app.parallel.fsdp import FSDP2Strategy, full_tensor, gathered, is_sharded, shard_policy
+from app.parallel.loading import deferred_networks, materialize
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +73,13 @@ class PolicyModule(L.LightningModule):
 
     def configure_model(self) -> None:
         """Shard the policy when the trainer runs :class:`~app.parallel.FSDP2Strategy` (Lightning calls this before
-        it builds the optimizer, so the optimizer holds the sharded parameters); nothing otherwise."""
+        it builds the optimizer, so the optimizer holds the sharded parameters): the networks a policy built empty
+        (:mod:`app.parallel.loading`) are then filled shard by shard. What is not sharded and was built empty (any run
+        without FSDP2) is loaded whole."""
         strategy = self._trainer.strategy if self._trainer is not None else None
-        if not isinstance(strategy, FSDP2Strategy) or is_sharded(self.policy):
-            return
-        shard_policy(self.policy.sharding_plan(), strategy.shard_settings(), strategy.reshard_after_forward)
+        if isinstance(strategy, FSDP2Strategy) and not is_sharded(self.policy):
+            shard_policy(self.policy.sharding_plan(), strategy.shard_settings(), strategy.reshard_after_forward)
+        materialize(deferred_networks(self.policy))
 
     def gathered_policy(self) -> AbstractContextManager[None]:
         """Rollouts and evaluation run inside: the sharded policy is gathered once, and resharded after."""

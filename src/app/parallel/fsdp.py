@@ -34,6 +34,7 @@ import torch
 from lightning.fabric.strategies.model_parallel import _is_sharded_checkpoint, _load_checkpoint
 from lightning.fabric.utilities.distributed import _distributed_is_initialized
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -47,6 +48,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from app.errors import ConfigError
+from app.parallel.loading import LoadReport, materialize
 from app.parallel.plan import ShardingPlan
 
 log = logging.getLogger(__name__)
@@ -203,18 +205,36 @@ _RESHARDS_AFTER_FORWARD: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.We
 _GATHERED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # modules inside a ``gathered`` block
 
 
-def shard_policy(plan: ShardingPlan, settings: dict[str, Any], reshard_after_forward: bool = True) -> None:
+def shard_policy(plan: ShardingPlan, settings: dict[str, Any], reshard_after_forward: bool = True) -> LoadReport | None:
     """Apply ``fully_shard`` to the plan's units, then to its roots (``settings``: mesh, mixed precision, offload).
-    Roots keep their parameters gathered from forward to backward (FSDP's default for a root)."""
+    Roots keep their parameters gathered from forward to backward (FSDP's default for a root). Networks built empty
+    (:mod:`app.parallel.loading`) are then given this rank's shards and their checkpoint values; returns what that
+    loaded (None when nothing was empty)."""
     for unit in plan.units:
         fully_shard(unit, reshard_after_forward=reshard_after_forward, **settings)
         _RESHARDS_AFTER_FORWARD[unit] = reshard_after_forward
     for root in plan.roots:
         fully_shard(root, reshard_after_forward=False, **settings)
         _RESHARDS_AFTER_FORWARD[root] = False
+    report = materialize(plan.roots, _storage_device(settings))  # before FSDP's lazy init, which refuses meta tensors
+    if report is not None:
+        rank_zero_info(
+            f"lean loading: each rank read its own shards of the trained weights from the checkpoint (rank 0: "
+            f"{report.tensors} tensors, {report.local_bytes / 1e6:.1f} MB)"
+        )
+    for root in plan.roots:
         # FSDP makes the first module that runs forward the root of its tree; generation calls the vision tower
         # before the policy's forward, so initialise each root now, as its first forward would.
         root._get_fsdp_state()._lazy_init()
+    return report
+
+
+def _storage_device(settings: dict[str, Any]) -> torch.device:
+    """Where ``fully_shard`` keeps the sharded parameters: the CPU under CPU offload, else the mesh's device."""
+    device_type = settings["mesh"].device_type
+    if isinstance(settings.get("offload_policy"), CPUOffloadPolicy) or device_type == "cpu":
+        return torch.device("cpu")
+    return torch.device(device_type, torch.get_device_module(device_type).current_device())
 
 
 def fsdp_modules(module: nn.Module) -> list[FSDPModule]:
