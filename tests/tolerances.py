@@ -44,18 +44,36 @@ learning rate, an adapter left untrained or a step fewer on one side exceed it 1
 What no comparison of Adam's weights can see: a gradient wrong by a constant factor (a sum over ranks where a mean
 was due) leaves Adam's steps unchanged, up to its eps, and gradient clipping rescales it too; compare gradients for
 that.
+
+Log-probs computed two ways
+---------------------------
+Without an optimizer in between nothing amplifies rounding. A float32 sum of ``n`` terms is within
+``gamma_n * sum |x_i|`` of the exact sum in any order (``gamma_n = n u / (1 - n u)``, ``u = 2^-24``; Higham,
+*Accuracy and Stability of Numerical Algorithms*, 4.2), so two orders differ by at most twice that. A log-prob
+``z_t - logsumexp(z)`` of logits ``z = W h`` then differs by at most (:func:`logprob_atol`): ``2 gamma_V`` from the
+log-sum-exp's sum over the ``V`` exponentials (relative, so absolute after the log), plus, twice (``z_t`` and the
+largest logit), ``2 gamma_n * logit_l1`` for each sum of ``n`` terms (a contraction, a norm's mean, attention over
+positions) the two ways may order differently, as a relative error carried to the logits at most one for one
+(unit-RMS normalised layers at the tiny models' std-0.02 initialisation), where ``logit_l1 = max_j sum_i |W_ji h_i|``.
+For the tiny VLMs, ``||W_j||_2 ||h||_2 = (0.02 * 8) * 8 = 1.3`` by Cauchy-Schwarz (hidden 64, unit-RMS ``h`` after
+the final norm); ``TINY_VLM_LOGIT_L1 = 2`` leaves room for the spread of the 1024 rows' norms. These worst-case
+bounds are 1e-4 to 2e-3 for the tiny VLMs, still under what a bug moves: another image for a row changes their
+log-probs by 2e-2, another token or position by more.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, what app.modules.optim.adamw_with_warmup uses
 FLOAT32_EPS = torch.finfo(torch.float32).eps  # 1.19e-7, twice float32's unit roundoff
 OUTLIER_FRACTION = 1e-3  # elements allowed the full per-element bound (see the module docstring)
+UNIT_ROUNDOFF = 2.0**-24  # float32's u: a rounding is off by at most u relative
+TINY_VLM_LOGIT_L1 = 2.0  # max_j sum_i |W_ji h_i| for the tiny VLMs' LM head (1.3 by Cauchy-Schwarz, see above)
+TINY_VLM_VOCAB = 1024  # the embedded tiny VLMs' vocabulary (app.embedded.models)
 
 
 def adam_ratio_bound(step: int, betas: tuple[float, float] = ADAM_BETAS) -> float:
@@ -127,3 +145,17 @@ def assert_close_training(
             f"the update's norm {update:.3e} is under twice the budget {budget:.3e}: this comparison could not tell "
             "a run that did not train"
         )
+
+
+def sum_error_bound(terms: int) -> float:
+    """Higham's ``gamma_n``: a float32 sum of ``terms`` terms, in any order, is within ``gamma_n * sum |x_i|`` of the
+    exact sum."""
+    nu = terms * UNIT_ROUNDOFF
+    return nu / (1 - nu)
+
+
+def logprob_atol(vocab_size: int, sums: Sequence[int], logit_l1: float) -> float:
+    """The most two float32 computations of the same log-softmax log-probs can differ when they order the sums of
+    lengths ``sums`` (one per sum a token's computation goes through, where the two ways may order it differently)
+    otherwise, for logits whose terms sum to at most ``logit_l1`` in magnitude (see the module docstring)."""
+    return 2 * sum_error_bound(vocab_size) + 2 * 2 * logit_l1 * sum(sum_error_bound(n) for n in sums)

@@ -6,6 +6,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from PIL import Image
+from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, logprob_atol
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from app.embedded.models import resolve_pretrained
@@ -183,7 +184,10 @@ def test_sequence_logprobs_in_small_chunks_match(tiny_policy, rollout):
             chunked = tiny_policy.sequence_logprobs(prompts, c.completion_ids, c.completion_mask)
         finally:
             tiny_policy.logprob_chunk_size = 1024
-    torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=0)
+    # Chunks split the LM head's rows: its 64-term dot products and the log-sum-exp over the vocabulary may sum in
+    # another order (a kernel picked by the chunk's size), nothing upstream differs
+    atol = logprob_atol(TINY_VLM_VOCAB, sums=[64], logit_l1=TINY_VLM_LOGIT_L1)  # 1.5e-4
+    torch.testing.assert_close(chunked, whole, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("rows", [slice(0, 4), slice(2, 7), slice(4, 6), slice(6, 9), slice(0, 9)])
