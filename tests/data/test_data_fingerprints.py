@@ -39,8 +39,6 @@ CONFIG_FINGERPRINTS = {
     "configs/flow_grpo_wan2_1_i2v_14b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/flow_grpo_wan2_1_t2v_1_3b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/flow_grpo_wan2_2_ti2v_5b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
-    "configs/grpo_qwen2_5_vl_3b.yaml": ("cf878707ac2ad478", "bb80e24f632f9fa3", "1a0769a52650b52c"),
-    "configs/grpo_qwen2_5_vl_7b_full.yaml": ("cf878707ac2ad478", "bb80e24f632f9fa3", "1a0769a52650b52c"),
     "configs/quickstart.yaml": ("96dda23eb0aa661f", "ab22a3d9fae8c114", "29cbec44f35c0172"),
     "configs/quickstart_flow.yaml": ("f4f8f909e377c142", "379f6a67b9f47a0c", "f5f5c58de5dc851f"),
     "configs/quickstart_flow_pretrain.yaml": ("6ff76a252511f58f", "c82736df8150f65d", "c3fd52f42e77a7f1"),
