@@ -101,7 +101,8 @@ class PolicyModule(L.LightningModule):
         weights are 16-bit), and warn about trainable modules in eval mode. Lightning's warning counts every module in
         eval mode, including the frozen VAE, encoders and reference kept there on purpose, so ``app.console`` filters
         it for this one."""
-        report_precision(self, fit_optimizers(self), self.trainer)
+        if self._trainer is not None:  # tests call the hook on a bare module
+            report_precision(self, fit_optimizers(self), self._trainer)
         stray = [name for name, module in self.named_modules() if not module.training and _trains_own_weights(module)]
         if stray:
             log.warning(
