@@ -202,13 +202,18 @@ def run(out: Path, case: str) -> None:
             torch.save(resumed, out / f"{case}.resumed.pt")
 
 
-def main() -> None:
+def run_cases(run_case) -> None:
+    """``run_case(OUT, case)`` for each case on the command line (``OUT CASE [CASE ...]``), then the group torn down."""
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     for case in sys.argv[2:]:
-        run(out, case)
+        run_case(out, case)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def main() -> None:
+    run_cases(run)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,11 @@ Rank 0 writes ``OUT/<case>.straight.pt`` and ``OUT/<case>.resumed.pt``: the full
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import lightning as L
 import torch
-from fsdp_probe import BrightnessReward, build, full_trainable_state, strategy_for, trainer_for
+from fsdp_probe import BrightnessReward, build, full_trainable_state, run_cases, strategy_for, trainer_for
 
 from app.data import VisualTaskDataModule
 from app.models import FlowPolicy
@@ -96,12 +95,7 @@ def run(out: Path, case: str) -> None:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
-    out.mkdir(parents=True, exist_ok=True)
-    for case in sys.argv[2:]:
-        run(out, case)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    run_cases(run)
 
 
 if __name__ == "__main__":

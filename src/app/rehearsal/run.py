@@ -145,7 +145,7 @@ def export(stage: Stage, output_dir: Path) -> str | None:
         return f"{type(error).__name__}: {error}"
     finally:
         sys.argv = argv
-    return None if (output_dir / "config.json").exists() or any(output_dir.glob("*")) else "export wrote nothing"
+    return None if any(output_dir.glob("*")) else "export wrote nothing"
 
 
 def judge(recipe: str, stages: dict[str, Stage], export_error: str | None, exported: Path) -> Verdict:
