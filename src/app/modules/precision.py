@@ -63,7 +63,7 @@ class PrecisionReport:
         if self.precision in _TRUE_16:
             cause = (
                 f"trainer.precision: {self.precision} casts every parameter, LoRA adapters included, to "
-                f"{_name(_TRUE_16[self.precision])}; use bf16-mixed (autocast over float32 trainable weights)"
+                f"{dtype_name(_TRUE_16[self.precision])}; use bf16-mixed (autocast over float32 trainable weights)"
             )
         else:
             cause = (
@@ -93,9 +93,9 @@ def precision_report(
     param_dtype, reduce_dtype = _strategy_dtypes(strategy)
     precision = str(precision)
     if precision in _AUTOCAST:
-        compute = f"{_name(_AUTOCAST[precision])} (autocast)"
+        compute = f"{dtype_name(_AUTOCAST[precision])} (autocast)"
     elif param_dtype is not None:
-        compute = f"{_name(param_dtype)} (FSDP2 param_dtype)"
+        compute = f"{dtype_name(param_dtype)} (FSDP2 param_dtype)"
     else:
         compute = f"as the weights, {_dtypes(trainable + frozen)}"
     return PrecisionReport(
@@ -103,7 +103,7 @@ def precision_report(
         frozen=dict(frozen),
         optimizer_state=dict(state),
         compute=compute,
-        reduce=_name(reduce_dtype) if reduce_dtype is not None else None,
+        reduce=dtype_name(reduce_dtype) if reduce_dtype is not None else None,
         precision=precision,
     )
 
@@ -134,7 +134,8 @@ def _local_numel(tensor: torch.Tensor) -> int:
     return (to_local() if callable(to_local) else tensor).numel()
 
 
-def _name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -143,6 +144,6 @@ def _dtypes(counts: dict[torch.dtype, int]) -> str:
     if not counts:
         return "none"
     if len(counts) == 1:
-        return _name(next(iter(counts)))
+        return dtype_name(next(iter(counts)))
     ordered = sorted(counts.items(), key=lambda item: -item[1])
-    return " + ".join(f"{_name(dtype)} ({n:,})" for dtype, n in ordered)
+    return " + ".join(f"{dtype_name(dtype)} ({n:,})" for dtype, n in ordered)

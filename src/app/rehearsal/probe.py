@@ -12,11 +12,8 @@ import lightning as L
 import torch
 from torch import nn
 
+from app.modules.precision import dtype_name
 from app.parallel.fsdp import full_tensor
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -54,13 +51,13 @@ class RehearsalProbe(L.Callback):
 
     def _record_compute(self, module, args, output):
         if module.training and isinstance(output, torch.Tensor) and torch.is_grad_enabled():
-            self.compute[_name(output.dtype)] += 1
+            self.compute[dtype_name(output.dtype)] += 1
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         for group in optimizer.param_groups:
             for param in group["params"]:
                 if param.grad is not None:
-                    self.gradients[_name(param.grad.dtype)] += _local(param.grad).numel()
+                    self.gradients[dtype_name(param.grad.dtype)] += _local(param.grad).numel()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         losses = [float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/loss")]
@@ -81,13 +78,13 @@ class RehearsalProbe(L.Callback):
         stored = Counter()
         frozen = Counter()
         for param in {id(p): p for p in pl_module.parameters()}.values():
-            (stored if param.requires_grad else frozen)[_name(param.dtype)] += _local(param).numel()
+            (stored if param.requires_grad else frozen)[dtype_name(param.dtype)] += _local(param).numel()
         state = Counter()
         for optimizer in trainer.optimizers:
             for param_state in optimizer.state.values():
                 for key, value in param_state.items():
                     if key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point():
-                        state[_name(value.dtype)] += _local(value).numel()
+                        state[dtype_name(value.dtype)] += _local(value).numel()
         report = {
             "global_step": trainer.global_step,
             "trainable": dict(stored),
