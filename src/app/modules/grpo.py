@@ -30,8 +30,9 @@ from torch import Tensor
 from app.algorithms import GRPOLossOutput, group_advantages, zero_std_groups
 from app.models.policy import Policy
 from app.modules.checkpoints import gather_rank_states
-from app.modules.pipeline import Generation, PipelineSettings, PromptDrawer
+from app.modules.pipeline import Generation, PipelineSettings
 from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
+from app.modules.prompt_drawers import PromptDrawer, refill_source
 from app.modules.rollout_queue import RolloutQueue
 from app.rewards import RewardComponent, WeightedReward
 from app.types import CompletionRecord, RewardOutput, VisualSample
@@ -297,7 +298,7 @@ class GRPOModule(PolicyModule):
         loader = self.trainer.train_dataloader
         # every rank rolls out as often as the neediest one: ranks generate (and, sharded, forward) in lockstep
         while extra_rollouts < self.pipeline.max_extra_rollouts and self._any_rank(informative < num_prompts):
-            samples = self.drawer.draw(loader.dataset, loader.batch_size or num_prompts, loader.collate_fn)
+            samples = self.drawer.draw(*refill_source(loader, num_prompts))
             more = self.rollout(samples)
             rollouts.append(more)
             informative += int((~zero_std_groups(more.rewards.total, k)).sum())
@@ -317,8 +318,10 @@ class GRPOModule(PolicyModule):
 
     @property
     def drawer(self) -> PromptDrawer:
-        """Dynamic sampling's prompt sampler, seeded with ``pipeline.seed + global_rank``."""
-        return self.rollout_queue.drawer(self.global_rank)
+        """Dynamic sampling's prompt sampler for the training data: by index from a map-style data set, seeded with
+        ``pipeline.seed + global_rank``, or from a second pass over a shard stream (see ``RolloutQueue.drawer``)."""
+        dataset, _, _ = refill_source(self._trainer.train_dataloader if self._trainer is not None else None, 1)
+        return self.rollout_queue.drawer(self.global_rank, dataset)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)

@@ -39,11 +39,16 @@ class PipelineSettings:
         reward_timeout_s: how long a step waits for a rollout's rewards before failing with a ``RewardError`` naming
             the reward (None: no limit; a dead worker process fails at once either way).
         dynamic_sampling: DAPO's dynamic sampling: groups whose rewards are all equal are dropped, and more prompts
-            (drawn from the training data set by a seeded sampler, ``seed`` + rank) are rolled out and scored until the
-            step holds B informative groups or ``max_extra_rollouts`` more rollouts were made; surplus groups are
-            left out of the loss. The extra rollouts are scored inline (they are on the critical path).
+            are rolled out and scored until the step holds B informative groups or ``max_extra_rollouts`` more
+            rollouts were made; surplus groups are left out of the loss. The extra rollouts are scored inline (they
+            are on the critical path). The extra prompts come from the training data without moving the main loader:
+            drawn by index from a map-style data set by a seeded sampler (``seed`` + rank; :class:`~app.modules.prompt_drawers.IndexDrawer`), or,
+            for streamed shards (``ShardDataModule``), from a second, seeded pass over this rank's training stream
+            that cycles through epochs (:class:`~app.modules.prompt_drawers.StreamDrawer`). Either resumes from a checkpoint where it stood. Any
+            other data set (an ``IterableDataset`` of your own) is refused with a ``TypeError``.
         max_extra_rollouts: cap on extra rollouts per step (logged as ``train/dynamic/extra_rollouts``).
-        seed: seeds the prompt sampler of dynamic sampling.
+        seed: seeds the prompt sampler of dynamic sampling (with the rank for map-style data; for shards, the refill
+            stream's seed is derived from it alone: see :class:`~app.modules.prompt_drawers.StreamDrawer`).
     """
 
     delay: int = 0
@@ -157,20 +162,3 @@ def to_device(value: Any, device: torch.device) -> Any:
             value, **{f.name: to_device(getattr(value, f.name), device) for f in dataclasses.fields(value)}
         )
     return value
-
-
-# ------------------------------------------------------------------------------------------- dynamic sampling
-class PromptDrawer:
-    """Draws extra prompts for dynamic sampling from a map-style training data set, with its own seeded generator."""
-
-    def __init__(self, seed: int) -> None:
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def draw(self, dataset: Any, num_items: int, collate) -> list[VisualSample]:
-        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            raise TypeError(
-                f"dynamic sampling draws extra prompts by index from the training data set, but "
-                f"{type(dataset).__name__} is not map-style (no __len__/__getitem__); turn pipeline.dynamic_sampling off"
-            )
-        indices = torch.randint(len(dataset), (num_items,), generator=self.generator).tolist()
-        return collate([dataset[i] for i in indices])

@@ -17,15 +17,8 @@ from typing import Any
 
 import torch
 
-from app.modules.pipeline import (
-    Generation,
-    PipelineSettings,
-    PromptDrawer,
-    from_plain,
-    reward_executor,
-    to_device,
-    to_plain,
-)
+from app.modules.pipeline import Generation, PipelineSettings, from_plain, reward_executor, to_device, to_plain
+from app.modules.prompt_drawers import PromptDrawer, prompt_drawer, saved_drawer
 from app.rewards import PendingRewards, WeightedReward
 from app.types import RewardOutput, VisualSample
 
@@ -89,10 +82,12 @@ class RolloutQueue:
         self.version += 1
         return lag
 
-    def drawer(self, rank: int) -> PromptDrawer:
-        """Dynamic sampling's prompt sampler, seeded with ``settings.seed + rank`` when first asked for."""
-        if self._drawer is None:
-            self._drawer = PromptDrawer(self.settings.seed + rank)
+    def drawer(self, rank: int, dataset: Any = None) -> PromptDrawer:
+        """Dynamic sampling's prompt sampler, made when first asked for (see :func:`prompt_drawer`): for ``dataset``,
+        or map-style (seeded with ``settings.seed + rank``) while no data set is named. One that does not take
+        ``dataset`` is replaced: it was made, or restored, before the data set was known, and has not drawn from it."""
+        if self._drawer is None or (dataset is not None and not self._drawer.takes(dataset)):
+            self._drawer = prompt_drawer(dataset, self.settings.seed, rank)
         return self._drawer
 
     def _executor(self) -> Executor | None:
@@ -106,17 +101,18 @@ class RolloutQueue:
     # ------------------------------------------------------------------------------------------ checkpoints
     def state(self, rank: int) -> dict[str, Any]:
         """This rank's state as plain data: the pending rollouts with their rewards collected (waiting for them if
-        needed: checkpoints are rare), the policy version and the prompt sampler."""
+        needed: checkpoints are rare), the policy version and the prompt sampler's state (a generator state for
+        map-style data, a stream position for shards: :meth:`PromptDrawer.state`)."""
         for generation in self.pending:
             self.collect(generation)
         pending = to_plain(list(self.pending))
-        return {"pending": pending, "version": self.version, "drawer": self.drawer(rank).generator.get_state()}
+        return {"pending": pending, "version": self.version, "drawer": self.drawer(rank).state()}
 
     def load_state(self, state: dict[str, Any], rank: int) -> None:
         """Take a state saved by :meth:`state` (the pending rollouts stay on the host until :meth:`take`)."""
         self.pending = collections.deque(from_plain(state["pending"]))
         self.version = state["version"]
-        self.drawer(rank).generator.set_state(state["drawer"])
+        self._drawer = saved_drawer(state["drawer"], self.settings.seed, rank)
 
     # ----------------------------------------------------------------------------------------------- the end
     def close(self) -> None:
