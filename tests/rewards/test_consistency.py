@@ -14,6 +14,7 @@ from app.rewards import FormatReward, WeightedReward
 from app.rewards.consistency import (
     ConsistencyReward,
     answer_spec,
+    batch_generator,
     bool_verifier,
     consistency_rewards,
     count_verifier,
@@ -378,11 +379,10 @@ def test_random_and_one_to_all_pairing_use_both_validity_masks():
 
 def test_consistency_reward_defaults_and_base_arguments():
     reward = ConsistencyReward()
-    assert (reward.answer_type, reward.pairing, reward.distance_tolerance, reward.seed, reward.generator) == (
+    assert (reward.answer_type, reward.pairing, reward.distance_tolerance, reward.seed) == (
         "bool",
         "minimal",
         0.1,
-        None,
         None,
     )
     assert (reward.name, reward.weight) == ("consistency", 1.0)
@@ -407,10 +407,27 @@ def test_seeded_random_pairing_draws_its_permutations_from_the_seed():
     samples = pair_batch(8)
     reward = ConsistencyReward(pairing="random", seed=3)
     assert reward.seed == 3
-    expected = consistency_rewards(completions, samples, pairing="random", generator=torch.Generator().manual_seed(3))
+    expected = consistency_rewards(
+        completions, samples, pairing="random", generator=batch_generator(3, completions, samples)
+    )
     generation_order = consistency_rewards(completions, samples, pairing="random")
     assert expected.tolist() != generation_order.tolist()  # the seed matters for this batch
     assert reward.score(completions, samples).tolist() == expected.tolist()
+    assert reward.score(completions, samples).tolist() == expected.tolist()  # again: no state carried between batches
+
+
+def test_the_random_pairing_of_a_batch_depends_on_the_seed_and_the_batch_only():
+    rng = np.random.default_rng(9)
+    completions = [answer(rng.choice(["yes", "no"])) for _ in range(16)]
+    samples = pair_batch(8)
+
+    def permutation(seed, completions, samples):
+        return tuple(torch.randperm(8, generator=batch_generator(seed, completions, samples)).tolist())
+
+    assert permutation(0, completions, samples) == permutation(0, list(completions), [copy.copy(s) for s in samples])
+    assert len({permutation(seed, completions, samples) for seed in range(6)}) > 1
+    reordered = completions[1:] + completions[:1]
+    assert any(permutation(s, completions, samples) != permutation(s, reordered, samples) for s in range(6))
 
 
 def test_parse_count_accepts_zero():

@@ -226,3 +226,31 @@ def test_a_nested_reward_brings_its_side_state_back_too():
     with ProcessPoolExecutor(1) as executor:
         rewards.gather(rewards.submit(renderings, samples, executor=executor))
     assert rewards.components[0].inner.calls == 1 and rewards.components[0].inner.kinds == {"ndim3": 4}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_seeded_random_consistency_pairs_a_batch_alike_on_every_kind_of_worker(kind):
+    """The random pairing of a batch depends on the seed and the batch only, so a process worker (which scores a copy
+    of the reward) pairs a sequence of batches as inline scoring does, and a batch scored twice is paired alike."""
+    from app.rewards.consistency import ConsistencyReward
+
+    x = VisualSample(images=[], question="Is red left of blue?", task="t", meta={"pair_id": 0})
+    twin = VisualSample(
+        images=[], question="Is blue left of red?", task="t", meta={"pair_id": 0, "relation": "negation"}
+    )
+    rng = np.random.default_rng(4)
+    batches = [[f"<answer>{rng.choice(['yes', 'no'])}</answer>" for _ in range(16)] for _ in range(3)]
+    batches.append(batches[0])  # the first batch again, after others
+    reference = ConsistencyReward(pairing="random", seed=11)
+    expected = [reference.score(completions, [x] * 8 + [twin] * 8).tolist() for completions in batches]
+    rewards = WeightedReward([ConsistencyReward(pairing="random", seed=11)])
+    queue = RolloutQueue(PipelineSettings(delay=1, workers=kind, num_workers=2, reward_timeout_s=120), rewards)
+    try:
+        generations = [Generation([x, twin], completions, {}, 0) for completions in batches]
+        for generation in generations:
+            queue.submit(generation, [x, twin], group_size=8)
+        outs = [queue.collect(generation) for generation in generations]
+    finally:
+        queue.close()
+    assert [out.total.tolist() for out in outs] == expected
+    assert expected[0] == expected[-1]

@@ -28,6 +28,7 @@ numbers, anything else is unparseable.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Literal
@@ -369,6 +370,18 @@ def _pair_answer_type(samples: Sequence[VisualSample], rows: slice) -> str:
     return kind
 
 
+def batch_generator(seed: int, completions: Sequence[str], samples: Sequence[VisualSample]) -> torch.Generator:
+    """A generator seeded with ``seed`` and a digest (BLAKE2b, stable across processes and runs) of the batch's
+    completions and questions: the random pairing of a batch depends on the batch alone, not on what was scored
+    before it or where."""
+    digest = hashlib.blake2b(str(seed).encode(), digest_size=8)
+    for text in [*completions, *(sample.question for sample in samples)]:
+        text = text if isinstance(text, str) else repr(text)  # completions are untrusted: anything may arrive
+        digest.update(text.encode("utf-8", "surrogatepass"))
+        digest.update(b"\x00")
+    return torch.Generator().manual_seed(int.from_bytes(digest.digest(), "little") & (2**63 - 1))
+
+
 class ConsistencyReward(RewardComponent):
     """Label-free consistency of a prompt's completions with its augmented twin's (see :func:`consistency_rewards`);
     name ``"consistency"``, scope ``"group_pair"``.
@@ -382,7 +395,10 @@ class ConsistencyReward(RewardComponent):
             pair's type is its prompt's ``meta["answer_type"]`` (mixed-task data such as ``app.tasks.spatial``).
         pairing: ``minimal`` (OT-GRPO, the paper's choice), ``one_to_all`` or ``random``.
         distance_tolerance: relative tolerance of ``distance`` answers.
-        seed: for ``random`` pairing: seeds the generator of the permutations; None pairs in generation order.
+        seed: for ``random`` pairing: the permutations of a batch are drawn from a generator seeded with this seed
+            and a digest of the batch (:func:`batch_generator`), so a batch gets the same pairing whichever worker
+            scores it (inline, thread or process), in whatever order, and after a resume: there is no generator state
+            to carry back or checkpoint. None pairs in generation order.
         weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
 
     Example:
@@ -419,13 +435,13 @@ class ConsistencyReward(RewardComponent):
         self.pairing = pairing
         self.distance_tolerance = distance_tolerance
         self.seed = seed
-        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
 
     def score(
         self, completions: Sequence[str], samples: Sequence[VisualSample], group_size: int | None = None
     ) -> Tensor:
+        generator = None if self.seed is None else batch_generator(self.seed, completions, samples)
         return consistency_rewards(
-            completions, samples, self.answer_type, self.pairing, self.distance_tolerance, self.generator, group_size
+            completions, samples, self.answer_type, self.pairing, self.distance_tolerance, generator, group_size
         )
 
     def extra_repr(self) -> str:
