@@ -109,12 +109,19 @@ def optimizer_with(module, grad: list[float] | None):
     return torch.optim.SGD(module.policy.trainable_parameters(), lr=0.1)
 
 
+def automatic_step(module, optimizer) -> None:
+    """Lightning's automatic step: ``optimizer_step`` with a closure (forward and backward, nothing here) after which
+    Lightning calls ``on_before_optimizer_step``, inside the optimizer's step."""
+    module.optimizer_step(0, 0, optimizer, lambda: module.on_before_optimizer_step(optimizer))
+
+
 @pytest.mark.parametrize("grad", [[float("nan"), 1.0], [1.0, float("inf")], [float("-inf"), 0.0]])
 def test_a_non_finite_gradient_is_dropped_before_the_step_and_counted(grad):
     module = automatic()
     optimizer = optimizer_with(module, grad)
-    module.on_before_optimizer_step(optimizer)
+    automatic_step(module, optimizer)
     assert module.policy.weight.grad is None  # the optimizer's step leaves the weight alone
+    assert torch.equal(module.policy.weight.detach(), torch.tensor([0.5, -0.25]))
     assert (module.skipped_updates, module._consecutive_skips) == (1, 1)
     assert module.logged == [("train/skipped_updates", 1.0)]
 
@@ -124,7 +131,7 @@ def test_a_finite_gradient_or_none_goes_to_the_optimizer_untouched(grad):
     module = automatic()
     module._consecutive_skips = 2
     optimizer = optimizer_with(module, grad)
-    module.on_before_optimizer_step(optimizer)
+    automatic_step(module, optimizer)
     kept = module.policy.weight.grad
     assert kept is None if grad is None else torch.equal(kept, torch.tensor(grad))
     assert (module.skipped_updates, module._consecutive_skips) == (0, 0)  # a finite step ends a run of skips

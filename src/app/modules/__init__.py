@@ -4,7 +4,7 @@ families, and flow-matching pretraining."""
 from app.modules.flow_grpo import FlowGRPOModule
 from app.modules.flow_matching import FlowMatchingModule
 from app.modules.grpo import GRPOModule
-from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
+from app.modules.policy_module import NonFiniteCheckpointError, NonFiniteTrainingError, PolicyModule
 from app.modules.sft import VLMSFTModule
 from app.modules.vlm_grpo import VLMGRPOModule
 
@@ -12,6 +12,7 @@ __all__ = [
     "FlowGRPOModule",
     "FlowMatchingModule",
     "GRPOModule",
+    "NonFiniteCheckpointError",
     "NonFiniteTrainingError",
     "PolicyModule",
     "VLMGRPOModule",

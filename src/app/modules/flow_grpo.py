@@ -61,7 +61,8 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         seed: seeds the rollout noise (offset by the global rank, state saved in checkpoints) and, per batch index,
             the validation noise, so every evaluation sees the same starting noise.
         beta, num_iterations, advantage_scale, drop_zero_std_groups, gradient_clip_val, learning_rate, weight_decay,
-            warmup_steps, max_nonfinite_steps, pipeline: see :class:`~app.modules.grpo.GRPOModule`.
+            warmup_steps, max_nonfinite_steps, pipeline, restore_nonfinite_steps: see
+            :class:`~app.modules.grpo.GRPOModule`.
     """
 
     def __init__(
@@ -85,6 +86,7 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         seed: int = 0,
         max_nonfinite_steps: int = 3,
         pipeline: PipelineSettings | None = None,
+        restore_nonfinite_steps: bool = True,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         sampling = sampling or FlowSamplingSettings()
         if sampling.num_steps < 2:
@@ -96,7 +98,7 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
             advantage_scale=advantage_scale, drop_zero_std_groups=drop_zero_std_groups,
             micro_batch_size=micro_batch_size, gradient_clip_val=gradient_clip_val, records_per_step=records_per_step,
             learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=warmup_steps,
-            max_nonfinite_steps=max_nonfinite_steps, pipeline=pipeline,
+            max_nonfinite_steps=max_nonfinite_steps, pipeline=pipeline, restore_nonfinite_steps=restore_nonfinite_steps,
         )  # fmt: skip
         self.sampler = FlowSampler(policy, sampling, micro_batch_size)
         self.eval_rewards = WeightedReward(eval_rewards) if eval_rewards is not None else self.rewards

@@ -76,7 +76,7 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
         num_steps: Euler steps of validation sampling.
         eval_rewards: rewards logged as ``val/reward/<name>`` on validation samples; None logs only the losses.
         seed: seeds the validation noise (``seed + batch_idx``).
-        max_nonfinite_steps: see :class:`~app.modules.policy_module.PolicyModule`.
+        max_nonfinite_steps, restore_nonfinite_steps: see :class:`~app.modules.policy_module.PolicyModule`.
     """
 
     def __init__(
@@ -96,6 +96,7 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
         eval_rewards: Sequence[RewardComponent] | None = None,
         seed: int = 0,
         max_nonfinite_steps: int = 3,
+        restore_nonfinite_steps: bool = True,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         if sigma_sampling not in ("logit_normal", "uniform"):
             raise ValueError(f"sigma_sampling must be 'logit_normal' or 'uniform', got {sigma_sampling!r}")
@@ -103,7 +104,14 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         if vae_train_steps is not None and vae_train_steps < 1:
             raise ValueError(f"vae_train_steps must be >= 1 or null, got {vae_train_steps}")
-        super().__init__(policy, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps)
+        super().__init__(
+            policy,
+            learning_rate,
+            weight_decay,
+            warmup_steps,
+            max_nonfinite_steps=max_nonfinite_steps,
+            restore_nonfinite_steps=restore_nonfinite_steps,
+        )
         # validation samples: Euler steps only (the sampler's stochastic settings are unused), no guidance
         self.sampler = FlowSampler(policy, FlowSamplingSettings(num_generations=1, num_steps=num_steps))
         if train_vae:

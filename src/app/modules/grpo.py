@@ -94,6 +94,8 @@ class GRPOModule(PolicyModule):
             :class:`NonFiniteTrainingError`. Every rank takes the same decision.
         pipeline: the one-step-delayed reward pipeline and dynamic sampling (see
             :class:`~app.modules.pipeline.PipelineSettings`); default: neither (rollout -> rewards -> update per step).
+        restore_nonfinite_steps: undo an optimizer step that left NaN or inf behind (see
+            :class:`~app.modules.policy_module.PolicyModule`).
     """
 
     def __init__(
@@ -115,12 +117,20 @@ class GRPOModule(PolicyModule):
         warmup_steps: int,
         max_nonfinite_steps: int = 3,
         pipeline: PipelineSettings | None = None,
+        restore_nonfinite_steps: bool = True,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         if num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1, got {num_iterations}")
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
-        super().__init__(policy, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps)
+        super().__init__(
+            policy,
+            learning_rate,
+            weight_decay,
+            warmup_steps,
+            max_nonfinite_steps=max_nonfinite_steps,
+            restore_nonfinite_steps=restore_nonfinite_steps,
+        )
         self.automatic_optimization = False
         self.sampling = sampling
         self.hparams["sampling"] = dataclasses.asdict(sampling)  # plain data, so checkpoints load with weights_only
@@ -349,8 +359,9 @@ class GRPOModule(PolicyModule):
 
     def _update(self, rollouts: Rollout | list[Rollout], optimizer) -> dict[str, Tensor]:
         """One optimizer step over the whole rollout (or several, each weighted by its :meth:`loss_mass`),
-        accumulating the gradients of its parts; skipped (and counted) when the loss or the gradients are not finite.
-        ``stats["skipped"]`` says which."""
+        accumulating the gradients of its parts; skipped (and counted) when the loss or the gradients are not finite,
+        or undone (and counted) when the step itself left NaN or inf behind (:meth:`guarded_step`; the trainer's
+        ``global_step`` still counts an undone step, not a skipped one). ``stats["skipped"]`` says which."""
         sums: dict[str, Tensor] = {}
         if isinstance(rollouts, list):
             masses = torch.stack([self.loss_mass(r) for r in rollouts])
@@ -374,7 +385,7 @@ class GRPOModule(PolicyModule):
         finite = bool(torch.isfinite(norm)) and bool(torch.isfinite(sums["loss"]))
         skipped = self._any_rank(not finite)
         if not skipped:
-            optimizer.step()
+            skipped = self.guarded_step(optimizer)  # True: the step went non-finite and was undone
         optimizer.zero_grad(set_to_none=True)
         self._count_skip(skipped)
         sums["skipped"] = skipped

@@ -20,9 +20,10 @@ from app.modules.checkpoints import (
     saved_rank_state,
     seed_rng_states,
 )
+from app.modules.finite_step import FiniteStepGuard, named_tensors, nonfinite_flags
 from app.modules.optim import adamw_with_warmup
 from app.modules.precision import report_precision
-from app.parallel.fsdp import FSDP2Strategy, full_tensor, gathered, is_sharded, shard_policy
+from app.parallel.fsdp import FSDP2Strategy, full_tensor, gathered, is_sharded, local_tensor, shard_policy
 from app.parallel.loading import deferred_networks, materialize
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,13 @@ HPARAMS_IGNORED = ["policy", "rewards", "eval_rewards", "sampling"]
 
 
 class NonFiniteTrainingError(RuntimeError):
-    """Training cannot go on: updates or rewards stayed non-finite for ``max_nonfinite_steps`` steps in a row."""
+    """Training cannot go on: updates or rewards stayed non-finite for ``max_nonfinite_steps`` steps in a row (or an
+    optimizer step went non-finite with ``restore_nonfinite_steps`` off)."""
+
+
+class NonFiniteCheckpointError(NonFiniteTrainingError):
+    """A checkpoint about to be written holds a NaN or an infinity in its weights or optimizer state: it is not
+    written."""
 
 
 class PolicyModule(L.LightningModule):
@@ -47,11 +54,19 @@ class PolicyModule(L.LightningModule):
         learning_rate: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up, in optimizer steps.
-        max_nonfinite_steps: an update whose loss or gradients are not finite is skipped (the weights and the
+        max_nonfinite_steps: an update whose loss or gradients are not finite, or whose optimizer step left a
+            non-finite parameter or optimizer state (see ``restore_nonfinite_steps``), is skipped (the weights and the
             optimizer state stay as they were; counted as ``train/skipped_updates``), so NaN never reaches the weights
             or a checkpoint; after this many consecutive skips the run stops with :class:`NonFiniteTrainingError`.
             Every rank takes the same decision. With Lightning's automatic optimisation (SFT, flow matching) the
             learning-rate schedule still advances on a skipped step.
+        restore_nonfinite_steps: copy the trainable parameters and their optimizer state before each optimizer step
+            (:mod:`app.modules.finite_step`: the copy is the size of what the optimizer updates, small under LoRA), so
+            a step that leaves a NaN or inf in either on any rank (one that arose inside the step, after the gradient
+            check) is undone on every rank, bit for bit, and counted as a skipped update. False keeps no copy: such a
+            step stops the run at once with :class:`NonFiniteTrainingError`, before anything trains on the
+            non-finite values or saves them. Either way a checkpoint that would hold a non-finite weight or optimizer
+            state is refused (:class:`NonFiniteCheckpointError`).
     """
 
     def __init__(
@@ -61,6 +76,7 @@ class PolicyModule(L.LightningModule):
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         max_nonfinite_steps: int = 3,
+        restore_nonfinite_steps: bool = True,
     ):  # pragma: no mutate block (save_hyperparameters reads the subclasses' frames; a trampoline would hide them)
         if max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
@@ -68,8 +84,10 @@ class PolicyModule(L.LightningModule):
         self.save_hyperparameters(ignore=HPARAMS_IGNORED)
         self.policy = policy
         self.max_nonfinite_steps = max_nonfinite_steps
+        self.restore_nonfinite_steps = restore_nonfinite_steps
         self.skipped_updates = 0  # non-finite updates skipped so far
         self._consecutive_skips = 0
+        self._dropped_step = False  # automatic optimisation: this step's gradients were dropped as non-finite
 
     def configure_model(self) -> None:
         """Shard the policy when the trainer runs :class:`~app.parallel.FSDP2Strategy` (Lightning calls this before
@@ -114,17 +132,61 @@ class PolicyModule(L.LightningModule):
     # --------------------------------------------------------------------------------------------------- faults
     def on_before_optimizer_step(self, optimizer) -> None:
         """Automatic optimisation (SFT, flow matching): drop the gradients of a non-finite step, so the optimizer
-        leaves every parameter and its state unchanged (manual optimisation checks in its own update)."""
+        leaves every parameter and its state unchanged; :meth:`optimizer_step` counts it (manual optimisation checks
+        in its own update). Lightning calls this inside the step, after the callbacks' own hook."""
         if not self.automatic_optimization:
             return
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         norm = full_tensor(torch.nn.utils.get_total_norm(grads))  # 0 without gradients
-        skipped = self._any_rank(not bool(torch.isfinite(norm)))
-        if skipped:
+        self._dropped_step = self._any_rank(not bool(torch.isfinite(norm)))
+        if self._dropped_step:
             optimizer.zero_grad(set_to_none=True)
-        self._count_skip(skipped)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """Automatic optimisation's step (Lightning runs forward, backward and :meth:`on_before_optimizer_step` inside
+        it, through the closure), guarded by :meth:`guarded_step` and counted once: a step whose gradients were dropped
+        or that was undone is a skipped update."""
+        self._dropped_step = False
+        undone = self.guarded_step(optimizer, optimizer_closure)
+        self._count_skip(self._dropped_step or undone)
         # batch_size only weighs epoch means: this on_step value never reads it
         self.log("train/skipped_updates", float(self.skipped_updates), batch_size=1)  # pragma: no mutate
+
+    def guarded_step(self, optimizer, closure=None) -> bool:
+        """``optimizer.step(closure)`` that leaves no NaN or inf in the weights or the optimizer state, on every rank
+        alike (:mod:`app.modules.finite_step`). When the step left one on any rank, the values from before it are put
+        back and True is returned (count it as a skipped update); with ``restore_nonfinite_steps`` off there is no
+        copy to put back, and :class:`NonFiniteTrainingError` stops the run. With a closure (automatic optimisation
+        runs forward and backward inside the step) the copy is taken after the closure has run."""
+        guard = FiniteStepGuard(optimizer, keep_copy=self.restore_nonfinite_steps)
+        if closure is None:
+            guard.snapshot()
+            optimizer.step()
+        else:
+            optimizer.step(closure=guard.after(closure))
+        local = guard.nonfinite()
+        if not self._any_rank(local > 0):
+            return False
+        where = f"{local} non-finite tensor(s) on this rank" if local else "non-finite tensors on another rank"
+        if not guard.restorable:
+            reason = (
+                "restore_nonfinite_steps is off, so no copy was kept to put back"
+                if not self.restore_nonfinite_steps
+                else "the optimizer never ran its closure, so no copy was taken (restore_nonfinite_steps needs one)"
+            )
+            raise NonFiniteTrainingError(
+                f"the optimizer step left NaN or inf in the weights or the optimizer state ({where}) and {reason}; "
+                "stopping before anything trains on them or saves them (the weights in memory are not finite). Set "
+                "model.init_args.restore_nonfinite_steps: true to undo and skip such a step, or lower the learning "
+                "rate and check the model's dtype"
+            )
+        guard.restore()
+        log.warning(
+            "the optimizer step left NaN or inf in the weights or the optimizer state (%s): put back the values from "
+            "before the step",
+            where,
+        )
+        return True
 
     def _any_rank(self, decision: bool) -> bool:
         """True on every rank when ``decision`` is True on any (so all ranks skip or stop together)."""
@@ -159,6 +221,7 @@ class PolicyModule(L.LightningModule):
         # this hook on every rank and writes the checkpoint from rank 0, so every rank's states are gathered into it.
         checkpoint[RANK_STATES] = gather_rank_states(self.rank_state())
         omit_frozen_parameters(self, checkpoint, fit_optimizers(self))
+        check_finite_checkpoint(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         world_size = self._trainer.world_size if self._trainer is not None else 1
@@ -177,6 +240,31 @@ class PolicyModule(L.LightningModule):
             restore_rng_states(saved["rng"])
         elif fresh_seed is not None:
             seed_rng_states(fresh_seed)
+
+
+def check_finite_checkpoint(checkpoint: dict) -> None:
+    """Raise :class:`NonFiniteCheckpointError` on every rank when any rank's ``checkpoint`` holds a NaN or inf in its
+    ``state_dict`` or ``optimizer_states`` tensors (their local shards for DTensors, as a sharded checkpoint holds
+    them), naming the first such tensor and how many there are, so that Lightning never writes it. A collective under
+    ``torch.distributed``, as the rest of ``on_save_checkpoint``: every rank calls it."""
+    named = [
+        (name, local_tensor(tensor))
+        for part in ("state_dict", "optimizer_states")
+        for name, tensor in named_tensors(checkpoint.get(part), part)
+    ]
+    bad = [name for (name, _), flag in zip(named, nonfinite_flags([t for _, t in named]), strict=True) if flag]
+    reports = gather_rank_states((len(bad), len(named), bad[0] if bad else None))
+    total = sum(count for count, _, _ in reports)
+    if not total:
+        return
+    rank, (_, _, first) = next((rank, report) for rank, report in enumerate(reports) if report[0])
+    checked = sum(n for _, n, _ in reports)
+    on_rank = f" (rank {rank})" if len(reports) > 1 else ""
+    raise NonFiniteCheckpointError(
+        f"refusing to write a checkpoint in which {total} of {checked} tensors hold NaN or inf, the first {first!r}"
+        f"{on_rank}; nothing non-finite is saved. Resume from an earlier checkpoint (a non-finite optimizer step is "
+        "undone and skipped unless model.init_args.restore_nonfinite_steps is false)"
+    )
 
 
 def _trains_own_weights(module: torch.nn.Module) -> bool:

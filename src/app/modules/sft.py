@@ -32,7 +32,7 @@ class VLMSFTModule(GreedyEvaluation, PolicyModule):
         eval_max_new_tokens: generation budget for greedy evaluation.
         eval_rewards: rewards scored on greedy completions in validation / test, logged as ``val/<name>/<task>``
             (``accuracy`` is logged as ``val/acc/<task>``, ``format`` as the format rate). Default: accuracy and format.
-        max_nonfinite_steps: see :class:`~app.modules.policy_module.PolicyModule`.
+        max_nonfinite_steps, restore_nonfinite_steps: see :class:`~app.modules.policy_module.PolicyModule`.
     """
 
     def __init__(
@@ -44,8 +44,16 @@ class VLMSFTModule(GreedyEvaluation, PolicyModule):
         eval_max_new_tokens: int = 256,
         eval_rewards: Sequence[RewardComponent] | None = None,
         max_nonfinite_steps: int = 3,
+        restore_nonfinite_steps: bool = True,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
-        super().__init__(policy, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps)
+        super().__init__(
+            policy,
+            learning_rate,
+            weight_decay,
+            warmup_steps,
+            max_nonfinite_steps=max_nonfinite_steps,
+            restore_nonfinite_steps=restore_nonfinite_steps,
+        )
         self.eval_rewards = default_eval_rewards(eval_rewards)
         self.eval_results = {}
 

@@ -50,8 +50,8 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
             ``sequence_mean`` with ``beta > 0``, ``train/kl`` and ``train/loss/policy`` are not logged.
         fused_loss_compiled: let Liger ``torch.compile`` the loss math; None: on CUDA only.
         eps_low, eps_high, beta, num_iterations, advantage_scale, drop_zero_std_groups, gradient_clip_val,
-            records_per_step, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps, pipeline: see
-            :class:`~app.modules.grpo.GRPOModule`.
+            records_per_step, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps, pipeline,
+            restore_nonfinite_steps: see :class:`~app.modules.grpo.GRPOModule`.
     """
 
     def __init__(
@@ -80,13 +80,14 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
         pass_at_k: PassAtK | None = None,
         fused_linear_loss: bool = False,
         fused_loss_compiled: bool | None = None,
+        restore_nonfinite_steps: bool = True,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
         super().__init__(
             policy, rewards, sampling or SamplingSettings(), eps_low=eps_low, eps_high=eps_high, beta=beta,
             num_iterations=num_iterations, advantage_scale=advantage_scale, drop_zero_std_groups=drop_zero_std_groups,
             micro_batch_size=micro_batch_size, gradient_clip_val=gradient_clip_val, records_per_step=records_per_step,
             learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=warmup_steps,
-            max_nonfinite_steps=max_nonfinite_steps, pipeline=pipeline,
+            max_nonfinite_steps=max_nonfinite_steps, pipeline=pipeline, restore_nonfinite_steps=restore_nonfinite_steps,
         )  # fmt: skip
         self.eval_rewards = default_eval_rewards(eval_rewards)
         self.eval_results = {}

@@ -288,3 +288,9 @@ def local_numel(parameters) -> tuple[int, int]:
 def full_tensor(value: torch.Tensor) -> torch.Tensor:
     """``value`` gathered if it is a DTensor (a collective: every rank must call it), else itself."""
     return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def local_tensor(value: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``value`` if it is a DTensor (no communication; under ``torch.no_grad`` the shard itself,
+    so an in-place write reaches the DTensor), else ``value``."""
+    return value.to_local() if isinstance(value, DTensor) else value

@@ -1,0 +1,375 @@
+"""A non-finite value that arises inside ``optimizer.step`` (after the gradient check: a callback's
+``on_before_optimizer_step``, a fused kernel, a bad optimizer state) never reaches the weights, the optimizer state or a
+checkpoint (app.modules.finite_step): the step is undone on every rank, bit for bit, and counted as a skipped update,
+or, with ``restore_nonfinite_steps=False``, the run stops at once; a checkpoint holding a NaN is never written."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from test_grpo_skeleton import LinearPolicy, ToyGRPO  # the skeleton tests' toy module
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from app.models import SamplingSettings
+from app.modules import NonFiniteCheckpointError, NonFiniteTrainingError, VLMGRPOModule, VLMSFTModule
+from app.parallel import FSDP2Strategy
+from app.parallel.fsdp import MESH_DIMS
+from app.rewards import RewardComponent
+
+
+class LengthReward(RewardComponent):
+    value_range = (0.0, 1.0)
+
+    def score(self, completions, samples):
+        return torch.tensor([min(len(c) / 20, 1.0) for c in completions])
+
+
+def grpo(new_policy, **kwargs):
+    return VLMGRPOModule(
+        new_policy("tiny-qwen2-vl", lora_r=4), [LengthReward()], SamplingSettings(num_generations=2, max_new_tokens=6),
+        learning_rate=1e-2, eval_max_new_tokens=4, **kwargs,
+    )  # fmt: skip
+
+
+def sft(new_policy, **kwargs):
+    return VLMSFTModule(new_policy("tiny-qwen2-vl", lora_r=4), learning_rate=1e-2, eval_max_new_tokens=4, **kwargs)
+
+
+MODULES = {"grpo": grpo, "sft": sft}  # manual and automatic optimisation
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def copied_state(module, optimizer) -> tuple[list[torch.Tensor], dict]:
+    """Copies of the trainable parameters and of the optimizer's whole state."""
+    parameters = [p.detach().clone() for p in module.policy.trainable_parameters()]
+    state = {
+        index: {key: value.clone() if torch.is_tensor(value) else value for key, value in entry.items()}
+        for index, entry in optimizer.state_dict()["state"].items()
+    }
+    return parameters, state
+
+
+def same_state(first, second) -> bool:
+    (params_a, state_a), (params_b, state_b) = first, second
+    if len(params_a) != len(params_b) or state_a.keys() != state_b.keys():
+        return False
+    if not all(torch.equal(a, b) for a, b in zip(params_a, params_b, strict=True)):
+        return False
+    for index, entry in state_a.items():
+        other = state_b[index]
+        if entry.keys() != other.keys():
+            return False
+        for key, value in entry.items():
+            if torch.is_tensor(value) != torch.is_tensor(other[key]):
+                return False
+            if not (torch.equal(value, other[key]) if torch.is_tensor(value) else value == other[key]):
+                return False
+    return True
+
+
+class Watch(Callback):
+    """Copies the trainable parameters and the optimizer state when training batch ``at`` (0, 1, ... over the run)
+    starts, and says at its end whether they stayed bit for bit the same (``unchanged``)."""
+
+    def __init__(self, at: int):
+        self.at, self.seen, self.before, self.unchanged = at, 0, None, None
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if self.seen == self.at:
+            self.before = copied_state(module, trainer.optimizers[0])
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.seen == self.at:
+            self.unchanged = same_state(self.before, copied_state(module, trainer.optimizers[0]))
+        self.seen += 1
+
+
+class PoisonBeforeStep(Callback):
+    """The reported drill: at training batch ``at``, make the first trainable parameter's gradient NaN in the
+    callback's ``on_before_optimizer_step``, which Lightning calls inside ``LightningOptimizer.step``."""
+
+    def __init__(self, at: int):
+        self.at, self.seen = at, 0
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        if self.seen == self.at:
+            grad = module.policy.trainable_parameters()[0].grad
+            grad.view(-1)[0] = math.nan
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.seen += 1
+
+
+class PoisonInsideStep(Callback):
+    """At training batch ``at``, the optimizer step itself leaves a NaN in one parameter and in another one's
+    ``exp_avg`` (a step post-hook of the optimizer, as a faulty fused kernel would)."""
+
+    def __init__(self, at: int):
+        self.at, self.seen, self.fired = at, 0, False
+
+    def on_train_start(self, trainer, module):
+        trainer.optimizers[0].register_step_post_hook(self._poison)
+
+    def _poison(self, optimizer, args, kwargs):
+        if self.seen != self.at:
+            return
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        with torch.no_grad():
+            parameters[0].view(-1)[0] = math.nan
+            optimizer.state[parameters[1]]["exp_avg"].view(-1)[0] = math.inf
+        self.fired = True
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.seen += 1
+
+
+def every_step(tmp_path) -> ModelCheckpoint:
+    return ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, save_last=True)
+
+
+def tensors_in(value, path: str):
+    if torch.is_tensor(value):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from tensors_in(item, f"{path}/{key}")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from tensors_in(item, f"{path}/{index}")
+
+
+def nonfinite_in(path) -> list[str]:
+    """The weights and optimizer-state tensors of the checkpoint file ``path`` that hold a NaN or inf."""
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["state_dict"] and checkpoint["optimizer_states"]
+    named = [*tensors_in(checkpoint["state_dict"], "state_dict"), *tensors_in(checkpoint["optimizer_states"], "opt")]
+    return [name for name, tensor in named if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+
+
+def all_finite(module, optimizer) -> bool:
+    parameters, state = copied_state(module, optimizer)
+    tensors = parameters + [v for entry in state.values() for v in entry.values() if torch.is_tensor(v)]
+    return all(torch.isfinite(t).all() for t in tensors)
+
+
+# ------------------------------------------------------------------------------------------------- the drills
+@pytest.mark.parametrize("kind", ["grpo", "sft"])
+def test_a_gradient_poisoned_in_on_before_optimizer_step_is_skipped_counted_and_never_saved(
+    kind, new_policy, new_datamodule, fit, tmp_path
+):
+    module = MODULES[kind](new_policy)
+    watch = Watch(at=1)
+    trainer, recorder = fit(
+        module, new_datamodule(), max_steps=3, callbacks=[PoisonBeforeStep(at=1), watch, every_step(tmp_path)],
+        enable_checkpointing=True,
+    )  # fmt: skip
+    assert module.skipped_updates == 1 and recorder.metric("train/skipped_updates")[-1] == 1.0
+    assert watch.unchanged is True, "the poisoned step changed the weights or the optimizer state"
+    optimizer = trainer.optimizers[0]
+    assert all_finite(module, optimizer)
+    assert float(optimizer.state_dict()["state"][0]["step"]) == 2, "two finite updates out of three batches"
+    saved = sorted(p.name for p in tmp_path.iterdir())
+    assert saved == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt", "epoch=0-step=3.ckpt", "last.ckpt"]
+    for name in saved:
+        assert nonfinite_in(tmp_path / name) == [], name
+
+
+@pytest.mark.parametrize("kind", ["grpo", "sft"])
+def test_a_nan_the_optimizer_step_itself_writes_is_undone_bit_for_bit_and_counted(
+    kind, new_policy, new_datamodule, fit, tmp_path
+):
+    module = MODULES[kind](new_policy)
+    poison, watch = PoisonInsideStep(at=1), Watch(at=1)
+    trainer, recorder = fit(
+        module, new_datamodule(), max_steps=3, callbacks=[poison, watch, every_step(tmp_path)],
+        enable_checkpointing=True,
+    )  # fmt: skip
+    assert poison.fired
+    assert watch.unchanged is True, "the weights and AdamW's state (step counter included) must be the pre-step ones"
+    assert module.skipped_updates == 1 and recorder.metric("train/skipped_updates")[-1] == 1.0
+    optimizer = trainer.optimizers[0]
+    assert all_finite(module, optimizer)
+    assert float(optimizer.state_dict()["state"][0]["step"]) == 2
+    for path in tmp_path.iterdir():
+        assert nonfinite_in(path) == [], path.name
+
+
+@pytest.mark.parametrize("kind", ["grpo", "sft"])
+def test_without_restore_a_nonfinite_step_stops_the_run_naming_the_option_and_nothing_nonfinite_is_saved(
+    kind, new_policy, new_datamodule, fit, tmp_path
+):
+    module = MODULES[kind](new_policy, restore_nonfinite_steps=False)
+    checkpoints = tmp_path / "checkpoints"
+    with pytest.raises(NonFiniteTrainingError, match="restore_nonfinite_steps"):
+        fit(module, new_datamodule(), max_steps=4, callbacks=[PoisonInsideStep(at=1), every_step(checkpoints)],
+            enable_checkpointing=True)  # fmt: skip
+    saved = sorted(p.name for p in checkpoints.iterdir())
+    assert saved == ["epoch=0-step=1.ckpt", "last.ckpt"], "the run stops in the step that went non-finite"
+    for name in saved:
+        assert nonfinite_in(checkpoints / name) == [], name
+    assert not all(torch.isfinite(p).all() for p in module.policy.trainable_parameters()), "nothing was restored"
+    trainer = module.trainer
+    with pytest.raises(NonFiniteCheckpointError, match="non-finite"):
+        trainer.save_checkpoint(tmp_path / "after.ckpt")
+    assert not (tmp_path / "after.ckpt").exists()
+
+
+# ------------------------------------------------------------------------------------------------- checkpoints
+def test_on_save_checkpoint_refuses_a_nan_weight_naming_its_key_and_the_count():
+    module = ToyGRPO(LinearPolicy())
+    checkpoint = {
+        "state_dict": {"policy.weight": torch.tensor([math.nan, 1.0]), "policy.other": torch.tensor([math.inf])},
+        "optimizer_states": [],
+    }
+    with pytest.raises(NonFiniteCheckpointError, match=r"2 of 2 tensors .*'state_dict/policy\.weight'"):
+        module.on_save_checkpoint(checkpoint)
+
+
+def test_on_save_checkpoint_refuses_a_nan_optimizer_state_naming_its_key():
+    module = ToyGRPO(LinearPolicy())
+    state = {0: {"step": torch.tensor(3.0), "exp_avg": torch.tensor([0.0, math.nan]), "exp_avg_sq": torch.ones(2)}}
+    checkpoint = {
+        "state_dict": {"policy.weight": torch.tensor([0.5, 1.0])},
+        "optimizer_states": [{"state": state, "param_groups": [{"lr": 0.1, "params": [0]}]}],
+    }
+    with pytest.raises(NonFiniteCheckpointError, match=r"1 of 4 tensors .*'optimizer_states/0/state/0/exp_avg'"):
+        module.on_save_checkpoint(checkpoint)
+    assert issubclass(NonFiniteCheckpointError, NonFiniteTrainingError)
+
+
+def test_on_save_checkpoint_passes_a_finite_checkpoint_and_integer_tensors():
+    module = ToyGRPO(LinearPolicy())
+    checkpoint = {"state_dict": {"policy.weight": torch.tensor([0.5, 1.0]), "count": torch.tensor([3])}}
+    module.on_save_checkpoint(checkpoint)
+    assert torch.equal(checkpoint["state_dict"]["policy.weight"], torch.tensor([0.5, 1.0]))
+
+
+# ------------------------------------------------------------------------------------------------- the guard
+def adamw_after_one_step(module) -> torch.optim.Optimizer:
+    optimizer = torch.optim.AdamW(module.policy.trainable_parameters(), lr=0.1)
+    module.policy.weight.grad = torch.ones_like(module.policy.weight)
+    optimizer.step()
+    module.policy.weight.grad = torch.full_like(module.policy.weight, 2.0)
+    return optimizer
+
+
+def raw_copy(optimizer, parameter) -> tuple[torch.Tensor, dict]:
+    local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
+    state = {k: (v.to_local() if isinstance(v, DTensor) else v).clone() for k, v in optimizer.state[parameter].items()}
+    return local.detach().clone(), state
+
+
+def poison_inside(optimizer, parameter, key: str = "exp_avg"):
+    def hook(opt, args, kwargs):
+        with torch.no_grad():
+            value = optimizer.state[parameter][key]
+            (value.to_local() if isinstance(value, DTensor) else value).view(-1)[0] = math.nan
+
+    return optimizer.register_step_post_hook(hook)
+
+
+def test_the_guard_puts_the_parameter_and_adamw_state_back_in_place_step_counter_included():
+    module = ToyGRPO(LinearPolicy())
+    optimizer = adamw_after_one_step(module)
+    weight = module.policy.weight
+    before_weight, before_state = raw_copy(optimizer, weight)
+    tensors = dict(optimizer.state[weight])
+    poison_inside(optimizer, weight)
+    assert module.guarded_step(optimizer) is True
+    after_weight, after_state = raw_copy(optimizer, weight)
+    assert torch.equal(after_weight, before_weight)
+    assert after_state.keys() == before_state.keys() and float(after_state["step"]) == 1.0
+    for key, value in before_state.items():
+        assert torch.equal(after_state[key], value), key
+        assert optimizer.state[weight][key] is tensors[key], "restored in place: the same tensors"
+
+
+def test_the_guard_undoes_a_first_step_by_leaving_no_optimizer_state():
+    module = ToyGRPO(LinearPolicy())
+    weight = module.policy.weight
+    before = weight.detach().clone()
+    optimizer = torch.optim.AdamW([weight], lr=0.1)
+    weight.grad = torch.ones_like(weight)
+    poison_inside(optimizer, weight, key="exp_avg_sq")
+    assert module.guarded_step(optimizer) is True
+    assert torch.equal(weight.detach(), before) and not optimizer.state.get(weight)
+    optimizer.step()  # AdamW starts its state afresh, as if the undone step never happened
+    assert float(optimizer.state[weight]["step"]) == 1.0
+
+
+def test_a_finite_step_is_kept():
+    module = ToyGRPO(LinearPolicy())
+    optimizer = adamw_after_one_step(module)
+    before = module.policy.weight.detach().clone()
+    assert module.guarded_step(optimizer) is False
+    assert not torch.equal(module.policy.weight.detach(), before)
+    assert float(optimizer.state[module.policy.weight]["step"]) == 2.0
+
+
+def test_a_step_that_went_nonfinite_on_another_rank_is_undone_on_this_one_too():
+    module = ToyGRPO(LinearPolicy())
+    votes = []
+    module._trainer = SimpleNamespace(
+        strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: votes.append(decision) or True)
+    )
+    optimizer = adamw_after_one_step(module)
+    before_weight, before_state = raw_copy(optimizer, module.policy.weight)
+    assert module.guarded_step(optimizer) is True  # finite here, non-finite on the other rank
+    assert votes == [False]
+    after_weight, after_state = raw_copy(optimizer, module.policy.weight)
+    assert torch.equal(after_weight, before_weight) and float(after_state["step"]) == 1.0
+
+
+def test_without_restore_the_guard_keeps_no_copy_and_raises_naming_the_option():
+    module = ToyGRPO(LinearPolicy())
+    module.restore_nonfinite_steps = False
+    optimizer = adamw_after_one_step(module)
+    poison_inside(optimizer, module.policy.weight)
+    with pytest.raises(NonFiniteTrainingError, match="restore_nonfinite_steps"):
+        module.guarded_step(optimizer)
+
+
+def test_the_restore_option_is_a_hyperparameter_on_by_default(new_policy):
+    assert sft(new_policy).hparams.restore_nonfinite_steps is True
+    off = sft(new_policy, restore_nonfinite_steps=False)
+    assert off.restore_nonfinite_steps is False and off.hparams.restore_nonfinite_steps is False
+    grpo_off = grpo(new_policy, restore_nonfinite_steps=False)
+    assert grpo_off.restore_nonfinite_steps is False and grpo_off.hparams.restore_nonfinite_steps is False
+
+
+@pytest.fixture
+def fsdp2():
+    """An FSDP2 strategy over a one-process gloo group (its mesh built as ``setup_environment`` would)."""
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        strategy = FSDP2Strategy(reshard_after_forward=False)
+        strategy._device_mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=MESH_DIMS)
+        yield strategy
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_under_fsdp2_the_guard_restores_each_rank_s_shards_of_the_parameters_and_their_state(fsdp2):
+    module = ToyGRPO(LinearPolicy())
+    fsdp2.parallel_devices = [torch.device("cpu")]  # the decision is an all-reduce over the one-process group
+    module._trainer = SimpleNamespace(strategy=fsdp2, optimizers=[])
+    module.configure_model()
+    weight = module.policy.weight
+    assert isinstance(weight, DTensor)
+    optimizer = adamw_after_one_step(module)
+    assert isinstance(optimizer.state[weight]["exp_avg"], DTensor)
+    before_weight, before_state = raw_copy(optimizer, weight)
+    poison_inside(optimizer, weight)
+    assert module.guarded_step(optimizer) is True
+    after_weight, after_state = raw_copy(optimizer, weight)
+    assert torch.equal(after_weight, before_weight)
+    for key, value in before_state.items():
+        assert torch.equal(after_state[key], value), key
+    checkpoint = {"state_dict": {"policy.weight": weight.detach().clone()}}
+    with torch.no_grad():
+        checkpoint["state_dict"]["policy.weight"].to_local().fill_(math.nan)
+    with pytest.raises(NonFiniteCheckpointError, match="policy.weight"):
+        module.on_save_checkpoint(checkpoint)
