@@ -373,3 +373,26 @@ def test_under_fsdp2_the_guard_restores_each_rank_s_shards_of_the_parameters_and
         checkpoint["state_dict"]["policy.weight"].to_local().fill_(math.nan)
     with pytest.raises(NonFiniteCheckpointError, match="policy.weight"):
         module.on_save_checkpoint(checkpoint)
+
+
+def test_the_guard_allocates_its_copy_once_and_forgets_it_between_steps():
+    module = ToyGRPO(LinearPolicy())
+    optimizer = adamw_after_one_step(module)
+    assert not module.guarded_step(optimizer)
+    guard = module._step_guard(optimizer)  # the same guard, ready for the next step: no copy yet
+    assert not guard.restorable
+    first = [b.data_ptr() for b in guard._buffers]
+    module.policy.weight.grad = torch.ones_like(module.policy.weight)
+    assert not module.guarded_step(optimizer)
+    assert [b.data_ptr() for b in module._step_guard(optimizer)._buffers] == first  # reused, not allocated again
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.complex64])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_the_check_finds_any_nonfinite_value_in_any_floating_dtype(dtype, value):
+    from app.modules.finite_step import nonfinite_flags
+
+    clean, dirty = torch.zeros(5, 3, dtype=dtype), torch.zeros(5, 3, dtype=dtype)
+    dirty[4, 2] = value
+    empty, counts = torch.zeros(0, dtype=dtype), torch.tensor([1, 2])
+    assert nonfinite_flags([clean, dirty, empty, counts]) == [False, True, False, False]

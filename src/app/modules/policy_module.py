@@ -88,6 +88,7 @@ class PolicyModule(L.LightningModule):
         self.skipped_updates = 0  # non-finite updates skipped so far
         self._consecutive_skips = 0
         self._dropped_step = False  # automatic optimisation: this step's gradients were dropped as non-finite
+        self._step_guards: dict[int, FiniteStepGuard] = {}  # per optimizer: see _step_guard
 
     def configure_model(self) -> None:
         """Shard the policy when the trainer runs :class:`~app.parallel.FSDP2Strategy` (Lightning calls this before
@@ -158,7 +159,7 @@ class PolicyModule(L.LightningModule):
         back and True is returned (count it as a skipped update); with ``restore_nonfinite_steps`` off there is no
         copy to put back, and :class:`NonFiniteTrainingError` stops the run. With a closure (automatic optimisation
         runs forward and backward inside the step) the copy is taken after the closure has run."""
-        guard = FiniteStepGuard(optimizer, keep_copy=self.restore_nonfinite_steps)
+        guard = self._step_guard(optimizer)
         if closure is None:
             guard.snapshot()
             optimizer.step()
@@ -187,6 +188,16 @@ class PolicyModule(L.LightningModule):
             where,
         )
         return True
+
+    def _step_guard(self, optimizer) -> FiniteStepGuard:
+        """The guard of ``optimizer`` (a ``LightningOptimizer`` or what it wraps), kept across steps so its copy's
+        memory is allocated once, ready for this step."""
+        key = id(getattr(optimizer, "optimizer", optimizer))
+        guards = self._step_guards
+        if key not in guards or guards[key].keep_copy != self.restore_nonfinite_steps:
+            guards[key] = FiniteStepGuard(optimizer, keep_copy=self.restore_nonfinite_steps)
+        guards[key].next_step(optimizer)
+        return guards[key]
 
     def _any_rank(self, decision: bool) -> bool:
         """True on every rank when ``decision`` is True on any (so all ranks skip or stop together)."""
