@@ -1,12 +1,16 @@
 """The command line: ``python -m app fit|validate|test|predict|export --config X.yaml`` (``python -m app --help``).
 
 Errors in a config or on the command line are reported in a few lines naming the field, the bad value and a close
-match (:mod:`app.errors`); ``APP_DEBUG=1`` or ``--debug`` shows the full traceback instead.
+match (:mod:`app.errors`), every bad field of the config at once; so are the other errors a user can cause: a
+checkpoint that cannot be read or belongs to another model, missing data, an output folder that cannot be written
+(probed before the first step), training stopped by non-finite values. ``APP_DEBUG=1`` or ``--debug`` shows the full
+traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
@@ -14,9 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import DefaultHelpFormatter
 from lightning import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 import app.data  # noqa: F401  (imported so that `fit --help` lists the package's data modules as known subclasses)
@@ -28,9 +34,20 @@ from app.errors import (
     ConfigError,
     debug_enabled,
     describe_instantiation_error,
-    describe_parse_error,
+    describe_parse_errors,
+    locate_field,
+    parse_error_fields,
+    root_cause,
 )
-from app.faults import AtomicCheckpointIO, PreemptionCheckpoint
+from app.faults import (
+    AtomicCheckpointIO,
+    CheckpointConnector,
+    PreemptionCheckpoint,
+    check_writable,
+    remove_stale_temp_files,
+    unreadable_checkpoint,
+)
+from app.modules import NonFiniteTrainingError
 from app.parallel.loading import lean_loading
 
 PROG = "python -m app"
@@ -167,7 +184,7 @@ class AppCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as error:
-            self._parse_failed(error)
+            self._parse_failed(error, further=True)
 
     def _parse_ckpt_path(self) -> None:
         if self.config.get("subcommand") == "export":
@@ -175,30 +192,89 @@ class AppCLI(LightningCLI):
             # model is refused by the shape check (fit/validate/test read the module's arguments from the checkpoint)
             return
         try:
-            super()._parse_ckpt_path()
+            super()._parse_ckpt_path()  # reads the checkpoint's hyperparameters
         except argparse.ArgumentError as error:
             self._parse_failed(error)
+        except Exception as error:  # a truncated checkpoint, a file that is not one
+            raise unreadable_checkpoint(self.config[self.config["subcommand"]].get("ckpt_path"), error) from error
 
-    def _parse_failed(self, error: argparse.ArgumentError) -> None:
+    def _parse_failed(self, error: argparse.ArgumentError, further: bool = False) -> None:
         if debug_enabled():
             raise error
         command = next((a for a in self._args if a in self.subcommands()), None)
         parser = getattr(self, "_subcommand_parsers", {}).get(command, self.parser)
-        message = describe_parse_error(str(error), parser._option_string_actions, command)
+        messages = [str(error), *(self._further_parse_errors(str(error)) if further else [])]
+        message = describe_parse_errors(messages, parser._option_string_actions, command)
         sys.stderr.write(message + "\n")
         raise SystemExit(2) from None
+
+    def _further_parse_errors(self, message: str, limit: int = 4) -> list[str]:
+        """The errors jsonargparse would report after ``message``: it stops at the first bad field, so the arguments
+        are parsed again without each field reported so far (taken out of the config files and the command line),
+        until they parse, an error names a field already taken out, or ``limit`` more errors are found."""
+        args = [a for a in self._args if a.split("=", 1)[0] not in ("--print_config", "--help", "-h")]
+        removed: list[str] = []
+        found: list[str] = []
+        try:
+            while len(found) < limit:
+                fields = parse_error_fields(message)
+                for field in fields:
+                    taken = _without_field(args, field)
+                    if taken is None:
+                        return found
+                    args, prefix = taken
+                    removed.append(prefix)
+                if not fields:
+                    return found
+                try:
+                    self.parser.parse_args(args)
+                    return found
+                except argparse.ArgumentError as error:
+                    message = str(error)
+                again = parse_error_fields(message)
+                caused = any(_within(f, r) for f in again for r in removed)
+                if not again or caused or "does not exist" in message or "not accessible" in message:
+                    return found  # an error of the taking out itself (a required field), or of a relative path
+                found.append(message)
+        except Exception:  # collecting more errors is a courtesy: never let it hide the first one
+            return found
+        return found
 
     def instantiate_classes(self) -> None:
         config = self.config.get(str(self.subcommand), self.config)
         lean = self.subcommand in LEAN_LOADING_COMMANDS and fsdp2_processes(config.get("trainer") or {}) > 1
+        failure = None
         try:
             with lean_loading(lean):  # FSDP2 over several processes: each rank reads only its shard of the weights
                 super().instantiate_classes()
         except ConfigError:
             raise
         except Exception as error:
+            failure = error
+        if failure is not None:  # out of the except block: errors found next are not chained to this one
             config = self.config.get(str(self.subcommand), self.config)
-            raise ConfigError(describe_instantiation_error(error, config, self.subcommand or "fit")) from error
+            command = self.subcommand or "fit"
+            messages = [describe_instantiation_error(failure, config, command)]
+            messages += self._further_instantiation_errors(failure, config, command)
+            text = "\n".join([line for m in messages for line in m.splitlines()[:-1]] + messages[0].splitlines()[-1:])
+            raise ConfigError(text) from failure
+
+    def _further_instantiation_errors(self, error: BaseException, config: Any, command: str) -> list[str]:
+        """The data module's error too when the model's constructor failed first (jsonargparse builds the model
+        first and stops there): the data module is built alone to find out (it is cheap; the model is not)."""
+        field = locate_field(config, str(root_cause(error)) or type(root_cause(error)).__name__)
+        data = config.get("data") if hasattr(config, "get") else None
+        if field is None or not field[0].startswith("model.") or not (hasattr(data, "get") and data.get("class_path")):
+            return []
+        alone = config.clone()
+        alone["model"] = None
+        try:
+            self._parser(self.subcommand).instantiate_classes(alone)
+        except Exception as other:
+            message = describe_instantiation_error(other, config, command)
+            if message.startswith("error: data."):
+                return [message]
+        return []
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The configured trainer, with a progress bar that counts steps (:func:`app.console.step_progress_bar`)
@@ -216,9 +292,111 @@ class AppCLI(LightningCLI):
         kwargs["callbacks"] = callbacks
         if not config.get("plugins") and "plugins" not in kwargs:
             kwargs["plugins"] = [AtomicCheckpointIO()]  # a kill mid-save never leaves a truncated checkpoint
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer._checkpoint_connector = CheckpointConnector(trainer)  # errors that name the checkpoint file
+        return trainer
+
+    # --------------------------------------------------------------------------------------------- output folders
+    def _output_folders(self, subcommand: str) -> list[tuple[str, str, bool]]:
+        """``(folder, the config field that names it, whether checkpoints go there)`` for every folder the command
+        writes: the export folder; the run folder, the loggers' folders, and the folders of the callbacks (the
+        checkpoint folders and ExportPolicy's only for fit)."""
+        from app.export import ExportPolicy
+
+        if subcommand == "export":
+            return [(str(self.config["export"]["output_dir"]), "--output_dir (the export folder)", False)]
+        trainer = self.trainer
+        folders = [(str(trainer.default_root_dir), "trainer.default_root_dir (the run folder)", False)]
+        trainer_config = self._get(self.config_init, "trainer", default={}) or {}
+        logger_config = trainer_config.get("logger")
+        for index, logger in enumerate(trainer.loggers):
+            try:
+                folder = getattr(logger, "root_dir", None) or getattr(logger, "save_dir", None)
+            except Exception:  # a logger that resolves its folder only once it runs
+                folder = None
+            if not isinstance(folder, (str, os.PathLike)):
+                continue
+            if isinstance(logger_config, (list, tuple)):
+                field = f"trainer.logger[{index}].init_args.save_dir"
+            elif logger_config is None or isinstance(logger_config, bool):  # Lightning's default logger
+                field = "trainer.default_root_dir"
+            else:
+                field = "trainer.logger.init_args.save_dir"
+            folders.append((str(folder), f"{field} (the {type(logger).__name__} folder)", False))
+        configured = trainer_config.get("callbacks") or []
+        configured = list(configured) if isinstance(configured, (list, tuple)) else [configured]
+        fit = subcommand == "fit"
+        for callback in trainer.callbacks:
+            index = next((i for i, c in enumerate(configured) if c is callback), None)
+            where = f"trainer.callbacks[{index}].init_args" if index is not None else None
+            name = type(callback).__name__
+            if isinstance(callback, PreemptionCheckpoint):
+                if fit:
+                    folder = str(Path(callback.checkpoint_path(trainer)).parent)
+                    field = f"{where}.dirpath" if where and callback.dirpath else "trainer.default_root_dir"
+                    folders.append((folder, f"{field} (the {name} folder)", True))
+            elif isinstance(callback, Checkpoint):
+                if fit and getattr(callback, "dirpath", None):
+                    field = f"{where}.dirpath" if where else f"the {name} dirpath"
+                    folders.append((str(callback.dirpath), f"{field} (the {name} folder)", True))
+            elif isinstance(callback, ExportPolicy):
+                if fit:
+                    field = f"{where}.output_dir" if where else "the ExportPolicy output_dir"
+                    folders.append((str(callback.output_dir), f"{field} (the export folder)", False))
+            else:
+                for attribute in ("output_dir", "dirpath"):
+                    value = getattr(callback, attribute, None)
+                    if isinstance(value, (str, os.PathLike)):
+                        field = f"{where}.{attribute}" if where else f"the {name} {attribute}"
+                        folders.append((str(value), f"{field} (the {name} folder)", False))
+        return folders
+
+    def _probe_output_folders(self, subcommand: str) -> None:
+        """Fail before the first step, naming the field, when a folder the command writes cannot be written (rank 0:
+        the one that writes), and clear the temporary files interrupted saves left in the checkpoint folders."""
+        if not self.trainer.is_global_zero:
+            return
+        probed: set[str] = set()
+        for folder, field, checkpoints in self._output_folders(subcommand):
+            if not _is_local_file_protocol(folder):
+                continue
+            key = os.path.abspath(folder)
+            if key not in probed:
+                check_writable(folder, field, create=subcommand != "export")  # a failed export leaves no folder
+                probed.add(key)
+            if checkpoints:
+                remove_stale_temp_files(folder)
 
     # ------------------------------------------------------------------------------------------------- commands
+    def _run_subcommand(self, subcommand: str) -> None:
+        """The command, after the output folders are probed; a missing input file and a write that fails are each a
+        :class:`ConfigError` naming the file (and the config field that gives it, where one does)."""
+        self._probe_output_folders(subcommand)
+        try:
+            super()._run_subcommand(subcommand)
+        except ConfigError:
+            raise
+        except FileNotFoundError as error:
+            raise ConfigError(self._describe_file_error(error, "missing")) from error
+        except OSError as error:
+            if error.errno not in _UNWRITABLE or not error.filename:
+                raise
+            raise ConfigError(self._describe_file_error(error, "unwritable")) from error
+
+    def _describe_file_error(self, error: OSError, kind: str) -> str:
+        config = self.config.get(str(self.subcommand), self.config)
+        message = " ".join(str(error).split())
+        field = locate_field(config, message)
+        head = f"{field[0]} = {field[1]!r}: " if field else ""
+        if kind == "missing":
+            advice = "check the path; data not written yet? the recipe's first comment shows the command that writes it"
+        else:
+            advice = (
+                "check its permissions and free space, or choose another folder (trainer.default_root_dir, the "
+                "loggers' and the callbacks' folders)"
+            )
+        return f"{head}{message}\n  {advice} ({type(error).__name__})"
+
     def _compare(self) -> bool:
         return bool(self.config.get(self.subcommand, {}).get("validate_before_and_after", False))
 
@@ -335,6 +513,79 @@ def fsdp2_processes(trainer: Any) -> int:
     return per_node * int(trainer.get("num_nodes") or 1)
 
 
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR)
+
+
+# ------------------------------------------------------------------------------- several errors of one config
+def _normal(key: str) -> str:
+    """A dotted config key without ``init_args`` (``--model.eps_low`` and ``model.init_args.eps_low`` are one field)
+    and without an append ``+``."""
+    return ".".join(part for part in key.rstrip("+").split(".") if part != "init_args")
+
+
+def _within(field: str, key: str) -> bool:
+    """``field`` is ``key`` or a field under it."""
+    field, key = _normal(field), _normal(key)
+    return field == key or field.startswith(key + ".")
+
+
+def _is_file(value: str) -> bool:
+    try:
+        return Path(value).is_file()
+    except (OSError, ValueError):  # YAML text passed as --config: a name too long, a NUL
+        return False
+
+
+def _delete_key(tree: Any, parts: list[str]) -> bool:
+    """Delete the key at ``parts`` from a YAML tree (``init_args`` may be written or left out); whether it was there."""
+    if not isinstance(tree, dict) or not parts:
+        return False
+    head, rest = parts[0], parts[1:]
+    if head in tree:
+        if not rest:
+            del tree[head]
+            return True
+        if _delete_key(tree[head], rest):
+            return True
+    if head == "init_args":
+        return _delete_key(tree, rest)
+    return False
+
+
+def _without_field(args: list[str], field: str) -> tuple[list[str], str] | None:
+    """``args`` without ``field``: taken out of each ``--config`` (passed on as YAML text) and the command line. When
+    no source holds the field itself, the nearest key above it that one holds is taken out. Returns the new arguments
+    and the key taken out, or None when no source holds any."""
+    parts = field.split(".")
+    for length in range(len(parts), 0, -1):
+        key = _normal(".".join(parts[:length]))
+        result, changed, index = [], False, 0
+        while index < len(args):
+            token = args[index]
+            name, inline = (token[2:].split("=", 1)[0], "=" in token) if token.startswith("--") else (None, False)
+            takes_value = name is not None and not inline and index + 1 < len(args)
+            takes_value = takes_value and not args[index + 1].startswith("--")
+            value = args[index + 1] if takes_value else token.split("=", 1)[1] if inline else None
+            if name == "config" and value is not None:
+                source = Path(value).read_text() if _is_file(value) else value
+                tree = yaml.safe_load(source)
+                if _delete_key(tree, parts[:length]):
+                    result += ["--config", yaml.safe_dump(tree, sort_keys=False)]
+                    changed = True
+                else:
+                    result += ["--config", value]
+            elif name is not None and _within(name, key):
+                changed = True
+            else:
+                result.append(token)
+                if takes_value:
+                    result.append(args[index + 1])
+            index += 2 if takes_value else 1
+        if changed:
+            return result, ".".join(parts[:length])
+    return None
+
+
 def _strip_debug_flag(argv: list[str] | None) -> list[str] | None:
     """Remove ``--debug`` (from ``argv``, or from ``sys.argv`` when None) and set ``APP_DEBUG=1`` instead, which
     subprocesses (DDP ranks) inherit."""
@@ -348,6 +599,15 @@ def _strip_debug_flag(argv: list[str] | None) -> list[str] | None:
     return [a for a in argv if a != "--debug"]
 
 
+def _report(text: str) -> None:
+    """Write an error message to stderr; a process other than rank 0 of several says which rank it is (each rank
+    reports its own error, as Lightning prefixes its own lines)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    rank = getattr(rank_zero_only, "rank", 0) or 0
+    sys.stderr.write((f"[rank: {rank}] " if rank else "") + text + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = _strip_debug_flag(argv)
     quiet_known_noise()
@@ -359,7 +619,15 @@ def main(argv: list[str] | None = None) -> None:
         text = str(error)
         if not text.startswith("error:"):
             text = f"error: {text}\n{DEBUG_HINT}"
-        sys.stderr.write(text + "\n")
+        _report(text)
+        raise SystemExit(1) from None
+    except NonFiniteTrainingError as error:  # the message says what stayed non-finite and what to change
+        if debug_enabled():
+            raise
+        text = str(error)
+        if "reward" in text and "max_nonfinite_steps" not in text:  # what to change, where the message has none
+            text += "\n  check the rewards (model.init_args.rewards), or raise model.init_args.max_nonfinite_steps"
+        _report(f"error: training stopped: {text}\n{DEBUG_HINT}")
         raise SystemExit(1) from None
     finally:
         _destroy_process_group()

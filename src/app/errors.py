@@ -235,6 +235,52 @@ def describe_parse_error(message: str, options: Iterable[str] = (), command: str
     return "\n".join(lines)
 
 
+def parse_error_fields(message: str) -> list[str]:
+    """The dotted config paths a jsonargparse error ``message`` is about (``model.init_args.eps_lowww``; an
+    unrecognised command-line option without its dashes); empty when it names none (a YAML syntax error).
+
+    >>> parse_error_fields("unrecognized arguments: --trainer.max_stepz 3")
+    ['trainer.max_stepz']
+    """
+    unrecognized = re.match(r"^unrecognized arguments: (.*)$", message.strip())
+    if unrecognized:
+        return [token[2:].split("=", 1)[0] for token in unrecognized.group(1).split() if token.startswith("--")]
+    leaves = _leaves(message)
+    depth = max((len(leaf.context) for leaf in leaves), default=0)
+    fields = []
+    for leaf in leaves:
+        if depth and len(leaf.context) == depth:
+            option = re.search(r"Option '([^']+)' is not accepted", leaf.message)
+            fields.append(_field(leaf.context, option.group(1)) if option else _field(leaf.context))
+    return list(dict.fromkeys(field for field in fields if field))
+
+
+def describe_parse_errors(
+    messages: list[str], options: Iterable[str] = (), command: str | None = "fit", max_lines: int = 10
+) -> str:
+    """:func:`describe_parse_error` of each of several jsonargparse errors, in one text: every error's first line,
+    the details (what is accepted) while they fit in ``max_lines``, and the closing ``see:`` line once."""
+    options = list(options)
+    bodies = []
+    for index, message in enumerate(messages):
+        body = describe_parse_error(message, options, command).splitlines()[:-1]
+        if index:  # jsonargparse's own words only for the first error
+            body = [line for line in body if not line.lstrip().startswith("(jsonargparse:")]
+        bodies.append(body)
+    see = describe_parse_error(messages[0], options, command).splitlines()[-1]
+    heads = [line for body in bodies for line in body if line.startswith("error: ")]
+    budget = max_lines - len(heads)
+    lines = []
+    for body in bodies:
+        for line in body:
+            if line.startswith("error: "):
+                lines.append(line)
+            elif budget > 0:
+                lines.append(line)
+                budget -= 1
+    return "\n".join([*lines, see])
+
+
 # ------------------------------------------------------------------------------------------ instantiation errors
 def root_cause(error: BaseException) -> BaseException:
     """The innermost exception of ``error``'s chain (``__cause__``, else ``__context__``)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import lightning as L
 
 from app.errors import ConfigError
-from app.faults import check_writable
+from app.faults import check_writable, checkpoint_mismatch, load_checkpoint_file, unreadable_checkpoint
 from app.parallel.fsdp import FSDP2Strategy, is_sharded_checkpoint, read_sharded_checkpoint
 
 log = logging.getLogger(__name__)
@@ -43,27 +43,28 @@ class ExportPolicy(L.Callback):
 
 def export_from_checkpoint(model: L.LightningModule, ckpt_path: str | Path, output_dir: str | Path) -> Path:
     """Load a Lightning checkpoint's weights into ``model`` (built from the same config) and export its policy."""
-    import torch
-
     from app.modules.checkpoints import restore_frozen_parameters
 
     if is_sharded_checkpoint(ckpt_path):  # FSDP2's folder of shards: read in this one process
-        checkpoint = read_sharded_checkpoint(ckpt_path, model)
+        try:
+            checkpoint = read_sharded_checkpoint(ckpt_path, model)
+        except ConfigError:
+            raise
+        except Exception as error:  # a shard cut short, or the shards of another model
+            raise unreadable_checkpoint(ckpt_path, error) from error
     else:
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        checkpoint = load_checkpoint_file(ckpt_path)  # a file it cannot read is an error naming it
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise ConfigError(f"checkpoint {str(ckpt_path)!r} holds no state_dict: it is not a Lightning checkpoint")
     try:
         restore_frozen_parameters(model, checkpoint)  # lean checkpoints leave the frozen base out
     except ValueError as error:  # a checkpoint of another model
         raise ConfigError(f"{ckpt_path}: {error}") from error
     state = checkpoint["state_dict"]
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    mismatched = sorted(k for k in set(state) & set(expected) if state[k].shape != expected[k].shape)
-    if missing or unexpected or mismatched:
+    mismatch = checkpoint_mismatch(ckpt_path, model.state_dict(), state)
+    if mismatch:
         raise ConfigError(
-            f"checkpoint {ckpt_path} does not match the config's model: missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]}, shape mismatch {mismatched[:3]} (is it a checkpoint of this config?)"
+            f"{mismatch}\n  is it a checkpoint of this config? export it with the config it was trained with"
         )
     model.load_state_dict(state)
     return model.policy.export(output_dir)
