@@ -18,15 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 from jsonargparse import DefaultHelpFormatter
 from lightning import LightningDataModule, LightningModule, Trainer
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
-from lightning.pytorch.callbacks import Checkpoint, ProgressBar
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 import app.data  # noqa: F401  (imported so that `fit --help` lists the package's data modules as known subclasses)
 import app.modules  # noqa: F401  (and its LightningModules)
+from app.config_search import further_parse_errors
 from app.console import artefact_summary, quiet_known_noise, step_progress_bar
 from app.errors import (
     DEBUG_ENV,
@@ -36,18 +35,11 @@ from app.errors import (
     describe_instantiation_error,
     describe_parse_errors,
     locate_field,
-    parse_error_fields,
     root_cause,
 )
-from app.faults import (
-    AtomicCheckpointIO,
-    CheckpointConnector,
-    PreemptionCheckpoint,
-    check_writable,
-    remove_stale_temp_files,
-    unreadable_checkpoint,
-)
+from app.faults import AtomicCheckpointIO, CheckpointConnector, PreemptionCheckpoint, unreadable_checkpoint
 from app.modules import NonFiniteTrainingError
+from app.output_folders import probe_output_folders
 from app.parallel.loading import lean_loading
 
 PROG = "python -m app"
@@ -203,42 +195,11 @@ class AppCLI(LightningCLI):
             raise error
         command = next((a for a in self._args if a in self.subcommands()), None)
         parser = getattr(self, "_subcommand_parsers", {}).get(command, self.parser)
-        messages = [str(error), *(self._further_parse_errors(str(error)) if further else [])]
+        further_errors = further_parse_errors(self.parser, self._args, str(error)) if further else []
+        messages = [str(error), *further_errors]
         message = describe_parse_errors(messages, parser._option_string_actions, command)
         sys.stderr.write(message + "\n")
         raise SystemExit(2) from None
-
-    def _further_parse_errors(self, message: str, limit: int = 4) -> list[str]:
-        """The errors jsonargparse would report after ``message``: it stops at the first bad field, so the arguments
-        are parsed again without each field reported so far (taken out of the config files and the command line),
-        until they parse, an error names a field already taken out, or ``limit`` more errors are found."""
-        args = [a for a in self._args if a.split("=", 1)[0] not in ("--print_config", "--help", "-h")]
-        removed: list[str] = []
-        found: list[str] = []
-        try:
-            while len(found) < limit:
-                fields = parse_error_fields(message)
-                for field in fields:
-                    taken = _without_field(args, field)
-                    if taken is None:
-                        return found
-                    args, prefix = taken
-                    removed.append(prefix)
-                if not fields:
-                    return found
-                try:
-                    self.parser.parse_args(args)
-                    return found
-                except argparse.ArgumentError as error:
-                    message = str(error)
-                again = parse_error_fields(message)
-                caused = any(_within(f, r) for f in again for r in removed)
-                if not again or caused or "does not exist" in message or "not accessible" in message:
-                    return found  # an error of the taking out itself (a required field), or of a relative path
-                found.append(message)
-        except Exception:  # collecting more errors is a courtesy: never let it hide the first one
-            return found
-        return found
 
     def instantiate_classes(self) -> None:
         config = self.config.get(str(self.subcommand), self.config)
@@ -296,82 +257,17 @@ class AppCLI(LightningCLI):
         trainer._checkpoint_connector = CheckpointConnector(trainer)  # errors that name the checkpoint file
         return trainer
 
-    # --------------------------------------------------------------------------------------------- output folders
-    def _output_folders(self, subcommand: str) -> list[tuple[str, str, bool]]:
-        """``(folder, the config field that names it, whether checkpoints go there)`` for every folder the command
-        writes: the export folder; the run folder, the loggers' folders, and the folders of the callbacks (the
-        checkpoint folders and ExportPolicy's only for fit)."""
-        from app.export import ExportPolicy
-
-        if subcommand == "export":
-            return [(str(self.config["export"]["output_dir"]), "--output_dir (the export folder)", False)]
-        trainer = self.trainer
-        folders = [(str(trainer.default_root_dir), "trainer.default_root_dir (the run folder)", False)]
-        trainer_config = self._get(self.config_init, "trainer", default={}) or {}
-        logger_config = trainer_config.get("logger")
-        for index, logger in enumerate(trainer.loggers):
-            try:
-                folder = getattr(logger, "root_dir", None) or getattr(logger, "save_dir", None)
-            except Exception:  # a logger that resolves its folder only once it runs
-                folder = None
-            if not isinstance(folder, (str, os.PathLike)):
-                continue
-            if isinstance(logger_config, (list, tuple)):
-                field = f"trainer.logger[{index}].init_args.save_dir"
-            elif logger_config is None or isinstance(logger_config, bool):  # Lightning's default logger
-                field = "trainer.default_root_dir"
-            else:
-                field = "trainer.logger.init_args.save_dir"
-            folders.append((str(folder), f"{field} (the {type(logger).__name__} folder)", False))
-        configured = trainer_config.get("callbacks") or []
-        configured = list(configured) if isinstance(configured, (list, tuple)) else [configured]
-        fit = subcommand == "fit"
-        for callback in trainer.callbacks:
-            index = next((i for i, c in enumerate(configured) if c is callback), None)
-            where = f"trainer.callbacks[{index}].init_args" if index is not None else None
-            name = type(callback).__name__
-            if isinstance(callback, PreemptionCheckpoint):
-                if fit:
-                    folder = str(Path(callback.checkpoint_path(trainer)).parent)
-                    field = f"{where}.dirpath" if where and callback.dirpath else "trainer.default_root_dir"
-                    folders.append((folder, f"{field} (the {name} folder)", True))
-            elif isinstance(callback, Checkpoint):
-                if fit and getattr(callback, "dirpath", None):
-                    field = f"{where}.dirpath" if where else f"the {name} dirpath"
-                    folders.append((str(callback.dirpath), f"{field} (the {name} folder)", True))
-            elif isinstance(callback, ExportPolicy):
-                if fit:
-                    field = f"{where}.output_dir" if where else "the ExportPolicy output_dir"
-                    folders.append((str(callback.output_dir), f"{field} (the export folder)", False))
-            else:
-                for attribute in ("output_dir", "dirpath"):
-                    value = getattr(callback, attribute, None)
-                    if isinstance(value, (str, os.PathLike)):
-                        field = f"{where}.{attribute}" if where else f"the {name} {attribute}"
-                        folders.append((str(value), f"{field} (the {name} folder)", False))
-        return folders
-
-    def _probe_output_folders(self, subcommand: str) -> None:
-        """Fail before the first step, naming the field, when a folder the command writes cannot be written (rank 0:
-        the one that writes), and clear the temporary files interrupted saves left in the checkpoint folders."""
-        if not self.trainer.is_global_zero:
-            return
-        probed: set[str] = set()
-        for folder, field, checkpoints in self._output_folders(subcommand):
-            if not _is_local_file_protocol(folder):
-                continue
-            key = os.path.abspath(folder)
-            if key not in probed:
-                check_writable(folder, field, create=subcommand != "export")  # a failed export leaves no folder
-                probed.add(key)
-            if checkpoints:
-                remove_stale_temp_files(folder)
-
     # ------------------------------------------------------------------------------------------------- commands
+    def _trainer_config(self) -> dict:
+        return self._get(self.config_init, "trainer", default={}) or {}
+
+    def _export_dir(self, subcommand: str) -> str | None:
+        return str(self.config["export"]["output_dir"]) if subcommand == "export" else None
+
     def _run_subcommand(self, subcommand: str) -> None:
         """The command, after the output folders are probed; a missing input file and a write that fails are each a
         :class:`ConfigError` naming the file (and the config field that gives it, where one does)."""
-        self._probe_output_folders(subcommand)
+        probe_output_folders(self.trainer, self._trainer_config(), subcommand, self._export_dir(subcommand))
         try:
             super()._run_subcommand(subcommand)
         except ConfigError:
@@ -514,76 +410,6 @@ def fsdp2_processes(trainer: Any) -> int:
 
 
 _UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR)
-
-
-# ------------------------------------------------------------------------------- several errors of one config
-def _normal(key: str) -> str:
-    """A dotted config key without ``init_args`` (``--model.eps_low`` and ``model.init_args.eps_low`` are one field)
-    and without an append ``+``."""
-    return ".".join(part for part in key.rstrip("+").split(".") if part != "init_args")
-
-
-def _within(field: str, key: str) -> bool:
-    """``field`` is ``key`` or a field under it."""
-    field, key = _normal(field), _normal(key)
-    return field == key or field.startswith(key + ".")
-
-
-def _is_file(value: str) -> bool:
-    try:
-        return Path(value).is_file()
-    except (OSError, ValueError):  # YAML text passed as --config: a name too long, a NUL
-        return False
-
-
-def _delete_key(tree: Any, parts: list[str]) -> bool:
-    """Delete the key at ``parts`` from a YAML tree (``init_args`` may be written or left out); whether it was there."""
-    if not isinstance(tree, dict) or not parts:
-        return False
-    head, rest = parts[0], parts[1:]
-    if head in tree:
-        if not rest:
-            del tree[head]
-            return True
-        if _delete_key(tree[head], rest):
-            return True
-    if head == "init_args":
-        return _delete_key(tree, rest)
-    return False
-
-
-def _without_field(args: list[str], field: str) -> tuple[list[str], str] | None:
-    """``args`` without ``field``: taken out of each ``--config`` (passed on as YAML text) and the command line. When
-    no source holds the field itself, the nearest key above it that one holds is taken out. Returns the new arguments
-    and the key taken out, or None when no source holds any."""
-    parts = field.split(".")
-    for length in range(len(parts), 0, -1):
-        key = _normal(".".join(parts[:length]))
-        result, changed, index = [], False, 0
-        while index < len(args):
-            token = args[index]
-            name, inline = (token[2:].split("=", 1)[0], "=" in token) if token.startswith("--") else (None, False)
-            takes_value = name is not None and not inline and index + 1 < len(args)
-            takes_value = takes_value and not args[index + 1].startswith("--")
-            value = args[index + 1] if takes_value else token.split("=", 1)[1] if inline else None
-            if name == "config" and value is not None:
-                source = Path(value).read_text() if _is_file(value) else value
-                tree = yaml.safe_load(source)
-                if _delete_key(tree, parts[:length]):
-                    result += ["--config", yaml.safe_dump(tree, sort_keys=False)]
-                    changed = True
-                else:
-                    result += ["--config", value]
-            elif name is not None and _within(name, key):
-                changed = True
-            else:
-                result.append(token)
-                if takes_value:
-                    result.append(args[index + 1])
-            index += 2 if takes_value else 1
-        if changed:
-            return result, ".".join(parts[:length])
-    return None
 
 
 def _strip_debug_flag(argv: list[str] | None) -> list[str] | None:
