@@ -13,7 +13,7 @@ import pytest
 
 from app.rehearsal import gpu_recipes
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the one launch: 299 s on 2 idle cores
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the one launch: 92 s on 2 idle cores
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = [p.stem for p in gpu_recipes(CONFIGS)]
 
