@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from app.dtypes import parse_dtype
 from app.embedded.flow_models import SAMPLE_SIZE_FILE, load_flow_components
 from app.models import flow_conditioning as conditioning_lib
 from app.models.flow_lora import trainable_transformer
@@ -51,7 +52,6 @@ from app.sampling.flow import flow_sigmas
 log = logging.getLogger(__name__)
 
 FLOW_ATTENTION_PROJECTIONS = r".*attn\d?\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _WAN_DEFAULT_SIZE = dict(height=480, width=832, num_frames=81)  # WanPipeline's defaults
 _LONG_TEXT_LENGTH = 512  # WanPipeline's and FluxPipeline's max_sequence_length
 _FLUX_DEFAULT_SIZE = dict(height=1024, width=1024)  # FluxPipeline's default_sample_size 128 x its VAE factor 8
@@ -128,14 +128,13 @@ class FlowPolicy(SwitchableReference, nn.Module):
         use_liger_kernel: bool = False,
     ):
         super().__init__()
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        torch_dtype = parse_dtype(dtype)
         _quiet_progress_bars()
         if use_liger_kernel:
             require_liger()  # before loading the weights
         # an empty transformer (meta parameters, weights read after sharding) inside app.parallel.loading.lean_loading
         empty = lean_loading_requested()
-        components = load_flow_components(model, dtype=_DTYPES[dtype], seed=seed, empty_transformer=empty)
+        components = load_flow_components(model, dtype=torch_dtype, seed=seed, empty_transformer=empty)
         self.model_name = model
         self.source_path = components["path"]
         self.uses_lora = lora is not None

@@ -21,6 +21,7 @@ from transformers import LogitsProcessorList
 
 from app.algorithms import GRPOLossOutput
 from app.algorithms.fused_linear import FusedLinearGRPOLoss
+from app.dtypes import parse_dtype
 from app.embedded.models import load_vlm
 from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_liger_kernels, require_liger, validate_attn_implementation
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 
 LANGUAGE_MODEL_PROJECTIONS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 _VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -152,8 +152,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         seed: int = 0,
     ):
         super().__init__()
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        torch_dtype = parse_dtype(dtype)
         if vision_learning_rate is not None and not vision_learning_rate > 0:
             raise ValueError(f"vision_learning_rate must be > 0 or null, got {vision_learning_rate}")
         self.vision_learning_rate = vision_learning_rate
@@ -163,7 +162,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
         # empty (meta parameters, weights read after sharding) inside app.parallel.loading.lean_loading
         empty = lean_loading_requested()
-        hf_model, self.processor = load_vlm(model, dtype=_DTYPES[dtype], seed=seed, empty=empty, **extra)
+        hf_model, self.processor = load_vlm(model, dtype=torch_dtype, seed=seed, empty=empty, **extra)
         self.processor.tokenizer.padding_side = "left"
         self.model_name = model
         self.instruction = instruction

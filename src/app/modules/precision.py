@@ -19,6 +19,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from app.dtypes import dtype_name
+
 log = logging.getLogger(__name__)
 
 SIXTEEN_BIT = (torch.bfloat16, torch.float16)
@@ -132,11 +134,6 @@ def _unique(params: Iterable[nn.Parameter]) -> list[nn.Parameter]:
 def _local_numel(tensor: torch.Tensor) -> int:
     to_local = getattr(tensor, "to_local", None)  # a DTensor counts the shard this rank stores
     return (to_local() if callable(to_local) else tensor).numel()
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``."""
-    return str(dtype).removeprefix("torch.")
 
 
 def _dtypes(counts: dict[torch.dtype, int]) -> str:

@@ -47,6 +47,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from app.dtypes import DTYPES
 from app.errors import ConfigError
 from app.parallel.loading import LoadReport, materialize
 from app.parallel.plan import ShardingPlan
@@ -56,7 +57,6 @@ log = logging.getLogger(__name__)
 MESH_DIMS = ("replicate", "shard")
 METADATA_FILE = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint
 OMITTED = "frozen_parameters_omitted"  # checkpoint key: the frozen parameters a lean checkpoint leaves out
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -90,8 +90,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         timeout: timedelta | None = None,
     ):
         for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
-            if dtype is not None and dtype not in _DTYPES:
-                raise ConfigError(f"FSDP2Strategy {name} must be one of {sorted(_DTYPES)} or null, got {dtype!r}")
+            if dtype is not None and dtype not in DTYPES:
+                raise ConfigError(f"FSDP2Strategy {name} must be one of {sorted(DTYPES)} or null, got {dtype!r}")
         if any(size != "auto" and (not isinstance(size, int) or size < 1) for size in (replicate_size, shard_size)):
             raise ConfigError(f"FSDP2Strategy needs replicate_size and shard_size >= 1 or 'auto', got "
                               f"replicate_size={replicate_size}, shard_size={shard_size!r}")  # fmt: skip
@@ -106,7 +106,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.shard_size = shard_size
         self.replicate_size = replicate_size
         self.mixed_precision = MixedPrecisionPolicy(
-            param_dtype=_DTYPES.get(param_dtype), reduce_dtype=_DTYPES.get(reduce_dtype)
+            param_dtype=DTYPES.get(param_dtype), reduce_dtype=DTYPES.get(reduce_dtype)
         )
         self.cpu_offload = cpu_offload
         self.reshard_after_forward = reshard_after_forward

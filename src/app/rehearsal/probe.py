@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from app.modules.precision import dtype_name
+from app.dtypes import dtype_name
 from app.parallel.fsdp import full_tensor
 
 
