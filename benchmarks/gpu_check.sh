@@ -13,6 +13,10 @@
 #   vlm_3b       benchmarks/gpu_vlm_grpo.py: the Qwen2.5-VL-3B-shaped policy, 4 x 8 completions of 256 tokens,
 #                sdpa / sdpa+Liger / flash_attention_2+Liger x LoRA / full x shared prefix on / off; rollout and training
 #                tokens/s, training MFU, peak memory; then SD3.5-medium and Wan2.1-1.3B fwd+bwd per attention backend
+#   fsdp_1gpu    issues 32/33: the CLI's FSDP2Strategy on one GPU (NCCL) with bf16-mixed over float32 weights, 2 steps
+#                with a checkpoint each step, then a resume to step 3; the precision line every fit prints is kept
+#                (ACCEL=cpu runs the same part on CPU, which is how it was tested:
+#                PARTS=fsdp_1gpu ACCEL=cpu PY=.venv/bin/python bash benchmarks/gpu_check.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_check}"
@@ -30,6 +34,7 @@ outcomes=()
 part() {  # part NAME SECONDS COMMAND...: run it under a time limit into $OUT/NAME.log and record how it ended
   local name=$1 limit=$2 started=$SECONDS rc
   shift 2
+  if [[ -n "${PARTS:-}" && " $PARTS " != *" $name "* ]]; then return; fi  # PARTS="a b": only those parts
   echo "== $name (at most ${limit} s)"
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   rc=$?
@@ -53,13 +58,19 @@ part gpu_tests 150 "$PY" -m pytest -m gpu -p no:cacheprovider -o addopts="-ra -q
   tests/models/test_kernels.py tests/algorithms/test_fused_linear.py tests/sampling/test_token_sampling.py
 part vlm_3b 300 "$PY" benchmarks/gpu_vlm_grpo.py --variants sdpa sdpa+liger flash_attention_2+liger \
   --modes lora full --shared on off --new-tokens 256 --out "$OUT/vlm_3b.jsonl"
+fsdp_args=(--config configs/trisr_dots.yaml --validate_before_and_after false --trainer.accelerator "${ACCEL:-gpu}"
+  --trainer.devices 1 --trainer.strategy.class_path app.parallel.FSDP2Strategy --trainer.precision bf16-mixed
+  --trainer.limit_val_batches 0 --trainer.default_root_dir "$OUT/fsdp_run" --trainer.logger false
+  --trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint --trainer.callbacks.dirpath="$OUT/fsdp_run/ckpt"
+  --trainer.callbacks.every_n_train_steps=1 --trainer.callbacks.save_last=true)
+part fsdp_1gpu 240 bash -c '"$0" -m app fit "$@" --trainer.max_steps 2 && "$0" -m app fit "$@" --trainer.max_steps 3 \
+  --ckpt_path "'"$OUT"'/fsdp_run/ckpt/last.ckpt"' "$PY" "${fsdp_args[@]}"
 
-echo
-cat "$OUT/environment.log"
-echo
-tail -n 15 "$OUT/gpu_tests.log"
-echo
-grep '^|' "$OUT/vlm_3b.log" || tail -n 20 "$OUT/vlm_3b.log"
+show() { [[ -f "$OUT/$1.log" ]] && { echo; "${@:2}" "$OUT/$1.log"; }; }  # show PART COMMAND...: on its log
+show environment cat
+show gpu_tests tail -n 15
+show vlm_3b grep '^|' || show vlm_3b tail -n 20
+show fsdp_1gpu grep -E "^precision:|Restored all states|stopped:" || show fsdp_1gpu tail -n 10
 echo
 echo "| part | outcome | time |"
 echo "|---|---|---|"
