@@ -125,7 +125,7 @@ def _fix_active_mutant(config) -> None:
     """mutmut wraps every mutated function in a trampoline that looks the active mutant up in ``os.environ`` on every
     call (so that a test that clears the environment cannot switch it off). Within one of its sessions the mutant never
     changes, and the look-ups cost up to 40 % of a test that calls a mutated parser in a loop (a numeric-reward mutant
-    ran 2.0 s, 1.3 s without them; ``benchmarks/mutmut_trampolines.py`` times one call). The lookup is fixed to
+    ran 2.0 s, 1.3 s without them; ``tools/mutmut_trampolines.py`` times one call). The lookup is fixed to
     the session's value until the session ends. Nothing here changes when mutmut's trampoline module is not loaded."""
     trampoline = sys.modules.get("mutmut.mutation.trampoline")
     if trampoline is None or not callable(getattr(trampoline, "get_mutant_under_test", None)):
@@ -147,7 +147,7 @@ def pytest_configure(config):
     second of collection per mutant), reset what multiprocessing resets in a process it forks, stop property tests at
     their first failing example, and collect the named tests' files whole, keeping the named tests afterwards:
     pytest matches each id on the command line against its file separately, which cost more than collecting the
-    files (measured with cProfile on a 760-test mutant run; ``benchmarks/pytest_overhead.py`` times sessions)."""
+    files (measured with cProfile on a 760-test mutant run; ``tools/pytest_overhead.py`` times sessions)."""
     if _in_mutant_run() or os.environ.get("MUTANT_UNDER_TEST") == "stats":
         _fix_active_mutant(config)
     if not _in_mutant_run():
@@ -210,7 +210,7 @@ _full_durations: dict[str, float] = {}
 
 
 # Which test caught each mutant: a line per caught mutant, in a file per mutated function under KILLS in mutmut's working
-# directory (``benchmarks/mutation_summary.py --killers`` reads them).
+# directory (``tools/mutation_summary.py --killers`` reads them).
 KILLS = Path("mutmut-kills")
 _kill_recorded = False
 

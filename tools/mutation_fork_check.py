@@ -7,8 +7,8 @@ not have), fails for every mutant whose tests include it, and mutmut counts each
 script runs the selection the same way, with a mutant name that matches no function, and lists the tests that pass in
 the parent but fail in the fork; it exits 1 if there are any:
 
-    OMP_NUM_THREADS=1 python benchmarks/mutation_fork_check.py        # ~4 min on 2 cores
-    OMP_NUM_THREADS=1 python benchmarks/mutation_fork_check.py tests/rewards/test_async_rewards.py
+    OMP_NUM_THREADS=1 python tools/mutation_fork_check.py        # ~4 min on 2 cores
+    OMP_NUM_THREADS=1 python tools/mutation_fork_check.py tests/rewards/test_async_rewards.py
 
 The selection and the per-session arguments are those of ``[tool.mutmut]`` in pyproject.toml (without a path, the whole
 selection); ``tests/conftest.py`` treats the child's session as a mutant run.

@@ -1,15 +1,15 @@
-"""benchmarks/mutation_summary.py: counts per mutated file from mutmut's ``.meta`` files, and the caught rate."""
+"""tools/mutation_summary.py: counts per mutated file from mutmut's ``.meta`` files, and the caught rate."""
 
 import json
 from pathlib import Path
 
 import pytest
-from benchmark_scripts import load_benchmark  # the scripts are not a package
+from tool_scripts import load_tool  # the scripts are not a package
 
 
 @pytest.fixture(scope="module")
 def summary():
-    return load_benchmark("mutation_summary")
+    return load_tool("mutation_summary")
 
 
 def write_meta(path: Path, codes: dict, durations: dict) -> None:

@@ -1,15 +1,15 @@
-"""benchmarks/mutation_fork_check.py: it reads mutmut's selection, and finds a test that passes in the process that
+"""tools/mutation_fork_check.py: it reads mutmut's selection, and finds a test that passes in the process that
 imported it but fails in a fork of that process (as every mutant session is)."""
 
 import os
 
 import pytest
-from benchmark_scripts import load_benchmark  # the scripts are not a package
+from tool_scripts import load_tool  # the scripts are not a package
 
 
 @pytest.fixture(scope="module")
 def check():
-    return load_benchmark("mutation_fork_check")
+    return load_tool("mutation_fork_check")
 
 
 def test_reads_the_selection_and_the_session_arguments_of_the_project(check):

@@ -5,8 +5,8 @@ mutmut 3 replaces every function of a mutated module by a trampoline that decide
 original or the active mutant. A mutant run's tests call such functions millions of times in total (the number parser
 alone, ~230,000 calls in one numeric-reward mutant's session), so the per-call cost decides how long many mutants take:
 
-    OMP_NUM_THREADS=1 python benchmarks/mutmut_trampolines.py
-    OMP_NUM_THREADS=1 python benchmarks/mutmut_trampolines.py --calls 500000
+    OMP_NUM_THREADS=1 python tools/mutmut_trampolines.py
+    OMP_NUM_THREADS=1 python tools/mutmut_trampolines.py --calls 500000
 
 It builds a trampoline with mutmut's own ``wrap_in_trampoline`` around a one-line function, with another module's mutant
 active (the common case: the trampoline calls the original), and prints the time per call of the plain function and of

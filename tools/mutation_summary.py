@@ -2,10 +2,10 @@
 
 Run from the folder holding ``mutants/`` after ``mutmut run`` (see README, "Mutation testing"):
 
-    python benchmarks/mutation_summary.py            # table per file, then the total
-    python benchmarks/mutation_summary.py --markdown # the same as a Markdown table (for the README)
-    python benchmarks/mutation_summary.py --folders  # one row per folder of mutated files
-    python benchmarks/mutation_summary.py --killers  # mutants caught per test file, and the tests that caught most
+    python tools/mutation_summary.py            # table per file, then the total
+    python tools/mutation_summary.py --markdown # the same as a Markdown table (for the README)
+    python tools/mutation_summary.py --folders  # one row per folder of mutated files
+    python tools/mutation_summary.py --killers  # mutants caught per test file, and the tests that caught most
 
 "Caught" counts mutmut's "killed" (a test failed) and "caught by type check". A timeout (the mutant made the code hang)
 and a crash (the test process died of a signal, e.g. a native library handed None) are reported on their own: caught in

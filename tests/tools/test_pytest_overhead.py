@@ -1,12 +1,12 @@
-"""benchmarks/pytest_overhead.py: it times exactly the arguments mutmut passes, and a session it times really ran."""
+"""tools/pytest_overhead.py: it times exactly the arguments mutmut passes, and a session it times really ran."""
 
 import pytest
-from benchmark_scripts import load_benchmark  # the scripts are not a package
+from tool_scripts import load_tool  # the scripts are not a package
 
 
 @pytest.fixture(scope="module")
 def overhead():
-    return load_benchmark("pytest_overhead")
+    return load_tool("pytest_overhead")
 
 
 def test_reads_mutmuts_pytest_arguments_from_the_project(overhead):

@@ -5,8 +5,8 @@ tests, then calls ``pytest.main`` with that mutant's tests. Whatever pytest does
 script times one cheap test's session with pytest's default plugins and with the arguments of ``[tool.mutmut]
 pytest_add_cli_args`` in pyproject.toml, after warming the process up (torch imported, a first run done):
 
-    OMP_NUM_THREADS=1 python benchmarks/pytest_overhead.py
-    OMP_NUM_THREADS=1 python benchmarks/pytest_overhead.py --repeats 10 --test tests/sampling/test_logprobs.py
+    OMP_NUM_THREADS=1 python tools/pytest_overhead.py
+    OMP_NUM_THREADS=1 python tools/pytest_overhead.py --repeats 10 --test tests/sampling/test_logprobs.py
 
 Measured here (2-core machine, idle, 2026-12-02; one numeric-reward test): 0.65 s per session with the default plugins,
 0.09 s with mutmut's arguments. Almost all of the difference is the `unraisableexception` plugin's two full
