@@ -11,7 +11,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from app.embedded.models import resolve_pretrained
 from app.models import LoRASettings, SamplingSettings, VLMPolicy
-from app.models.vlm import LANGUAGE_MODEL_PROJECTIONS
+from app.models.lora_settings import LANGUAGE_MODEL_PROJECTIONS
 from app.types import VisualSample
 
 K = 3

@@ -31,7 +31,6 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +43,7 @@ from app.models import flow_conditioning as conditioning_lib
 from app.models.flow_lora import trainable_transformer
 from app.models.flow_text import DEFAULT_MAX_SEQUENCE_LENGTH, FlowTextEncoder
 from app.models.kernels import apply_liger_rms_norm, require_liger, set_flow_attention_backend
+from app.models.lora_settings import FlowLoRASettings
 from app.models.policy import SwitchableReference
 from app.parallel.loading import keeping_new_parameters, lean_loading_requested
 from app.parallel.plan import ShardingPlan, repeated_blocks
@@ -51,37 +51,9 @@ from app.sampling.flow import flow_sigmas
 
 log = logging.getLogger(__name__)
 
-FLOW_ATTENTION_PROJECTIONS = r".*attn\d?\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)"
 _WAN_DEFAULT_SIZE = dict(height=480, width=832, num_frames=81)  # WanPipeline's defaults
 _LONG_TEXT_LENGTH = 512  # WanPipeline's and FluxPipeline's max_sequence_length
 _FLUX_DEFAULT_SIZE = dict(height=1024, width=1024)  # FluxPipeline's default_sample_size 128 x its VAE factor 8
-
-
-@dataclass
-class FlowLoRASettings:
-    """PEFT LoRA on the transformer's attention projections.
-
-    Attributes:
-        r: rank of the update.
-        alpha: scaling numerator (``lora_alpha``); the update is scaled by alpha / r.
-        dropout: dropout on the LoRA input.
-        target_modules: regex over module names (PEFT full-matches it), or a list of names (each a module's name or
-            its last dotted parts); the default hits the query/key/value/output projections of every attention, and
-            SD3/Flux's context-stream projections of joint attention (``add_{q,k,v}_proj``, ``to_add_out``), as
-            Flow-GRPO's SD3 recipe does. A regex, or a list entry, that matches no module of the transformer is an
-            error naming it.
-    """
-
-    r: int = 32
-    alpha: int = 64
-    dropout: float = 0.0
-    target_modules: str | list[str] = FLOW_ATTENTION_PROJECTIONS
-
-    def __post_init__(self):
-        if self.r < 1 or self.alpha <= 0:
-            raise ValueError(f"LoRA needs r >= 1 and alpha > 0, got r={self.r}, alpha={self.alpha}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
 
 
 class FlowPolicy(SwitchableReference, nn.Module):

@@ -10,7 +10,7 @@ from app.models.lora_targets import check_lora_targets
 
 
 class LoRAShape(Protocol):
-    """What the adapter is built from (``app.models.flow.FlowLoRASettings``, defined beside the policy that takes it)."""
+    """What the adapter is built from (``app.models.lora_settings.FlowLoRASettings``)."""
 
     r: int
     alpha: int

@@ -26,6 +26,7 @@ from app.embedded.models import load_vlm
 from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_liger_kernels, require_liger, validate_attn_implementation
 from app.models.lora_merge import merged_lora
+from app.models.lora_settings import LoRASettings
 from app.models.lora_targets import check_lora_targets
 from app.models.policy import SwitchableReference
 from app.parallel.fsdp import gathered
@@ -45,38 +46,7 @@ from app.types import CompletionBatch, PromptInputs, VisualSample
 
 log = logging.getLogger(__name__)
 
-LANGUAGE_MODEL_PROJECTIONS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 _VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-
-
-@dataclass
-class LoRASettings:
-    """PEFT LoRA on the language model (and, when the targets reach it, the vision tower).
-
-    Every base weight stays frozen under LoRA; only the adapters train, wherever they are. Adapters on layers of the
-    vision tower (``visual``) train whatever ``VLMPolicy.freeze_vision`` says (it is about the tower's base weights).
-
-    Attributes:
-        r: rank of the update.
-        alpha: scaling numerator (``lora_alpha``); the update is scaled by alpha / r.
-        dropout: dropout on the LoRA input.
-        target_modules: a regex that must match a whole module name (PEFT's ``re.fullmatch``), or a list of names,
-            each the name of a module or its last dotted parts (``["qkv"]`` selects every ``...attn.qkv``). The
-            default hits the language model's attention and MLP projections and nothing in the vision tower; for
-            the vision blocks add e.g. ``|.*visual.blocks.*(qkv|proj|fc1|fc2)``. A regex, or a list
-            entry, that matches no module of the model is an error naming it (:mod:`app.models.lora_targets`).
-    """
-
-    r: int = 32
-    alpha: int = 64
-    dropout: float = 0.05
-    target_modules: str | list[str] = LANGUAGE_MODEL_PROJECTIONS
-
-    def __post_init__(self):
-        if self.r < 1 or self.alpha <= 0:
-            raise ValueError(f"LoRA needs r >= 1 and alpha > 0, got r={self.r}, alpha={self.alpha}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
 
 
 @dataclass
