@@ -107,11 +107,19 @@ class StreamDrawer:
 
     def _loader(self, main: ShardStream) -> ShardLoader:
         stream = ShardStream(
-            main.urls, batch_size=1, rank=main.rank, world_size=main.world_size,
-            split_by_sample=main.split_by_sample, seed=derive_seed(self.seed, "dynamic sampling"), shuffle=True,
-            shuffle_buffer=main.shuffle_buffer, resampled=main.resampled, epoch_size=main.epoch_size,
-            augment=main.augment, strip_labels=main.strip_labels,
-        )  # fmt: skip
+            main.urls,
+            batch_size=1,
+            rank=main.rank,
+            world_size=main.world_size,
+            split_by_sample=main.split_by_sample,
+            seed=derive_seed(self.seed, "dynamic sampling"),
+            shuffle=True,
+            shuffle_buffer=main.shuffle_buffer,
+            resampled=main.resampled,
+            epoch_size=main.epoch_size,
+            augment=main.augment,
+            strip_labels=main.strip_labels,
+        )
         loader = ShardLoader(stream)  # in this process: the refill is inline, and its position exact
         saved, self._saved = self._saved, None
         if saved is not None and saved["position"] is not None:
@@ -119,8 +127,9 @@ class StreamDrawer:
             if changed:
                 log.warning(
                     "dynamic sampling: not resuming the refill stream: %s changed since the checkpoint; it starts "
-                    "afresh", ", ".join(changed),
-                )  # fmt: skip
+                    "afresh",
+                    ", ".join(changed),
+                )
             else:
                 loader.resume(saved["position"])
         return loader
@@ -153,10 +162,14 @@ class StreamDrawer:
 def _stream_config(stream: ShardStream) -> dict[str, Any]:
     """What a refill position is only valid for."""
     return {
-        "shards": [os.path.basename(u) for u in stream.urls], "seed": stream.seed,
-        "shuffle_buffer": stream.shuffle_buffer, "resampled": stream.resampled, "epoch_size": stream.epoch_size,
-        "rank": stream.rank, "world_size": stream.world_size,
-    }  # fmt: skip
+        "shards": [os.path.basename(u) for u in stream.urls],
+        "seed": stream.seed,
+        "shuffle_buffer": stream.shuffle_buffer,
+        "resampled": stream.resampled,
+        "epoch_size": stream.epoch_size,
+        "rank": stream.rank,
+        "world_size": stream.world_size,
+    }
 
 
 def prompt_drawer(dataset: Any, seed: int, rank: int) -> PromptDrawer:
