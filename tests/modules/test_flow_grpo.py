@@ -51,6 +51,9 @@ class StandInPolicy(nn.Module):
         ids = torch.tensor([sum(map(ord, p)) % 16 for p in prompts], device=self.base.weight.device)
         return {"embeds": self.text(ids)}  # [B, 4]
 
+    def condition_images(self, samples):
+        return None  # text only, as FlowPolicy.condition_images for a text-to-image model
+
     def initial_noise(self, batch, generator=None):
         return torch.randn(batch, *self.latent_shape, generator=generator, device=self.base.weight.device)
 

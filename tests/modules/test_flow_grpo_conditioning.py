@@ -53,7 +53,7 @@ def test_grpo_fit_moves_every_lora_weight_of_a_conditioned_model(name, fit):
     unchanged = sorted(n for n in before if torch.equal(before[n], after[n]))
     assert not unchanged, unchanged
     trajectory = module.rollout(vbvr_samples(2, max(size, 32)))
-    assert set(policy.encode_conditions(module.condition_images(vbvr_samples(2, max(size, 32))))) <= set(
+    assert set(policy.encode_conditions(module.policy.condition_images(vbvr_samples(2, max(size, 32))))) <= set(
         trajectory.conditioning
     )
 

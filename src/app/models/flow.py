@@ -31,6 +31,7 @@ import json
 import logging
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,7 @@ from app.models.policy import SwitchableReference
 from app.parallel.loading import keeping_new_parameters, lean_loading_requested
 from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.flow import flow_sigmas
+from app.types import VisualSample
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +248,13 @@ class FlowPolicy(SwitchableReference, nn.Module):
     def is_conditioned(self) -> bool:
         """Whether the model takes a problem image (image-to-video or image edit)."""
         return self.conditioning_mode is not None
+
+    def condition_images(self, samples: Sequence[VisualSample]) -> Tensor | None:
+        """The problem frames ``[B, 3, H, W]`` of the samples (each one's ``images[0]``, at the frame size) when the
+        model is image-conditioned, else None: what rollouts and evaluation pass to the sampler as ``images``."""
+        if not self.is_conditioned:
+            return None
+        return conditioning_lib.condition_images(samples, *self.frame_size)
 
     @property
     def num_frames(self) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from app.models.flow_conditioning import condition_images
 from app.modules.grouped_means import GroupedEvaluation
 from app.types import VisualSample
 from app.vbvr.regimes import score_regimes
@@ -30,18 +29,12 @@ class FlowEvaluation(GroupedEvaluation):
     :class:`callbacks.vbvr_eval.VBVRGridWriter`.
     """
 
-    def condition_images(self, samples: list[VisualSample]) -> Tensor | None:
-        """The problem frames ``[B, 3, H, W]`` of an image-conditioned policy, else None."""
-        if not getattr(self.policy, "is_conditioned", False):
-            return None
-        return condition_images(samples, *self.policy.frame_size)
-
     @torch.no_grad()
     def generate(self, samples: list[VisualSample], batch_idx: int = 0) -> Tensor:
         """One deterministic sample per prompt, from noise seeded by ``seed + batch_idx``: ``[B, 3, H, W]`` (or
         ``[B, F, 3, H, W]``)."""
         prompts = [s.question for s in samples]
-        images = self.condition_images(samples)
+        images = self.policy.condition_images(samples)
         with self.gathered_policy():  # FSDP2: one all-gather for all denoising steps
             return self.sampler.generate(prompts, seed=self.hparams.seed + batch_idx, device=self.device, images=images)
 

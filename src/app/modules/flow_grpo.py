@@ -127,7 +127,7 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         """Sample K trajectories per prompt and keep the trained transitions with their log-densities under the
         sampling policy, and the decoded samples the rewards score."""
         settings, sampler, k = self.sampling, self.sampler, self.group_size
-        images = self.condition_images(samples)  # problem frames of an image-conditioned policy, else None
+        images = self.policy.condition_images(samples)  # problem frames of an image-conditioned policy, else None
         conditioning = sampler.conditioning([s.question for s in samples], repeats=k, images=images)
         sigmas = self.policy.sigmas(settings.num_steps).float().cpu()  # [T + 1]
         stochastic = stochastic_steps(sigmas, settings.sde_window)
