@@ -163,11 +163,10 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         num_steps = len(trajectory.step_indices)
         total = mask.sum().clamp(min=1)
         for j, i in enumerate(trajectory.step_indices):
-            sigma, sigma_next = float(trajectory.sigmas[i]), float(trajectory.sigmas[i + 1])
             for rows in micro_batches(mask.shape[0], hp.micro_batch_size):
                 x, x_next = trajectory.latents[rows, j], trajectory.next_latents[rows, j]
-                v = self.sampler.velocity(x, trajectory.sigmas[i], rows_of(trajectory.conditioning, rows))  # with grad
-                logprobs = self.sampler.step(x, v, sigma, sigma_next, prev_sample=x_next).log_prob[:, None]  # [n, 1]
+                conditioning = rows_of(trajectory.conditioning, rows)
+                logprobs = self.sampler.step_logprob(conditioning, trajectory.sigmas, i, x, x_next)[:, None]  # [n, 1]
                 old = trajectory.old_logprobs[rows, j : j + 1] if self.stores_behaviour_logprobs else logprobs.detach()
                 ref = trajectory.ref_logprobs[rows, j : j + 1] if trajectory.ref_logprobs is not None else None
                 out = grpo_loss(  # pragma: no mutate (equivalent: aggregation= dropped is the default token_mean)

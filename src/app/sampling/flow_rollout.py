@@ -255,12 +255,20 @@ class FlowSampler:
     ) -> Tensor:
         """``[N, S]`` log-densities of stored transitions (``latents[:, j] -> next_latents[:, j]`` at step
         ``steps[j]``) under the current velocity; inside ``policy.reference()`` under the reference."""
-        values = []
-        for j, i in enumerate(steps):
-            v = self.velocity(latents[:, j], sigmas[i], conditioning)  # [N, ...]
-            out = self.step(latents[:, j], v, float(sigmas[i]), float(sigmas[i + 1]), prev_sample=next_latents[:, j])
-            values.append(out.log_prob)  # [N]
+        values = [
+            self.step_logprob(conditioning, sigmas, i, latents[:, j], next_latents[:, j]) for j, i in enumerate(steps)
+        ]
         return torch.stack(values, dim=1)  # [N, S]
+
+    def step_logprob(
+        self, conditioning: dict[str, Tensor], sigmas: Tensor, index: int, latents: Tensor, next_latents: Tensor
+    ) -> Tensor:
+        """``[N]`` log-density of one stored transition, ``latents -> next_latents`` at step ``index`` of ``sigmas``,
+        under the current velocity (with gradients where they are enabled): the one place a flow transition is scored,
+        for the reference pass and for the loss."""
+        v = self.velocity(latents, sigmas[index], conditioning)  # [N, ...]
+        step = self.step(latents, v, float(sigmas[index]), float(sigmas[index + 1]), prev_sample=next_latents)
+        return step.log_prob  # [N]
 
     @torch.no_grad()
     def reference_logprobs(self, conditioning, sigmas, steps, latents, next_latents) -> Tensor:
