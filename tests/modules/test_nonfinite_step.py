@@ -10,13 +10,11 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from test_grpo_skeleton import LinearPolicy, ToyGRPO  # the skeleton tests' toy module
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from app.models import SamplingSettings
 from app.modules import NonFiniteCheckpointError, NonFiniteTrainingError, VLMGRPOModule, VLMSFTModule
-from app.parallel import FSDP2Strategy
-from app.parallel.fsdp import MESH_DIMS
+from app.modules.finite_step import named_tensors
 from app.rewards import RewardComponent
 
 
@@ -130,22 +128,14 @@ def every_step(tmp_path) -> ModelCheckpoint:
     return ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, save_last=True)
 
 
-def tensors_in(value, path: str):
-    if torch.is_tensor(value):
-        yield path, value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from tensors_in(item, f"{path}/{key}")
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            yield from tensors_in(item, f"{path}/{index}")
-
-
 def nonfinite_in(path) -> list[str]:
     """The weights and optimizer-state tensors of the checkpoint file ``path`` that hold a NaN or inf."""
     checkpoint = torch.load(path, weights_only=True)
     assert checkpoint["state_dict"] and checkpoint["optimizer_states"]
-    named = [*tensors_in(checkpoint["state_dict"], "state_dict"), *tensors_in(checkpoint["optimizer_states"], "opt")]
+    named = [
+        *named_tensors(checkpoint["state_dict"], "state_dict"),
+        *named_tensors(checkpoint["optimizer_states"], "opt"),
+    ]
     return [name for name, tensor in named if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
 
 
@@ -338,18 +328,6 @@ def test_the_restore_option_is_a_hyperparameter_on_by_default(new_policy):
     assert off.restore_nonfinite_steps is False and off.hparams.restore_nonfinite_steps is False
     grpo_off = grpo(new_policy, restore_nonfinite_steps=False)
     assert grpo_off.restore_nonfinite_steps is False and grpo_off.hparams.restore_nonfinite_steps is False
-
-
-@pytest.fixture
-def fsdp2():
-    """An FSDP2 strategy over a one-process gloo group (its mesh built as ``setup_environment`` would)."""
-    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
-    try:
-        strategy = FSDP2Strategy(reshard_after_forward=False)
-        strategy._device_mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=MESH_DIMS)
-        yield strategy
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def test_under_fsdp2_the_guard_restores_each_rank_s_shards_of_the_parameters_and_their_state(fsdp2):

@@ -7,24 +7,11 @@ import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 from test_grpo_skeleton import LinearPolicy, ToyGRPO  # the skeleton tests' toy module
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from app.modules import NonFiniteTrainingError
-from app.parallel import FSDP2Strategy, ShardingPlan
+from app.parallel import ShardingPlan
 from app.parallel.fsdp import MESH_DIMS, is_sharded
-
-
-@pytest.fixture
-def fsdp2():
-    """An FSDP2 strategy over a one-process gloo group (its mesh built as ``setup_environment`` would)."""
-    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
-    try:
-        strategy = FSDP2Strategy(reshard_after_forward=False)
-        strategy._device_mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=MESH_DIMS)
-        yield strategy
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def under(strategy):
