@@ -14,10 +14,10 @@ import argparse
 
 import torch
 
-from app.models import FlowLoRASettings, FlowPolicy
+from app.models import FlowPolicy
 from app.modules import FlowGRPOModule
 from app.rewards.color_region import ColorRegionReward
-from app.sampling import FlowSamplingSettings
+from app.settings import FlowSamplingSettings, GRPOSettings, LoRASettings
 from app.tasks.dots.shapes import ShapePromptDataset
 
 
@@ -44,20 +44,17 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    lora = FlowLoRASettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
+    lora = LoRASettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
     policy = FlowPolicy(args.model, lora=lora)
     if lora is not None:  # B = 0 at the start gives A no gradient; a tiny B shows both
         with torch.no_grad():
             for name, parameter in policy.model.named_parameters():
                 if "lora_B" in name:
                     parameter.normal_(std=1e-3)
-    module = FlowGRPOModule(
-        policy, [ColorRegionReward()], seed=1, advantage_scale=args.advantage_scale, gradient_clip_val=0.0,
-        sampling=FlowSamplingSettings(
-            num_generations=args.group, num_steps=args.steps, eta=args.eta, shared_initial_noise=args.shared_noise,
+    module = FlowGRPOModule(policy, [ColorRegionReward()], seed=1, sampling=FlowSamplingSettings(
+            group_size=args.group, num_steps=args.steps, eta=args.eta, shared_initial_noise=args.shared_noise,
             sde_window=tuple(args.sde_window) if args.sde_window else None,
-        ),
-    )  # fmt: skip
+        ), grpo=GRPOSettings(advantage_scale=args.advantage_scale, gradient_clip_val=0.0))  # fmt: skip
     module.manual_backward = lambda loss: loss.backward()  # outside a Trainer
     data = ShapePromptDataset(num_samples=args.prompts, seed=3, image_size=64)
     samples = [data[i] for i in range(args.prompts)]

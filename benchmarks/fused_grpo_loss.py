@@ -65,20 +65,17 @@ class PeakRSS:
 
 def build(mode: str, fused: bool, tokens: int, micro_batch_size: int | None):
     from app.data import VisualTaskDataModule
-    from app.models import LoRASettings, VLMPolicy
-    from app.models.vlm import SamplingSettings
+    from app.models import VLMPolicy
     from app.modules import VLMGRPOModule
     from app.rewards import FormatReward
+    from app.settings import GRPOSettings, LoRASettings, SamplingSettings
     from app.tasks.dots import DotsDataset
 
     torch.manual_seed(0)
     lora = LoRASettings(r=8, alpha=16, dropout=0.0) if mode == "lora" else None
     policy = VLMPolicy("tiny-qwen2.5-vl", lora=lora)
-    sampling = SamplingSettings(num_generations=8, max_new_tokens=tokens)
-    module = VLMGRPOModule(
-        policy, [FormatReward()], sampling, micro_batch_size=micro_batch_size, fused_linear_loss=fused,
-        fused_loss_compiled=False,
-    )  # fmt: skip
+    sampling = SamplingSettings(group_size=8, max_new_tokens=tokens)
+    module = VLMGRPOModule(policy, [FormatReward()], sampling, fused_linear_loss=fused, fused_loss_compiled=False, grpo=GRPOSettings(micro_batch_size=micro_batch_size))  # fmt: skip
     data = VisualTaskDataModule(
         functools.partial(DotsDataset, dot_radius=12), train_size=4, val_size=4, test_size=4, batch_size=4, seed=0,
         image_size=64,

@@ -181,10 +181,11 @@ def folder_gib(folder: Path, pattern: str = "**/*") -> float:
 
 def probe_video_memory(folder: Path, frames: int, height: int, width: int, micro_batch: int) -> dict:
     """One forward and backward of ``micro_batch`` clips at full length (LoRA r 32, checkpointing, bf16)."""
-    from app.models import FlowLoRASettings, FlowPolicy
+    from app.models import FlowPolicy
+    from app.settings import LoRASettings
 
     policy = FlowPolicy(
-        str(folder), lora=FlowLoRASettings(r=32, alpha=64), dtype="bfloat16",
+        str(folder), lora=LoRASettings(r=32, alpha=64), dtype="bfloat16",
         resolution=dict(height=height, width=width, num_frames=frames), gradient_checkpointing=True,
     )  # fmt: skip
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -212,7 +213,7 @@ RECIPES = {
         "configs/flow_grpo_wan2_1_t2v_1_3b.yaml",
         [
             "--model.init_args.policy.init_args.resolution.num_frames=33",
-            "--model.init_args.sampling.num_generations=4",
+            "--model.init_args.sampling.group_size=4",
             "--data.init_args.batch_size=1",
         ],
     ),  # fmt: skip

@@ -131,8 +131,9 @@ def run_vlm(folder: Path, variant: str, mode: str, shared: bool, args) -> dict:
 
 def _run_vlm(folder: Path, variant: str, mode: str, shared: bool, args) -> dict:
     from app.algorithms import grpo_loss
-    from app.models import LoRASettings, SamplingSettings, VLMPolicy
+    from app.models import VLMPolicy
     from app.sampling.batching import micro_batches
+    from app.settings import LoRASettings, SamplingSettings
 
     attn, liger = VARIANTS[variant]
     row = dict(variant=variant, mode=mode, shared_prefix=shared)
@@ -148,7 +149,7 @@ def _run_vlm(folder: Path, variant: str, mode: str, shared: bool, args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     policy.to(device)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-6, fused=device.type == "cuda")
-    sampling = SamplingSettings(num_generations=args.k, max_new_tokens=args.new_tokens)
+    sampling = SamplingSettings(group_size=args.k, max_new_tokens=args.new_tokens)
     samples = prompts(args.prompts, args.image_size)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
@@ -157,7 +158,7 @@ def _run_vlm(folder: Path, variant: str, mode: str, shared: bool, args) -> dict:
             torch.cuda.reset_peak_memory_stats()
         sync()
         start = time.perf_counter()
-        prompt_inputs = policy.encode_prompts(samples, repeats=args.k)
+        prompt_inputs = policy.encode_prompts(samples, group_size=args.k)
         torch.manual_seed(step)
         completions = policy.generate(prompt_inputs, sampling, group_size=args.k)
         sync()

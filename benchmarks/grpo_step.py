@@ -48,18 +48,18 @@ class AlternatingStepTimer(L.Callback):
 
 def run(mode: str, steps: int, warmup: int, model: str) -> AlternatingStepTimer:
     from app.data import VisualTaskDataModule
-    from app.models import LoRASettings, VLMPolicy
-    from app.models.vlm import SamplingSettings
+    from app.models import VLMPolicy
     from app.modules import VLMGRPOModule
     from app.rewards import AccuracyReward, FormatReward
+    from app.settings import LoRASettings, OptimizerSettings, SamplingSettings
     from app.tasks.dots import DotsDataset
 
     L.seed_everything(0)
     lora = LoRASettings(r=8, alpha=16, dropout=0.0) if mode == "lora" else None
     policy = VLMPolicy(model, lora=lora)
-    sampling = SamplingSettings(num_generations=8, max_new_tokens=32)
+    sampling = SamplingSettings(group_size=8, max_new_tokens=32)
     rewards = [AccuracyReward(weight=1.0), FormatReward(weight=0.5)]
-    module = VLMGRPOModule(policy, rewards, sampling, learning_rate=1e-5, eval_max_new_tokens=4)
+    module = VLMGRPOModule(policy, rewards, sampling, eval_max_new_tokens=4, optimizer=OptimizerSettings(learning_rate=1e-5))
     data = VisualTaskDataModule(
         functools.partial(DotsDataset, dot_radius=12), train_size=8 * (steps + warmup + 1), val_size=4, test_size=4,
         batch_size=4, seed=0, image_size=64,

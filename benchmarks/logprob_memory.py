@@ -145,7 +145,7 @@ def _print_table(args: argparse.Namespace, rows: list[dict]) -> None:
 
 
 def _worker(args: argparse.Namespace) -> None:
-    from app.sampling import chunked_token_logprobs, token_logprobs_naive
+    from app.algorithms import chunked_token_logprobs, token_logprobs_naive
 
     torch.set_num_threads(args.threads)
     n, length, h, v = args.completions, args.tokens, args.hidden, args.vocab

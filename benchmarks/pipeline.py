@@ -28,8 +28,11 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from app.modules.pipeline import PipelineSettings  # noqa: E402
 from app.rewards import RewardComponent  # noqa: E402
+from app.settings import (
+    OptimizerSettings,
+    PipelineSettings,  # noqa: E402
+)
 from app.types import VisualSample  # noqa: E402
 
 WARMUP = 2
@@ -70,13 +73,13 @@ class StepTimer(L.Callback):
 
 
 def vlm_module(reward: RewardComponent, pipeline: PipelineSettings):
-    from app.models import LoRASettings, VLMPolicy
-    from app.models.vlm import SamplingSettings
+    from app.models import VLMPolicy
     from app.modules import VLMGRPOModule
+    from app.settings import LoRASettings, SamplingSettings
 
     policy = VLMPolicy("tiny-qwen2-vl", lora=LoRASettings(r=4, alpha=8, dropout=0.0))
-    sampling = SamplingSettings(num_generations=8, max_new_tokens=32)
-    return VLMGRPOModule(policy, [reward], sampling, learning_rate=1e-4, eval_max_new_tokens=4, pipeline=pipeline)
+    sampling = SamplingSettings(group_size=8, max_new_tokens=32)
+    return VLMGRPOModule(policy, [reward], sampling, eval_max_new_tokens=4, pipeline=pipeline, optimizer=OptimizerSettings(learning_rate=1e-4))
 
 
 def vlm_data(num_batches: int):
@@ -90,13 +93,13 @@ def vlm_data(num_batches: int):
 
 
 def flow_module(reward: RewardComponent, pipeline: PipelineSettings):
-    from app.models import FlowLoRASettings, FlowPolicy
+    from app.models import FlowPolicy
     from app.modules import FlowGRPOModule
-    from app.sampling.flow_rollout import FlowSamplingSettings
+    from app.settings import FlowSamplingSettings, LoRASettings
 
-    policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8), resolution={"height": 64, "width": 64})
-    sampling = FlowSamplingSettings(num_generations=4, num_steps=8)
-    return FlowGRPOModule(policy, [reward], sampling, learning_rate=1e-4, pipeline=pipeline)
+    policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8), resolution={"height": 64, "width": 64})
+    sampling = FlowSamplingSettings(group_size=4, num_steps=8)
+    return FlowGRPOModule(policy, [reward], sampling, pipeline=pipeline, optimizer=OptimizerSettings(learning_rate=1e-4))
 
 
 def flow_data(num_batches: int):

@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from app.vbvr import TASKS, get_task  # noqa: E402
+from app.tasks.vbvr import TASKS, get_task  # noqa: E402
 
 
 def per_second(fn, repeats: int) -> float:

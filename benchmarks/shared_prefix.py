@@ -3,7 +3,7 @@
     python benchmarks/shared_prefix.py                      # tiny-qwen2.5-vl, K=8, 64 new tokens, float32, 1 thread
     python benchmarks/shared_prefix.py --image-tokens tiny  # the embedded processor's 224x224 cap (64 image tokens)
 
-A rollout is what ``VLMGRPOModule`` runs per batch: ``encode_prompts(samples, repeats=K)`` then ``generate``.
+A rollout is what ``VLMGRPOModule`` runs per batch: ``encode_prompts(samples, group_size=K)`` then ``generate``.
 
 - without sharing: the processor runs on the K repeated rows (the previous ``encode_prompts``), and ``generate`` encodes
   the image and prefills the prompt for every row (``shared_prefix=False``);
@@ -47,7 +47,8 @@ def main() -> None:
     import torch
     from PIL import Image
 
-    from app.models import SamplingSettings, VLMPolicy
+    from app.models import VLMPolicy
+    from app.settings import SamplingSettings
     from app.types import PromptInputs, VisualSample
 
     torch.set_num_threads(args.threads)
@@ -62,7 +63,7 @@ def main() -> None:
         )
         for i in range(args.prompts)
     ]
-    sampling = SamplingSettings(num_generations=args.k, max_new_tokens=args.max_new_tokens)
+    sampling = SamplingSettings(group_size=args.k, max_new_tokens=args.max_new_tokens)
 
     def encode_per_row() -> PromptInputs:  # the previous encode_prompts: the processor on every repeated row
         texts = [policy.prompt_text(s) for s in samples for _ in range(args.k)]
@@ -73,7 +74,7 @@ def main() -> None:
     def rollout(shared: bool):
         policy.shared_prefix = shared
         start = time.perf_counter()
-        prompts = policy.encode_prompts(samples, repeats=args.k) if shared else encode_per_row()
+        prompts = policy.encode_prompts(samples, group_size=args.k) if shared else encode_per_row()
         encoded = time.perf_counter()
         torch.manual_seed(args.seed)
         completions = policy.generate(prompts, sampling, group_size=args.k)
@@ -89,7 +90,7 @@ def main() -> None:
             outputs[shared] = completions
             if i >= args.warmup:
                 times[shared].append((encode_s, total_s))
-    prompts = policy.encode_prompts(samples, repeats=1)
+    prompts = policy.encode_prompts(samples, group_size=1)
     image_tokens = int(prompts.tensors["image_grid_thw"].prod(dim=1).sum()) // 4
     same = torch.equal(outputs[True].completion_ids, outputs[False].completion_ids)
     lengths = outputs[True].completion_mask.sum(dim=1).float()

@@ -4,7 +4,7 @@ groups carry no signal, and which VBVR checks fail on which task.
 Reads ``outputs["rewards"]`` (:class:`~app.types.RewardOutput` of all N = B * K rows) and ``outputs["advantages"]``
 (``[N]``) that the GRPO modules return from ``training_step``; without them, the ``records`` (the first
 ``records_per_step`` rows) stand in. VBVR failed checks come from the reward components that count them
-(:class:`~app.rewards.vbvr.VBVRScorerReward` ``failed_checks``).
+(:class:`~app.tasks.vbvr.VBVRScorerReward` ``failed_checks``).
 """
 
 from __future__ import annotations

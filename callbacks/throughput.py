@@ -51,7 +51,8 @@ class ThroughputLogger(L.Callback):
         self._throughput = Throughput(
             available_flops=available, world_size=trainer.world_size, window_size=self.window_size
         )
-        iterations = int(getattr(pl_module.hparams, "num_iterations", 1) or 1)
+        grpo = getattr(pl_module, "grpo", None)  # GRPO makes num_iterations updates per rollout, SFT one
+        iterations = grpo.num_iterations if grpo is not None else 1
         self._flops_per_token = (2 + 6 * iterations) * sum(p.numel() for p in pl_module.parameters())
         self._train_time = 0.0
         self._batches = self._samples = self._tokens = 0

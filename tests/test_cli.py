@@ -59,7 +59,7 @@ def test_print_config_shows_command_line_overrides(capsys):
     config = yaml.safe_load(out)
     assert config["model"]["init_args"]["eps_high"] == 0.28
     assert config["model"]["init_args"]["sampling"]["max_new_tokens"] == 5
-    assert config["model"]["init_args"]["sampling"]["num_generations"] == 4  # the rest of the block is kept
+    assert config["model"]["init_args"]["sampling"]["group_size"] == 4  # the rest of the block is kept
     assert config["trainer"]["max_steps"] == 7
     assert config["validate_before_and_after"] is True
 

@@ -126,9 +126,9 @@ def test_command_and_config_file_mistakes_are_one_line(args, expected, capsys, m
     "override, expected",
     [
         (
-            ["--model.init_args.sampling.num_generations", "-2"],
+            ["--model.init_args.sampling.group_size", "-2"],
             [
-                "error: model.init_args.sampling.num_generations = -2: num_generations must be >= 1, got -2",
+                "error: model.init_args.sampling.group_size = -2: group_size must be >= 1, got -2",
                 "raised by app.models.vlm.SamplingSettings (ValueError)",
             ],
         ),

@@ -58,7 +58,7 @@ def test_tiny_fixture_instantiates(path, module_class, tmp_path):
     assert cli.trainer.default_root_dir == str(tmp_path)
     assert cli.datamodule.image_size == 64 and cli.datamodule.val_size == 4 and cli.datamodule.batch_size == 2
     if module_class == "VLMGRPOModule":
-        assert cli.model.sampling.num_generations == 4 and cli.model.sampling.max_new_tokens == 8
+        assert cli.model.sampling.group_size == 4 and cli.model.sampling.max_new_tokens == 8
         assert cli.model.policy.uses_lora
         assert cli.model.rewards.names == ["accuracy", "format"]
 

@@ -11,9 +11,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from app.faults import PREEMPTED_FILENAME, AtomicCheckpointIO, PreemptionCheckpoint, atomic_torch_save
-from app.models import SamplingSettings
 from app.modules import NonFiniteTrainingError, VLMGRPOModule
 from app.rewards import RewardComponent
+from app.settings import OptimizerSettings, SamplingSettings
 
 
 class LengthReward(RewardComponent):
@@ -29,10 +29,7 @@ class NaNReward(RewardComponent):
 
 
 def grpo(new_policy, rewards=None, **kwargs):
-    return VLMGRPOModule(
-        new_policy("tiny-qwen2-vl", lora_r=4), rewards or [LengthReward()],
-        SamplingSettings(num_generations=2, max_new_tokens=6), learning_rate=1e-2, eval_max_new_tokens=4, **kwargs,
-    )  # fmt: skip
+    return VLMGRPOModule(new_policy("tiny-qwen2-vl", lora_r=4), rewards or [LengthReward()], SamplingSettings(group_size=2, max_new_tokens=6), eval_max_new_tokens=4, **kwargs, optimizer=OptimizerSettings(learning_rate=1e-2))  # fmt: skip
 
 
 class SendSignal(Callback):
@@ -190,7 +187,7 @@ def test_object_store_paths_go_to_lightnings_own_writer(monkeypatch, tmp_path):
 def sft(new_policy, **kwargs):
     from app.modules import VLMSFTModule
 
-    return VLMSFTModule(new_policy("tiny-qwen2-vl", lora_r=4), learning_rate=1e-2, eval_max_new_tokens=4, **kwargs)
+    return VLMSFTModule(new_policy("tiny-qwen2-vl", lora_r=4), eval_max_new_tokens=4, **kwargs, optimizer=OptimizerSettings(learning_rate=1e-2))
 
 
 def test_sft_skips_a_nan_gradient_step_without_touching_weights_or_optimizer_state(new_policy, new_datamodule, fit):

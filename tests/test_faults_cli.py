@@ -221,11 +221,11 @@ def test_two_bad_fields_on_the_command_line_are_both_named(capsys):
 def test_two_values_constructors_reject_are_both_named(tmp_path, capsys):
     args = [
         "fit", "--config", str(TINY_GRPO), "--trainer.default_root_dir", str(tmp_path),
-        "--model.init_args.sampling.num_generations", "-2", "--data.init_args.train_size", "0",
+        "--model.init_args.sampling.group_size", "-2", "--data.init_args.train_size", "0",
     ]  # fmt: skip
     code, output = run_main(args, capsys)
     assert code == 1 and len(output.splitlines()) <= MAX_LINES, output
-    assert "model.init_args.sampling.num_generations = -2" in output, output
+    assert "model.init_args.sampling.group_size = -2" in output, output
     assert "data.init_args.train_size = 0" in output, output
 
 

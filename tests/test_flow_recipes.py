@@ -34,7 +34,7 @@ def test_flow_quickstart_two_stages(tmp_path, monkeypatch):
     assert (tmp_path / "runs/quickstart_flow_pretrain/policy/model_index.json").exists()
 
     cli = AppCLI(args=["--config", str(CONFIGS / "quickstart_flow.yaml"), *SMALL,
-                       "--model.init_args.sampling.num_generations", "2", "--model.init_args.sampling.num_steps", "2"],
+                       "--model.init_args.sampling.group_size", "2", "--model.init_args.sampling.num_steps", "2"],
                  run=False)  # fmt: skip
     assert cli.model.sampling.sampler == "cps" and cli.model.sampling.eta == 0.7
     assert cli.model.group_size == 2 and cli.model.hparams.sampling["num_steps"] == 2

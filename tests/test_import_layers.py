@@ -16,11 +16,24 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
+VBVR_SCORING = tuple(
+    f"app.tasks.vbvr.{name}" for name in ("core", "draw", "regimes", "registry", "scoring", "validation", "puzzles")
+)
+"""The VBVR scoring core: the task programs and their classical-CV scorers."""
+
+VBVR_OUTER = ("app.tasks.vbvr.prompts", "app.tasks.vbvr.reward", "app.tasks.vbvr.shards", "app.tasks.vbvr.cli")
+"""The modules of :mod:`app.tasks.vbvr` built on its scoring core: the prompts, the reward (on :mod:`app.rewards`), the
+shard writer (on :mod:`app.data`) and its command line. With the package's face, these and :data:`VBVR_SCORING` are
+all its modules (test_every_vbvr_module_is_placed)."""
+
+_NO_TRAINING_STACK = ("app.data", "app.rewards", "app.modules")
+
 LAYER_RULES = {
     "app.rewards": ("app.tasks", "app.data", "app.modules"),
     "app.data": ("app.tasks", "app.modules", "app.rewards"),
     "app.tasks": ("app.modules",),
-    "app.vbvr": ("app.tasks", "app.data", "app.rewards", "app.modules"),
+    **{name: (*_NO_TRAINING_STACK, *VBVR_OUTER) for name in VBVR_SCORING},
+    "app.tasks.vbvr.prompts": (*_NO_TRAINING_STACK, "app.tasks.vbvr.reward", "app.tasks.vbvr.cli"),
     "app.formats": ("app",),
     "app.cv": ("app",),
 }
@@ -137,6 +150,26 @@ def test_there_are_no_import_cycles():
 
 def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
+
+
+def test_every_vbvr_module_is_placed():
+    """A new module of app.tasks.vbvr is either part of the scoring core (under its rules) or named an outer one."""
+    placed = (*VBVR_SCORING, *VBVR_OUTER)
+    modules = [name for name in _modules() if _within(name, "app.tasks.vbvr") and name != "app.tasks.vbvr"]
+    unplaced = [name for name in modules if not any(_within(name, p) for p in placed)]
+    assert not unplaced, f"add to VBVR_SCORING or VBVR_OUTER: {unplaced}"
+    missing = [p for p in placed if not any(_within(name, p) for name in modules)]
+    assert not missing, f"no such modules: {missing}"
+
+
+def test_the_vbvr_scoring_rule_catches_scoring_importing_rewards(tmp_path, monkeypatch):
+    """The VBVR rules are per module, so check that they bite: scoring importing app.rewards is reported."""
+    scoring = tmp_path / "app/tasks/vbvr/scoring.py"
+    scoring.parent.mkdir(parents=True)
+    scoring.write_text("from app.rewards.base import RewardComponent\n")
+    monkeypatch.setitem(globals(), "SRC", tmp_path)
+    with pytest.raises(AssertionError, match="app.tasks.vbvr.scoring imports app.rewards.base"):
+        test_layers_import_downwards("app.tasks.vbvr.scoring")
 
 
 @pytest.mark.parametrize("layer", sorted(LAYER_RULES))

@@ -95,7 +95,7 @@ def test_consistency_grpo_trains_on_label_free_shards_without_reading_a_label(sh
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 
     assert cli.trainer.global_step == 2 and len(seen) == 2
-    k = cli.model.sampling.num_generations
+    k = cli.model.sampling.group_size
     for rows in seen:
         assert len(rows) == 2 * 2 * k  # 2 pairs x (x, x') x K completions, all on this rank
         pair_ids = [rows[i].meta["pair_id"] for i in range(0, len(rows), k)]

@@ -5,8 +5,9 @@ Images are ``uint8`` RGB arrays ``[H, W, 3]``. Everything is deterministic (Open
 Colours are named by hue: each name owns a hue interval (OpenCV hue, 0-179) with minimum saturation and value, wide
 enough to survive blur, noise and JPEG, narrow enough that a neighbouring named hue (violet for purple) falls outside.
 
-A neutral module: the VBVR-Pro task programs (:mod:`app.vbvr`), the shape prompts (:mod:`app.tasks.dots.shapes`) and
-the image rewards (:mod:`app.rewards.color_region`, :mod:`app.rewards.vbvr`) import it, and it imports none of them.
+A neutral module: the VBVR-Pro task programs and their reward (:mod:`app.tasks.vbvr`), the shape prompts
+(:mod:`app.tasks.dots.shapes`) and the image rewards (:mod:`app.rewards.color_region`) import it, and it imports none of
+them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import Tensor
 
 # name -> RGB used by renderers. Neighbouring hues are 9 (purple / magenta) to ~30 OpenCV units apart; with the
 # +-7 tolerance below every pair stays distinguishable, and tasks that need a firm decision label each pixel by its
-# nearest palette hue (app/vbvr/tasks/_regions.py).
+# nearest palette hue (app/tasks/vbvr/puzzles/_regions.py).
 PALETTE: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
     "orange": (240, 140, 20),
@@ -82,11 +83,7 @@ def blobs(mask: np.ndarray, min_area: int = 12) -> list[Blob]:
 
 def _shape(component: np.ndarray) -> str:
     """``circle``, ``square`` or ``triangle`` from the component's fill ratio of its bounding box and its polygon."""
-    contours, _ = cv2.findContours(
-        component.astype(np.uint8),
-        cv2.RETR_EXTERNAL,  # pragma: no mutate (equivalent: None is read as 0, RETR_EXTERNAL)
-        cv2.CHAIN_APPROX_SIMPLE,
-    )
+    contours, _ = cv2.findContours(component.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     if not contours:
         return "unknown"
     contour = contours[0]  # the only one: an 8-connected component has one outer contour

@@ -124,7 +124,7 @@ def _is_dataclass(class_path: str) -> bool:
 
 def _field(context: list[tuple[str, str]], *extra: str) -> str:
     """The dotted config path of a leaf: keys joined, with ``init_args`` after a class (not after a dataclass, which
-    configs write as plain fields: ``sampling: {num_generations: 8}``)."""
+    configs write as plain fields: ``sampling: {group_size: 8}``)."""
     parts: list[str] = []
     for kind, value in context:
         if kind == "key":

@@ -159,8 +159,10 @@ def write_report(history: RunHistory, directory: str | Path) -> Path:
         _plot_curves(rewards, "training reward (mean over the rollout)", directory / "train_rewards.png")
         lines += ["", "## Training", "", "![training rewards](train_rewards.png)", ""]
         last = {k: v[max(v)] for k, v in sorted(history.train.items()) if v}
-        lines += _table(["metric", "last value", "at step"], [[f"`{k}`", _fmt(v), str(max(history.train[k]))]
-                                                             for k, v in last.items()])  # fmt: skip
+        lines += _table(
+            ["metric", "last value", "at step"],
+            [[f"`{k}`", _fmt(v), str(max(history.train[k]))] for k, v in last.items()],
+        )
     lines += _evaluation_tables(history)
     for stage in dict.fromkeys(e.stage for e in history.evaluations):
         evals = [e for e in history.evaluations if e.stage == stage]

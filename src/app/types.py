@@ -7,7 +7,7 @@ L completion tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from PIL import Image
@@ -38,7 +38,7 @@ class PromptInputs:
             ``[num_patches, D]`` (the patches of all images, in row order) and ``image_grid_thw`` ``[num_images, 3]``.
         images_per_row: number of images in each row.
         copies_of: for each row, the index of the distinct prompt it holds: rows with the same index hold the same
-            tokens and images (``encode_prompts(repeats=K)`` repeats each prompt K times), so what depends on the
+            tokens and images (``encode_prompts(group_size=K)`` repeats each prompt K times), so what depends on the
             prompt alone (image features, positions) can be computed once per index. None: every row is its own.
     """
 
@@ -101,33 +101,6 @@ class RewardOutput:
 
 
 @dataclass
-class GRPOBatch:
-    """Everything one GRPO update needs; built once per rollout and reused for ``num_iterations`` updates.
-
-    Attributes:
-        prompt_inputs: the B prompts, each repeated K times (N rows).
-        completions: the sampled completions.
-        old_logprobs: ``[N, L]`` log-probs under the policy that sampled them; None when ``num_iterations == 1`` and
-            the reward pipeline has no delay (then the current log-probs, detached, are the old ones and the ratio is
-            exactly 1).
-        ref_logprobs: ``[N, L]`` log-probs under the reference (adapter disabled), or None when beta == 0.
-        advantages: ``[N]`` group-relative advantages.
-        loss_mask: ``[N, L]`` tokens that enter the loss (completion mask, minus dropped groups / truncated rows).
-        rewards: the reward output used for the advantages.
-        group_size: K, completions per prompt (rows ``b * K .. b * K + K - 1`` are prompt ``b``'s group).
-    """
-
-    prompt_inputs: PromptInputs
-    completions: CompletionBatch
-    old_logprobs: torch.Tensor | None
-    ref_logprobs: torch.Tensor | None
-    advantages: torch.Tensor
-    loss_mask: torch.Tensor
-    rewards: RewardOutput
-    group_size: int
-
-
-@dataclass
 class CompletionRecord:
     """One row of the completion table that logging callbacks write."""
 
@@ -141,9 +114,35 @@ class CompletionRecord:
     components: dict[str, float]
 
 
+# ------------------------------------------------------------------------------------------------------ rollouts
 @dataclass
-class FlowTrajectory:
-    """One flow-GRPO rollout: the trained transitions of N = B * K denoising trajectories and their scores.
+class SampledCompletions:
+    """What a VLM rollout draws (:class:`~app.sampling.VLMSampler`): K completions of each of B prompts, N = B * K rows.
+
+    Attributes:
+        prompt_inputs: the B prompts, each repeated K times (N rows).
+        completions: the sampled completions.
+        old_logprobs: ``[N, L]`` log-probs under the policy that sampled them (at the sampling temperature); None when
+            the rollout is trained once, by the policy that sampled it (then the current log-probs, detached, are the
+            old ones and the ratio is exactly 1).
+        ref_logprobs: ``[N, L]`` log-probs under the reference (adapter disabled), or None when beta == 0.
+    """
+
+    prompt_inputs: PromptInputs
+    completions: CompletionBatch
+    old_logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None
+
+    @property
+    def outputs(self) -> list[str]:
+        """What the rewards score: the completions' texts."""
+        return self.completions.texts
+
+
+@dataclass
+class SampledTrajectories:
+    """What a flow rollout draws (:class:`~app.sampling.FlowSampler`): the trained transitions of K denoising
+    trajectories of each of B prompts, N = B * K rows.
 
     Only the transitions that enter the loss are kept (S of the T steps, in sampling order); the others are not needed
     for the update. ``...`` stands for the policy's ``latent_shape`` (``[C, h, w]`` or ``[C, t, h, w]``).
@@ -158,10 +157,6 @@ class FlowTrajectory:
             latent elements, see :mod:`app.sampling.flow`).
         ref_logprobs: ``[N, S]`` the same under the reference (adapter disabled), or None when beta == 0.
         images: ``[N, 3, H, W]`` or ``[N, F, 3, H, W]`` decoded final samples in [0, 1].
-        rewards: the reward output of the N samples.
-        advantages: ``[N]`` group-relative advantages.
-        loss_mask: ``[N]`` bool, False for samples left out of the loss (dropped zero-std groups).
-        group_size: K, trajectories per prompt.
     """
 
     conditioning: dict[str, torch.Tensor]
@@ -172,6 +167,56 @@ class FlowTrajectory:
     old_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor | None
     images: torch.Tensor
+
+    @property
+    def outputs(self) -> list[torch.Tensor]:
+        """What the rewards score: the decoded samples, one ``[3, H, W]`` (or ``[F, 3, H, W]``) tensor each."""
+        return list(self.images)
+
+
+Sampled = TypeVar("Sampled", SampledCompletions, SampledTrajectories)
+
+
+@dataclass
+class Generation(Generic[Sampled]):
+    """A rollout before its rewards are in (what the rollout queue carries between steps).
+
+    Attributes:
+        samples: the B prompts.
+        sampled: what the family's sampler drew for them (N = B * K rows, row ``b * K + k`` from prompt ``b``).
+        version: rollouts trained before this one was generated (the policy that sampled it).
+        rewards: pending (``app.rewards.PendingRewards``) while the workers score it, a :class:`RewardOutput` once
+            collected.
+    """
+
+    samples: list[VisualSample]
+    sampled: Sampled
+    version: int = 0
+    rewards: Any = None
+
+    @property
+    def outputs(self) -> list[Any]:
+        """The N outputs the rewards score (texts, or decoded images / videos)."""
+        return self.sampled.outputs
+
+
+@dataclass
+class Rollout(Generic[Sampled]):
+    """Everything one GRPO update needs, in either family; built once per rollout and reused for ``num_iterations``
+    updates.
+
+    Attributes:
+        samples: the B prompts.
+        sampled: the family's draw (:class:`SampledCompletions` or :class:`SampledTrajectories`).
+        rewards: the reward output used for the advantages.
+        advantages: ``[N]`` float32 group-relative advantages.
+        loss_mask: what enters the loss: ``[N, L]`` completion tokens (minus dropped groups and, if asked, truncated
+            completions) for a VLM, ``[N]`` bool trajectories for a flow model (one "token" per trained step).
+        group_size: K, outputs per prompt (rows ``b * K .. b * K + K - 1`` are prompt ``b``'s group).
+    """
+
+    samples: list[VisualSample]
+    sampled: Sampled
     rewards: RewardOutput
     advantages: torch.Tensor
     loss_mask: torch.Tensor

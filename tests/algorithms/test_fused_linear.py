@@ -18,8 +18,8 @@ from app.algorithms.fused_linear import (
     require_liger_loss,
     unavailable_statistics,
 )
+from app.algorithms.logprobs import chunked_token_logprobs
 from app.errors import ConfigError
-from app.sampling.logprobs import chunked_token_logprobs
 
 AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
 STATS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")

@@ -4,9 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from app.rewards.vbvr import VBVRScorerReward
+from app.tasks.vbvr import VBVRScorerReward, get_task
 from app.types import VisualSample
-from app.vbvr import get_task
 from callbacks.reward_breakdown import RewardBreakdownLogger, breakdown, failed_check_counts
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from app.models.flow import FlowLoRASettings, FlowPolicy
+from app.models.flow import FlowPolicy
 from app.models.flow_conditioning import (
     CONDITION,
     FIRST_FRAME,
@@ -15,7 +15,8 @@ from app.models.flow_conditioning import (
     condition_images,
     ti2v_inputs,
 )
-from app.sampling.flow_rollout import FlowSampler, FlowSamplingSettings
+from app.sampling.flow_rollout import FlowSampler
+from app.settings import FlowSamplingSettings, LoRASettings
 from app.types import VisualSample
 
 MODELS = ["tiny-wan-i2v", "tiny-wan-ti2v", "tiny-flux-kontext"]
@@ -28,7 +29,7 @@ def text_length(name):
 
 @pytest.fixture(scope="module", params=MODELS)
 def policy(request):
-    return FlowPolicy(request.param, lora=FlowLoRASettings(r=4, alpha=8))
+    return FlowPolicy(request.param, lora=LoRASettings(r=4, alpha=8))
 
 
 def problems(policy, n=2, seed=0):
@@ -47,7 +48,7 @@ def test_conditioned_models_name_their_style_and_pipeline(policy):
 
 
 def test_the_condition_changes_the_velocity_and_a_shuffled_one_the_samples(policy):
-    sampler = FlowSampler(policy, FlowSamplingSettings(num_generations=1, num_steps=3))
+    sampler = FlowSampler(policy, FlowSamplingSettings(group_size=1, num_steps=3))
     images = problems(policy)
     conditioning = sampler.conditioning(["draw it", "draw it"], images=images)
     x = policy.initial_noise(2, torch.Generator().manual_seed(1))
@@ -65,11 +66,11 @@ def test_the_condition_changes_the_velocity_and_a_shuffled_one_the_samples(polic
 
 
 def test_conditions_are_encoded_once_per_prompt_and_repeated_per_sample(policy, monkeypatch):
-    sampler = FlowSampler(policy, FlowSamplingSettings(num_generations=3, num_steps=2))
+    sampler = FlowSampler(policy, FlowSamplingSettings(group_size=3, num_steps=2))
     calls = []
     encode = policy.encode_conditions
     monkeypatch.setattr(policy, "encode_conditions", lambda images: calls.append(len(images)) or encode(images))
-    conditioning = sampler.conditioning(["a", "b"], repeats=3, images=problems(policy))
+    conditioning = sampler.conditioning(["a", "b"], group_size=3, images=problems(policy))
     assert calls == [2]
     for key in policy.encode_conditions(problems(policy)):
         value = conditioning[key]
@@ -87,7 +88,7 @@ def test_wan_ti2v_gives_the_first_frame_timestep_zero_and_ends_on_the_condition(
     assert torch.equal(timestep[:, 4:], torch.tensor([[700.0], [300.0]]).expand(2, 8))
 
     policy = FlowPolicy("tiny-wan-ti2v", lora=None)
-    sampler = FlowSampler(policy, FlowSamplingSettings(num_generations=1, num_steps=3))
+    sampler = FlowSampler(policy, FlowSamplingSettings(group_size=1, num_steps=3))
     images = problems(policy)
     conditioning = sampler.conditioning(["x", "y"], images=images)
     noise = policy.initial_noise(2, torch.Generator().manual_seed(0))
@@ -131,7 +132,7 @@ def test_condition_images_are_resized_to_the_frame_size_never_stretched():
 def test_export_runs_in_the_matching_diffusers_pipeline(name, tmp_path):
     import diffusers
 
-    policy = FlowPolicy(name, lora=FlowLoRASettings(r=4, alpha=8), max_sequence_length=text_length(name))
+    policy = FlowPolicy(name, lora=LoRASettings(r=4, alpha=8), max_sequence_length=text_length(name))
     with torch.no_grad():
         for param in policy.trainable_parameters():
             param.add_(0.01)  # a trained adapter: the export must merge it

@@ -8,10 +8,11 @@ from diffusers import FluxPipeline, FluxTransformer2DModel
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 from torch.utils.data import DataLoader
 
-from app.models import FlowLoRASettings, FlowPolicy
+from app.models import FlowPolicy
 from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RewardComponent
-from app.sampling import FlowSampler, FlowSamplingSettings
+from app.sampling import FlowSampler
+from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings
 from app.types import VisualSample
 
 PROMPTS = ["a red circle on the left", "a blue square on the top"]
@@ -19,7 +20,7 @@ TEXT_LENGTH = 16  # the embedded tokenizer's length (the real FLUX uses 512 T5 t
 
 
 def make(**kwargs) -> FlowPolicy:
-    kwargs.setdefault("lora", FlowLoRASettings(r=4, alpha=8))
+    kwargs.setdefault("lora", LoRASettings(r=4, alpha=8))
     return FlowPolicy("tiny-flux", max_sequence_length=TEXT_LENGTH, **kwargs)
 
 
@@ -124,9 +125,7 @@ class RednessReward(RewardComponent):
 
 def test_short_flow_grpo_fit_moves_every_lora_weight(fit):
     policy = make()
-    module = FlowGRPOModule(
-        policy, [RednessReward()], sampling=FlowSamplingSettings(num_generations=2, num_steps=3), learning_rate=1e-3
-    )
+    module = FlowGRPOModule(policy, [RednessReward()], sampling=FlowSamplingSettings(group_size=2, num_steps=3), optimizer=OptimizerSettings(learning_rate=1e-3))
     prompts = [VisualSample(images=[], question=f"a red square, number {i}", task="red") for i in range(2)]
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
     trainer, _ = fit(module, DataLoader(prompts, batch_size=1, collate_fn=list), max_steps=2)

@@ -6,16 +6,17 @@ import pytest
 import torch
 from peft import PeftModel
 
-from app.models import FlowLoRASettings, FlowPolicy
-from app.sampling import FlowSampler, FlowSamplingSettings
+from app.models import FlowPolicy
+from app.sampling import FlowSampler
 from app.sampling.flow import ode_step
+from app.settings import FlowSamplingSettings, LoRASettings
 
 NAMES = ["tiny-sd3", "tiny-wan"]
 PROMPTS = ["a red dot left of a blue dot", "three squares"]
 
 
 def make(name: str, **kwargs) -> FlowPolicy:
-    return FlowPolicy(name, lora=kwargs.pop("lora", FlowLoRASettings(r=4, alpha=8)), **kwargs)
+    return FlowPolicy(name, lora=kwargs.pop("lora", LoRASettings(r=4, alpha=8)), **kwargs)
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -159,7 +160,7 @@ def test_lora_targets_that_match_no_module_are_an_error_naming_the_pattern_and_t
 
     named = re.escape(r"'.*attn\.to_qkv' matches no module of tiny-sd3")
     with pytest.raises(ConfigError, match=named + r" .*: .*attn\.to_q"):
-        FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=2, alpha=4, target_modules=r".*attn\.to_qkv"))
+        FlowPolicy("tiny-sd3", lora=LoRASettings(r=2, alpha=4, target_modules=r".*attn\.to_qkv"))
 
 
 def test_resolution_sets_the_latent_size():

@@ -8,8 +8,9 @@ from diffusers import StableDiffusion3Pipeline
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
 from app.embedded.flow_models import _tokenizer, build_tiny_flow
-from app.models import FlowLoRASettings, FlowPolicy
+from app.models import FlowPolicy
 from app.models.flow_text import FlowTextEncoder
+from app.settings import LoRASettings
 
 PROMPTS = ["a red circle on the left", "a blue square on the top"]
 
@@ -44,7 +45,7 @@ def sd3_folder(tmp_path_factory):
 
 
 def test_three_encoders_condition_like_the_pipeline(sd3_folder):
-    policy = FlowPolicy(str(sd3_folder), lora=FlowLoRASettings(r=4, alpha=8), max_sequence_length=16)
+    policy = FlowPolicy(str(sd3_folder), lora=LoRASettings(r=4, alpha=8), max_sequence_length=16)
     assert policy.text_encoder.is_sd3_triple
     assert sorted(policy.text_encoder.encoders) == ["text_encoder", "text_encoder_2", "text_encoder_3"]
     cond = policy.encode_prompts(PROMPTS)
@@ -61,7 +62,7 @@ def test_three_encoders_condition_like_the_pipeline(sd3_folder):
 
 
 def test_export_opens_in_the_diffusers_pipeline(sd3_folder, tmp_path):
-    policy = FlowPolicy(str(sd3_folder), lora=FlowLoRASettings(r=4, alpha=8), max_sequence_length=16)
+    policy = FlowPolicy(str(sd3_folder), lora=LoRASettings(r=4, alpha=8), max_sequence_length=16)
     with torch.no_grad():
         for parameter in policy.trainable_parameters():
             parameter.add_(0.05)  # a non-zero adapter, so merging changes the weights

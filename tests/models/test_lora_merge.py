@@ -6,8 +6,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from app.models import SamplingSettings
 from app.models.lora_merge import mergeable_lora_layers, merged_lora
+from app.settings import SamplingSettings
 
 
 def lora_mlp(dtype=torch.float32, use_dora=False, seed=0) -> nn.Module:

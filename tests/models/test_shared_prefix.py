@@ -7,8 +7,8 @@ import torch
 from PIL import Image
 from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, logprob_atol
 
-from app.models import SamplingSettings
 from app.sampling.shared_prefix import distinct_rows, group_heads, repeat_rows, shared_prompt_features, take_rows
+from app.settings import SamplingSettings
 from app.types import PromptInputs, VisualSample
 
 K = 3
@@ -55,7 +55,7 @@ def count_vision_images(policy):
 
 # -------------------------------------------------------------------------------------------------- prompt rows
 def test_encode_prompts_runs_the_processor_once_and_equals_the_processor_on_repeated_rows(tiny_policy, samples):
-    prompts = tiny_policy.encode_prompts(samples, repeats=K)
+    prompts = tiny_policy.encode_prompts(samples, group_size=K)
     texts = [tiny_policy.prompt_text(s) for s in samples for _ in range(K)]
     images = [list(s.images) for s in samples for _ in range(K)]
     expected = tiny_policy.processor(text=texts, images=images, return_tensors="pt", padding=True)
@@ -83,7 +83,7 @@ def test_take_rows_keeps_each_rows_own_image_patches(tiny_policy, samples):
 
 
 def test_group_heads_only_when_every_group_is_identical(tiny_policy, samples):
-    repeated = tiny_policy.encode_prompts(samples, repeats=K)
+    repeated = tiny_policy.encode_prompts(samples, group_size=K)
     heads = group_heads(repeated, K)
     assert heads is not None and len(heads) == 3
     assert torch.equal(heads.tensors["pixel_values"], tiny_policy.encode_prompts(samples).tensors["pixel_values"])
@@ -98,7 +98,7 @@ def test_group_heads_only_when_every_group_is_identical(tiny_policy, samples):
 @pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
 def test_shared_prefix_draws_the_same_completions_for_the_same_seed(new_policy, samples, model, random_seed):
     policy = new_policy(model, lora_r=None).eval()
-    prompts = policy.encode_prompts(samples, repeats=K)
+    prompts = policy.encode_prompts(samples, group_size=K)
     calls, handle = count_vision_images(policy)
     try:
         plain = rollout(policy, prompts, shared=False, seed=random_seed)
@@ -117,7 +117,7 @@ def test_shared_prefix_draws_the_same_completions_for_the_same_seed(new_policy, 
 
 def test_shared_prefix_with_lora_greedy_and_a_second_rollout(tiny_policy, samples):
     """The LoRA policy (PeftModel.generate), greedy decoding, and no state left behind for the next rollout."""
-    prompts = tiny_policy.encode_prompts(samples, repeats=K)
+    prompts = tiny_policy.encode_prompts(samples, group_size=K)
     plain = rollout(tiny_policy, prompts, shared=False, seed=0, greedy=True)
     first = rollout(tiny_policy, prompts, shared=True, seed=0, greedy=True)
     second = rollout(tiny_policy, prompts, shared=True, seed=0, greedy=True)
@@ -131,14 +131,14 @@ def test_shared_prefix_with_lora_greedy_and_a_second_rollout(tiny_policy, sample
 def test_shared_prefix_on_text_only_prompts_after_an_image_rollout(new_policy, samples, model, random_seed):
     """Left-padded prompts without images, after a rollout with images (whose rotary offsets the model keeps)."""
     policy = new_policy(model, lora_r=None).eval()
-    policy.generate(policy.encode_prompts(samples[:1], repeats=K), SamplingSettings(max_new_tokens=2), group_size=K)
+    policy.generate(policy.encode_prompts(samples[:1], group_size=K), SamplingSettings(max_new_tokens=2), group_size=K)
     text = [
         VisualSample(images=[], question="Short?", task="t"),
         VisualSample(
             images=[], question="A much longer question, with many more words in it than the first?", task="t"
         ),
     ]
-    prompts = policy.encode_prompts(text, repeats=K)
+    prompts = policy.encode_prompts(text, group_size=K)
     assert (prompts.tensors["attention_mask"] == 0).any(), "the test needs left padding"
     plain = rollout(policy, prompts, shared=False, seed=random_seed)
     shared = rollout(policy, prompts, shared=True, seed=random_seed)
@@ -164,7 +164,7 @@ def test_group_heads_of_text_prompts_take_the_first_row_of_each_group_at_the_sma
 
 # ------------------------------------------------------------------------------------------------ training forward
 def test_repeated_rows_know_which_prompt_they_copy(tiny_policy, samples):
-    prompts = tiny_policy.encode_prompts(samples, repeats=K)
+    prompts = tiny_policy.encode_prompts(samples, group_size=K)
     assert prompts.copies_of == [0] * K + [1] * K + [2] * K
     assert tiny_policy.encode_prompts(samples).copies_of is None
     part = prompts.select(slice(2, 7))  # the last row of prompt 0, prompt 1, the first row of prompt 2
@@ -205,7 +205,7 @@ def test_training_forward_encodes_each_prompt_once_with_the_same_logprobs_and_gr
 ):
     """Multi-image rows of unequal lengths, completions of unequal lengths, a trainable vision tower."""
     policy = new_policy(model, lora_r=None, freeze_vision=False)
-    prompts = policy.encode_prompts(samples, repeats=K)
+    prompts = policy.encode_prompts(samples, group_size=K)
     batch = completions(policy, prompts, random_seed)
     calls, handle = count_vision_images(policy)
     try:
@@ -231,7 +231,7 @@ def test_training_forward_encodes_each_prompt_once_with_the_same_logprobs_and_gr
 @pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
 def test_shared_positions_equal_transformers_own_for_every_completion_token(new_policy, samples, model, random_seed):
     policy = new_policy(model, lora_r=None)
-    prompts = policy.encode_prompts(samples, repeats=K).select(slice(1, 3 * K))  # groups cut by a micro-batch
+    prompts = policy.encode_prompts(samples, group_size=K).select(slice(1, 3 * K))  # groups cut by a micro-batch
     batch = completions(policy, prompts, random_seed)
     inner = policy.hf_model.model
     t = prompts.tensors
@@ -251,7 +251,7 @@ def test_shared_positions_equal_transformers_own_for_every_completion_token(new_
 
 def test_text_only_or_distinct_prompts_leave_the_forward_to_the_model(tiny_policy, samples):
     text = [VisualSample(images=[], question="Short?", task="t")]
-    prompts = tiny_policy.encode_prompts(text, repeats=K)
+    prompts = tiny_policy.encode_prompts(text, group_size=K)
     mask = torch.ones(K, 2, dtype=torch.long)
     assert shared_prompt_features(tiny_policy.hf_model.model, prompts, mask) is None
     distinct = tiny_policy.encode_prompts(samples)

@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import StaticCache
 
-from app.models import SamplingSettings
 from app.sampling.shared_prefix import static_cache
+from app.settings import SamplingSettings
 
 K = 2
 

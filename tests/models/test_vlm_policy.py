@@ -5,13 +5,14 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from app.models.lora_settings import LANGUAGE_MODEL_PROJECTIONS
 from PIL import Image
 from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, logprob_atol
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from app.embedded.models import resolve_pretrained
-from app.models import LoRASettings, SamplingSettings, VLMPolicy
-from app.models.lora_settings import LANGUAGE_MODEL_PROJECTIONS
+from app.models import VLMPolicy
+from app.settings import LoRASettings, OptimizerSettings, SamplingSettings
 from app.types import VisualSample
 
 K = 3
@@ -72,18 +73,18 @@ def reference_logprobs_full_forward(hf_model, prompt_inputs, completion_ids, com
 @pytest.fixture(scope="module")
 def rollout(tiny_policy, mixed_samples):
     """B=3 prompts x K=3 completions of up to 10 tokens, with EOS made likely so some rows end early."""
-    prompts = tiny_policy.encode_prompts(mixed_samples, repeats=K)
+    prompts = tiny_policy.encode_prompts(mixed_samples, group_size=K)
     eos = tiny_policy.processor.tokenizer.eos_token_id
     torch.manual_seed(0)
     with biased_logits(tiny_policy, {eos: 4.5}):
-        sampling = SamplingSettings(num_generations=K, max_new_tokens=10)
+        sampling = SamplingSettings(group_size=K, max_new_tokens=10)
         completions = tiny_policy.generate(prompts, sampling, group_size=K)
     return prompts, completions
 
 
 # ------------------------------------------------------------------------------------------------------- prompts
 def test_encode_prompts_repeats_rows_group_major_with_all_images(tiny_policy, mixed_samples):
-    prompts = tiny_policy.encode_prompts(mixed_samples, repeats=K)
+    prompts = tiny_policy.encode_prompts(mixed_samples, group_size=K)
     t = prompts.tensors
     assert len(prompts) == 3 * K
     assert prompts.images_per_row == [1] * K + [2] * K + [1] * K
@@ -133,7 +134,7 @@ def test_generate_never_emits_vision_tokens(tiny_policy, mixed_samples):
     tokenizer = tiny_policy.processor.tokenizer
     vision_ids = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
     assert sorted(tiny_policy.suppressed_token_ids) == sorted(vision_ids)
-    prompts = tiny_policy.encode_prompts(mixed_samples[:2], repeats=2)
+    prompts = tiny_policy.encode_prompts(mixed_samples[:2], group_size=2)
     torch.manual_seed(0)
     with biased_logits(tiny_policy, {i: 30.0 for i in vision_ids}):  # unsuppressed, they would be all it samples
         c = tiny_policy.generate(prompts, SamplingSettings(max_new_tokens=6), group_size=2)
@@ -253,7 +254,7 @@ def test_lora_and_sampling_settings_reject_bad_values():
     for bad in (dict(r=0), dict(alpha=0), dict(dropout=1.0)):
         with pytest.raises(ValueError):
             LoRASettings(**bad)
-    for bad in (dict(num_generations=0), dict(temperature=0.0), dict(top_p=0.0), dict(max_new_tokens=0)):
+    for bad in (dict(group_size=0), dict(temperature=0.0), dict(top_p=0.0), dict(max_new_tokens=0)):
         with pytest.raises(ValueError):
             SamplingSettings(**bad)
     with pytest.raises(ValueError, match="dtype"):
@@ -313,7 +314,7 @@ def test_export_loads_with_from_pretrained_and_gives_identical_logprobs(new_poli
     policy = new_policy("tiny-qwen2-vl", lora_r=4)
     perturb([p for n, p in policy.model.named_parameters() if "lora_B" in n])  # a "trained" adapter
     policy.eval()
-    prompts = policy.encode_prompts(mixed_samples, repeats=2)
+    prompts = policy.encode_prompts(mixed_samples, group_size=2)
     c = policy.generate(prompts, SamplingSettings(max_new_tokens=6), group_size=2)
     mask = c.completion_mask.bool()
     with torch.no_grad():
@@ -398,7 +399,7 @@ def test_one_sft_step_moves_the_vision_adapters_and_leaves_every_base_weight_bit
 
     torch.manual_seed(0)
     policy = vision_lora_policy()
-    module = VLMSFTModule(policy, learning_rate=1e-2)
+    module = VLMSFTModule(policy, optimizer=OptimizerSettings(learning_rate=1e-2))
     optimizer = module.configure_optimizers()["optimizer"]
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     loss = module.training_step(new_samples(2), 0)  # outside a trainer, self.log only warns
@@ -436,7 +437,7 @@ def test_full_fine_tuning_with_unfrozen_vision_trains_the_whole_tower_in_its_own
     policy = VLMPolicy("tiny-qwen2-vl", lora=None, freeze_vision=False, vision_learning_rate=1e-5)
     vision = {id(p) for p in policy.vision_parameters()}
     assert vision and all(p.requires_grad for p in policy.vision_parameters())
-    groups = VLMSFTModule(policy, learning_rate=1e-3).configure_optimizers()["optimizer"].param_groups
+    groups = VLMSFTModule(policy, optimizer=OptimizerSettings(learning_rate=1e-3)).configure_optimizers()["optimizer"].param_groups
     assert [g["lr"] for g in groups] == [1e-3, 1e-5]
     assert {id(p) for p in groups[1]["params"]} == vision
     assert {id(p) for g in groups for p in g["params"]} == {id(p) for p in policy.model.parameters()}
@@ -447,7 +448,7 @@ def test_vision_learning_rate_puts_the_vision_adapters_in_their_own_warmed_up_gr
     from app.modules.checkpoints import omit_frozen_parameters, restore_frozen_parameters
 
     policy = vision_lora_policy(vision_learning_rate=1e-5)
-    module = VLMSFTModule(policy, learning_rate=1e-3, warmup_steps=3)
+    module = VLMSFTModule(policy, optimizer=OptimizerSettings(learning_rate=1e-3, warmup_steps=3))
     config = module.configure_optimizers()
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
     groups = optimizer.param_groups
@@ -470,7 +471,7 @@ def test_vision_learning_rate_puts_the_vision_adapters_in_their_own_warmed_up_gr
     restore_frozen_parameters(module, checkpoint)
     module.load_state_dict(checkpoint["state_dict"], strict=True)
 
-    single = VLMSFTModule(vision_lora_policy(), learning_rate=1e-3).configure_optimizers()["optimizer"]
+    single = VLMSFTModule(vision_lora_policy(), optimizer=OptimizerSettings(learning_rate=1e-3)).configure_optimizers()["optimizer"]
     assert len(single.param_groups) == 1  # without vision_learning_rate: one group, as before
 
 

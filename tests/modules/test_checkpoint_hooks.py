@@ -26,9 +26,10 @@ from app.modules.checkpoints import (
     saved_rank_state,
     seed_rng_states,
 )
-from app.modules.pipeline import Generation, PipelineSettings, from_plain, to_plain
+from app.modules.plain_data import from_plain, to_plain
 from app.modules.policy_module import PolicyModule
-from app.types import RewardOutput, VisualSample
+from app.settings import OptimizerSettings, PipelineSettings
+from app.types import Generation, RewardOutput, VisualSample
 
 
 def through_a_file(checkpoint: dict) -> dict:
@@ -71,7 +72,7 @@ KEPT = ["policy.scale", "policy.block.stat", "policy.block.adapter.weight"]
 
 def trained_module() -> PolicyModule:
     """A module whose adapter moved away from its initial values, attached to a stand-in trainer with its optimizer."""
-    module = PolicyModule(Adapted(), learning_rate=0.1)
+    module = PolicyModule(Adapted(), optimizer=OptimizerSettings(learning_rate=0.1))
     optimizer = torch.optim.SGD(module.policy.trainable_parameters(), lr=0.1)
     with torch.no_grad():
         module.policy.block.adapter.weight.add_(1.0)
@@ -96,7 +97,7 @@ def test_a_lean_checkpoint_loads_strictly_into_a_fresh_module_with_the_trained_w
     checkpoint = {"state_dict": module.state_dict()}
     module.on_save_checkpoint(checkpoint)
     checkpoint = through_a_file(checkpoint)
-    fresh = PolicyModule(Adapted(), learning_rate=0.1)
+    fresh = PolicyModule(Adapted(), optimizer=OptimizerSettings(learning_rate=0.1))
     assert not torch.equal(fresh.policy.block.adapter.weight, module.policy.block.adapter.weight)
     fresh.on_load_checkpoint(checkpoint)
     assert list(checkpoint["state_dict"]) == KEPT + FROZEN  # the left-out values put back, from fresh's own
@@ -123,7 +124,7 @@ def test_the_global_generators_resume_where_the_checkpoint_was_saved():
     torch.manual_seed(1)  # elsewhere, as a new process would be
     random.seed(1)
     np.random.seed(1)
-    PolicyModule(Adapted(), learning_rate=0.1).on_load_checkpoint(checkpoint)
+    PolicyModule(Adapted(), optimizer=OptimizerSettings(learning_rate=0.1)).on_load_checkpoint(checkpoint)
     drawn = (torch.rand(3), random.random(), np.random.rand(3))
     assert torch.equal(drawn[0], expected[0]) and drawn[1] == expected[1]
     np.testing.assert_array_equal(drawn[2], expected[2])
@@ -132,7 +133,7 @@ def test_the_global_generators_resume_where_the_checkpoint_was_saved():
 # ------------------------------------------------------------------------------------------- the rollout pipeline
 @dataclass
 class Settings:
-    num_generations: int = 2
+    group_size: int = 2
 
 
 @dataclass
@@ -307,7 +308,7 @@ def draws_after(seed: int) -> tuple:
 
 
 def module_on_rank(rank: int, world_size: int) -> PolicyModule:
-    module = PolicyModule(Adapted(), learning_rate=0.1)
+    module = PolicyModule(Adapted(), optimizer=OptimizerSettings(learning_rate=0.1))
     module._trainer = SimpleNamespace(world_size=world_size, global_rank=rank, optimizers=[])
     return module
 

@@ -10,11 +10,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from app.export import export_from_checkpoint
-from app.models.flow import FlowLoRASettings, FlowPolicy
+from app.models.flow import FlowPolicy
 from app.modules import FlowGRPOModule, FlowMatchingModule
 from app.modules.checkpoints import OMITTED
 from app.rewards.color_region import ColorRegionReward
-from app.sampling import FlowSamplingSettings
+from app.settings import FlowSamplingSettings, GRPOSettings, LoRASettings, OptimizerSettings
 from app.types import VisualSample
 
 
@@ -28,11 +28,11 @@ def prompts(n: int = 2) -> DataLoader:
     return DataLoader(samples, batch_size=1, collate_fn=list, generator=torch.Generator().manual_seed(0))
 
 
-def grpo(lora: FlowLoRASettings | None, beta: float = 0.0) -> FlowGRPOModule:
+def grpo(lora: LoRASettings | None, beta: float = 0.0) -> FlowGRPOModule:
     torch.manual_seed(0)
     policy = FlowPolicy("tiny-sd3", lora=lora)
-    sampling = FlowSamplingSettings(num_generations=2, num_steps=3)
-    return FlowGRPOModule(policy, [ColorRegionReward()], sampling, beta=beta, learning_rate=1e-3)
+    sampling = FlowSamplingSettings(group_size=2, num_steps=3)
+    return FlowGRPOModule(policy, [ColorRegionReward()], sampling, grpo=GRPOSettings(beta=beta), optimizer=OptimizerSettings(learning_rate=1e-3))
 
 
 def fit_and_save(fit, module, data, tmp_path, max_steps=1) -> dict:
@@ -42,7 +42,7 @@ def fit_and_save(fit, module, data, tmp_path, max_steps=1) -> dict:
 
 
 def test_a_lora_checkpoint_holds_the_adapter_and_leaves_the_frozen_model_out(fit, tmp_path):
-    module = grpo(FlowLoRASettings(r=4, alpha=8))
+    module = grpo(LoRASettings(r=4, alpha=8))
     checkpoint = fit_and_save(fit, module, prompts(), tmp_path)
     saved_parameters = [k for k in checkpoint["state_dict"] if k in dict(module.named_parameters())]
     lora = {n for n, p in module.named_parameters() if p.requires_grad}
@@ -56,18 +56,18 @@ def test_a_lora_checkpoint_holds_the_adapter_and_leaves_the_frozen_model_out(fit
 
 def test_resuming_and_exporting_a_lean_checkpoint_restore_the_trained_adapter(fit, tmp_path):
     seed_global_generators(0)
-    module = grpo(FlowLoRASettings(r=4, alpha=8))
+    module = grpo(LoRASettings(r=4, alpha=8))
     checkpoint = fit_and_save(fit, module, prompts(), tmp_path)
     trained = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
 
-    exported = grpo(FlowLoRASettings(r=4, alpha=8))  # fresh adapter: lora_B = 0
+    exported = grpo(LoRASettings(r=4, alpha=8))  # fresh adapter: lora_B = 0
     export_from_checkpoint(exported, tmp_path / "last.ckpt", tmp_path / "export")
     for name, value in exported.named_parameters():
         if name in trained:
             torch.testing.assert_close(value, trained[name], msg=name)
     assert (tmp_path / "export" / "model_index.json").exists()
 
-    resumed = grpo(FlowLoRASettings(r=4, alpha=8))
+    resumed = grpo(LoRASettings(r=4, alpha=8))
     seed_global_generators(12345)  # only the checkpoint can bring back the states the run had at step 1
     trainer, _ = fit(resumed, prompts(4), max_steps=2, ckpt_path=str(tmp_path / "last.ckpt"))
     resumed_states = generator_states(resumed)
@@ -75,7 +75,7 @@ def test_resuming_and_exporting_a_lean_checkpoint_restore_the_trained_adapter(fi
 
     # the same two steps without the interruption: the same weights, optimizer state and generator states
     seed_global_generators(0)
-    straight = grpo(FlowLoRASettings(r=4, alpha=8))
+    straight = grpo(LoRASettings(r=4, alpha=8))
     straight_trainer, _ = fit(straight, prompts(4), max_steps=2)
     straight_states = generator_states(straight)
     straight_params = dict(straight.named_parameters())
@@ -140,7 +140,7 @@ def test_a_vae_frozen_after_its_training_steps_stays_in_the_checkpoint(fit, tmp_
 
 
 def test_a_lean_checkpoint_of_another_model_is_a_clear_error(fit, tmp_path):
-    fit_and_save(fit, grpo(FlowLoRASettings(r=4, alpha=8)), prompts(), tmp_path)
+    fit_and_save(fit, grpo(LoRASettings(r=4, alpha=8)), prompts(), tmp_path)
     other = grpo(lora=None)  # no base_layer / lora names
     with pytest.raises(ValueError, match="does not match this model: it left out frozen parameters"):
         export_from_checkpoint(other, tmp_path / "last.ckpt", tmp_path / "export")

@@ -14,12 +14,11 @@ from torch.utils.data import IterableDataset
 
 from app.data import ShardDataModule
 from app.data.shards import write_samples
-from app.models import SamplingSettings
 from app.modules import VLMGRPOModule
-from app.modules.pipeline import PipelineSettings
 from app.modules.prompt_drawers import IndexDrawer, StreamDrawer
 from app.modules.rollout_queue import RolloutQueue
 from app.rewards import RewardComponent
+from app.settings import PipelineSettings, SamplingSettings
 from app.tasks.dots import DotsDataset
 
 NUM_SHARDS, PER_SHARD, B, CAP = 4, 4, 2, 2
@@ -81,7 +80,7 @@ def grpo(new_policy, dynamic_sampling: bool = True) -> Recording:
     L.seed_everything(0)
     return Recording(
         new_policy("tiny-qwen2-vl", lora_r=4), rewards=[Flat()], learning_rate=1e-2, eval_max_new_tokens=4,
-        sampling=SamplingSettings(num_generations=2, max_new_tokens=4),
+        sampling=SamplingSettings(group_size=2, max_new_tokens=4),
         pipeline=PipelineSettings(dynamic_sampling=dynamic_sampling, max_extra_rollouts=CAP, seed=5),
     )  # fmt: skip
 

@@ -14,7 +14,7 @@ from app.modules.checkpoints import RANK_STATES, rng_states
 from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RewardComponent
 from app.sampling.flow import flow_sigmas
-from app.sampling.flow_rollout import FlowSamplingSettings
+from app.settings import FlowSamplingSettings
 from app.types import VisualSample
 
 K = 4
@@ -99,7 +99,7 @@ def flow_module(policy=None, **kwargs) -> FlowGRPOModule:
     """A module on the stand-in policy with K trajectories of T steps; sampling settings may be passed flat."""
     kwargs.setdefault("learning_rate", 1e-2)
     sampling = FlowSamplingSettings(
-        num_generations=K, num_steps=T, **{key: kwargs.pop(key) for key in SAMPLING_FIELDS & set(kwargs)}
+        group_size=K, num_steps=T, **{key: kwargs.pop(key) for key in SAMPLING_FIELDS & set(kwargs)}
     )
     return FlowGRPOModule(policy if policy is not None else StandInPolicy(), [RednessReward()], sampling, **kwargs)
 
@@ -247,10 +247,11 @@ def test_validation_logs_deterministic_rewards():
 # ------------------------------------------------------------------------------------------- tiny SD3 policy
 @pytest.fixture(scope="module")
 def sd3_fit(fit):
-    from app.models.flow import FlowLoRASettings, FlowPolicy
+    from app.models.flow import FlowPolicy
+    from app.settings import LoRASettings
 
     torch.manual_seed(0)
-    policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
+    policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8))
     module = flow_module(policy, learning_rate=1e-3)
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
     trainer, recorder = fit(module, loader(2, batch_size=1), max_steps=2)

@@ -8,13 +8,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from app.models.flow import FlowLoRASettings, FlowPolicy
+from app.models.flow import FlowPolicy
 from app.modules.flow_grpo import FlowGRPOModule
 from app.modules.flow_matching import FlowMatchingModule
 from app.rewards import RewardComponent
-from app.rewards.vbvr import VBVRScorerReward
-from app.sampling.flow_rollout import FlowSamplingSettings
-from app.tasks.vbvr import VBVRPromptDataset
+from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings
+from app.tasks.vbvr import VBVRPromptDataset, VBVRScorerReward
 
 
 def text_length(name):
@@ -40,11 +39,9 @@ def vbvr_samples(n, image_size, split="in_domain", with_solution=False):
 @pytest.mark.parametrize("name", ["tiny-wan-i2v", "tiny-wan-ti2v", "tiny-flux-kontext"])
 def test_grpo_fit_moves_every_lora_weight_of_a_conditioned_model(name, fit):
     torch.manual_seed(0)
-    policy = FlowPolicy(name, lora=FlowLoRASettings(r=4, alpha=8), max_sequence_length=text_length(name))
+    policy = FlowPolicy(name, lora=LoRASettings(r=4, alpha=8), max_sequence_length=text_length(name))
     size = policy.frame_size[0]
-    module = FlowGRPOModule(
-        policy, [RednessReward()], sampling=FlowSamplingSettings(num_generations=2, num_steps=3), learning_rate=1e-3
-    )
+    module = FlowGRPOModule(policy, [RednessReward()], sampling=FlowSamplingSettings(group_size=2, num_steps=3), optimizer=OptimizerSettings(learning_rate=1e-3))
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
     data = DataLoader(vbvr_samples(2, max(size, 32)), batch_size=2, collate_fn=list)
     trainer, recorder = fit(module, data, max_steps=2)
@@ -76,7 +73,7 @@ def test_validation_logs_every_split_task_and_regime_with_failed_checks():
     module = FlowGRPOModule(
         policy,
         [VBVRScorerReward()],
-        sampling=FlowSamplingSettings(num_generations=2, num_steps=2, eval_sampler="unipc"),
+        sampling=FlowSamplingSettings(group_size=2, num_steps=2, eval_sampler="unipc"),
     )
     samples = vbvr_samples(4, 64, split=["in_domain", "out_of_domain"])
     logged = {}

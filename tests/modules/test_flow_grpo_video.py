@@ -3,10 +3,10 @@
 import torch
 from torch.utils.data import DataLoader
 
-from app.models.flow import FlowLoRASettings, FlowPolicy
+from app.models.flow import FlowPolicy
 from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RewardComponent
-from app.sampling import FlowSamplingSettings
+from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings
 from app.types import VisualSample
 
 
@@ -19,14 +19,9 @@ class FrameRednessReward(RewardComponent):
 
 def test_two_grpo_steps_on_the_tiny_video_model_move_every_adapter(fit):
     torch.manual_seed(0)
-    policy = FlowPolicy("tiny-wan", lora=FlowLoRASettings(r=4, alpha=8))
+    policy = FlowPolicy("tiny-wan", lora=LoRASettings(r=4, alpha=8))
     assert policy.is_video
-    module = FlowGRPOModule(
-        policy,
-        [FrameRednessReward()],
-        sampling=FlowSamplingSettings(num_generations=2, num_steps=3),
-        learning_rate=1e-3,
-    )
+    module = FlowGRPOModule(policy, [FrameRednessReward()], sampling=FlowSamplingSettings(group_size=2, num_steps=3), optimizer=OptimizerSettings(learning_rate=1e-3))
     prompts = [VisualSample([], f"a red ball moving right, clip {i}", "video") for i in range(2)]
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
 

@@ -14,10 +14,10 @@ from tolerances import assert_close_training
 from torch.utils.data import DataLoader
 
 from app.algorithms import group_advantages
-from app.models import SamplingSettings
 from app.modules import VLMGRPOModule
 from app.modules.checkpoints import OMITTED
 from app.rewards import RewardComponent
+from app.settings import SamplingSettings
 from app.types import CompletionRecord
 
 K = 4
@@ -48,7 +48,7 @@ def grpo_module(policy, rewards=None, max_new_tokens: int = 8, temperature: floa
     return VLMGRPOModule(
         policy,
         rewards=rewards or [LengthReward()],
-        sampling=SamplingSettings(num_generations=K, max_new_tokens=max_new_tokens, temperature=temperature),
+        sampling=SamplingSettings(group_size=K, max_new_tokens=max_new_tokens, temperature=temperature),
         eval_max_new_tokens=4,
         **kwargs,
     )
@@ -419,7 +419,7 @@ def option_run(new_policy, new_datamodule, new_samples, fit, params_snapshot):
         module = UpdateProbe(
             policy,
             rewards=[FlatForYesReward() if flat_for_yes else LengthReward()],
-            sampling=SamplingSettings(num_generations=K, max_new_tokens=max_new_tokens, temperature=temperature),
+            sampling=SamplingSettings(group_size=K, max_new_tokens=max_new_tokens, temperature=temperature),
             eval_max_new_tokens=4,
             learning_rate=1e-2,
             **options,
@@ -770,7 +770,7 @@ def test_micro_batching_gives_the_same_gradients(options, new_policy, new_datamo
     module = MicroBatchProbe(
         policy,
         rewards=[LengthReward()],
-        sampling=SamplingSettings(num_generations=K, max_new_tokens=8),
+        sampling=SamplingSettings(group_size=K, max_new_tokens=8),
         gradient_clip_val=0.0,
         **options,
     )
@@ -815,7 +815,7 @@ def test_a_loss_over_one_completion_or_one_token_is_minus_its_advantage(new_poli
     module = SparseMaskProbe(
         new_policy("tiny-qwen2-vl", lora_r=4),
         rewards=[LengthReward()],
-        sampling=SamplingSettings(num_generations=K, max_new_tokens=8),
+        sampling=SamplingSettings(group_size=K, max_new_tokens=8),
         micro_batch_size=3,
         gradient_clip_val=0.0,
     )

@@ -12,11 +12,11 @@ from torch import nn
 from app.algorithms import grpo_loss
 from app.models import Policy
 from app.modules import FlowGRPOModule, GRPOModule, VLMGRPOModule
-from app.modules.pipeline import Generation
 from app.parallel import ShardingPlan
 from app.rewards import RewardComponent
 from app.rewards.groups import split_groups
-from app.types import RewardOutput, VisualSample
+from app.settings import GRPOSettings
+from app.types import Generation, RewardOutput, VisualSample
 
 K = 3
 
@@ -63,7 +63,7 @@ class LinearPolicy(nn.Module):
 
 @dataclass
 class Settings:
-    num_generations: int = K
+    group_size: int = K
 
 
 @dataclass
@@ -133,13 +133,13 @@ def test_score_gives_group_advantages_and_drops_equal_groups_only_when_asked():
     first = torch.tensor([1.0, 2.0, 6.0])
     torch.testing.assert_close(scored.advantages[:3], (first - first.mean()) / (first.std(unbiased=False) + 1e-4))
     assert scored.advantages[3:].abs().max() == 0 and scored.keep.all()
-    dropped = ToyGRPO(LinearPolicy(), drop_zero_std_groups=True).score(module.outputs, samples())
+    dropped = ToyGRPO(LinearPolicy(), grpo=GRPOSettings(drop_zero_std_groups=True)).score(module.outputs, samples())
     assert dropped.keep.tolist() == [True, True, True, False, False, False]
 
 
 @pytest.mark.parametrize("part_size", [1, 2, 6])
 def test_the_update_accumulates_the_full_rollout_gradient_whatever_the_parts(part_size):
-    module = ToyGRPO(LinearPolicy(), drop_zero_std_groups=True, part_size=part_size)
+    module = ToyGRPO(LinearPolicy(), part_size=part_size, grpo=GRPOSettings(drop_zero_std_groups=True))
     module.manual_backward = lambda loss: loss.backward()
     rollout = module.rollout(samples())
     optimizer = Recorder()
@@ -192,7 +192,7 @@ def test_records_show_each_output_with_its_prompt_reward_and_advantage():
 def test_hyper_parameters_hold_the_whole_chain_and_the_sampling_settings_as_data():
     module = ToyGRPO(LinearPolicy(), part_size=2)
     assert module.hparams.micro_batch_size == 2 and module.hparams.learning_rate == 0.1
-    assert module.hparams.sampling == {"num_generations": K}
+    assert module.hparams.sampling == {"group_size": K}
     assert "policy" not in module.hparams and "rewards" not in module.hparams
     assert module.group_size == K
 
@@ -218,11 +218,12 @@ def test_each_family_supplies_only_what_differs(family):
 
 
 def test_both_policies_satisfy_the_policy_protocol():
-    from app.models import FlowLoRASettings, FlowPolicy, LoRASettings, VLMPolicy
+    from app.models import FlowPolicy, VLMPolicy
+    from app.settings import LoRASettings
 
     assert isinstance(LinearPolicy(), Policy)
     assert isinstance(VLMPolicy("tiny-qwen2-vl", lora=LoRASettings(r=2, alpha=4)), Policy)
-    assert isinstance(FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=2, alpha=4)), Policy)
+    assert isinstance(FlowPolicy("tiny-sd3", lora=LoRASettings(r=2, alpha=4)), Policy)
 
 
 def test_only_trainable_modules_left_in_eval_mode_are_warned_about(caplog):

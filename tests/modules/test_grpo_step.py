@@ -13,9 +13,9 @@ from test_grpo_skeleton import LinearPolicy, Recorder, ToyGRPO, ValueReward, sam
 
 from app.algorithms import group_advantages
 from app.modules import NonFiniteTrainingError
-from app.modules.pipeline import Generation, PipelineSettings
 from app.rewards import PendingRewards, RewardError
-from app.types import RewardOutput, VisualSample
+from app.settings import GRPOSettings, OptimizerSettings, PipelineSettings
+from app.types import Generation, RewardOutput, VisualSample
 
 
 class Logs:
@@ -47,7 +47,7 @@ def batch(step: int) -> list[VisualSample]:
 
 # ------------------------------------------------------------------------------------------------ the update
 def test_each_of_the_num_iterations_updates_steps_the_optimizer_and_the_learning_rate_schedule():
-    module = attach(ToyGRPO(LinearPolicy(), num_iterations=3), optimizer := Recorder(), scheduler := Recorder())
+    module = attach(ToyGRPO(LinearPolicy(), grpo=GRPOSettings(num_iterations=3)), optimizer := Recorder(), scheduler := Recorder())
     stats = module._train_on(module.rollout(samples()))
     assert (optimizer.steps, scheduler.steps) == (3, 3)
     assert stats["skipped"] is False and module.skipped_updates == 0
@@ -78,7 +78,7 @@ def test_an_update_leaves_no_gradient_behind():
 
 @pytest.mark.parametrize("scale", ["batch", "none"])
 def test_scored_advantages_follow_the_module_s_advantage_scale(scale):
-    module = ToyGRPO(LinearPolicy(), advantage_scale=scale)
+    module = ToyGRPO(LinearPolicy(), grpo=GRPOSettings(advantage_scale=scale))
     total = torch.tensor([1.0, 2.0, 6.0, 5.0, 5.0, 4.0])
     expected = group_advantages(total, 3, scale=scale)
     assert not torch.equal(expected, group_advantages(total, 3, scale="group"))  # the scale matters for these rewards
@@ -268,7 +268,7 @@ def test_an_update_over_several_rollouts_weighs_each_by_its_share_of_the_loss_ma
 
 
 def test_with_clipping_off_a_non_finite_gradient_under_a_finite_loss_still_skips_the_update():
-    module = attach(ToyGRPO(LinearPolicy(), gradient_clip_val=0.0), optimizer := Recorder())
+    module = attach(ToyGRPO(LinearPolicy(), grpo=GRPOSettings(gradient_clip_val=0.0)), optimizer := Recorder())
     rollout = module.rollout(samples())
     module.policy.weight.register_hook(lambda grad: grad * float("inf"))  # the loss stays finite
     stats = module._update(rollout, optimizer)
@@ -285,8 +285,8 @@ def nan_rewards(rows: int, components: int, nonfinite: int) -> RewardOutput:
 
 def module_with(components: int, group_size: int = 3, max_nonfinite_steps: int = 1):
     rewards = [ValueReward(name=f"r{i}") for i in range(components)]
-    module = ToyGRPO(LinearPolicy(), rewards=rewards, max_nonfinite_steps=max_nonfinite_steps)
-    module.sampling.num_generations = group_size
+    module = ToyGRPO(LinearPolicy(), rewards=rewards, optimizer=OptimizerSettings(max_nonfinite_steps=max_nonfinite_steps))
+    module.sampling.group_size = group_size
     return module
 
 

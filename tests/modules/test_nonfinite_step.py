@@ -12,10 +12,10 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from test_grpo_skeleton import LinearPolicy, ToyGRPO  # the skeleton tests' toy module
 from torch.distributed.tensor import DTensor
 
-from app.models import SamplingSettings
 from app.modules import NonFiniteCheckpointError, NonFiniteTrainingError, VLMGRPOModule, VLMSFTModule
 from app.modules.finite_step import named_tensors
 from app.rewards import RewardComponent
+from app.settings import OptimizerSettings, SamplingSettings
 
 
 class LengthReward(RewardComponent):
@@ -26,14 +26,11 @@ class LengthReward(RewardComponent):
 
 
 def grpo(new_policy, **kwargs):
-    return VLMGRPOModule(
-        new_policy("tiny-qwen2-vl", lora_r=4), [LengthReward()], SamplingSettings(num_generations=2, max_new_tokens=6),
-        learning_rate=1e-2, eval_max_new_tokens=4, **kwargs,
-    )  # fmt: skip
+    return VLMGRPOModule(new_policy("tiny-qwen2-vl", lora_r=4), [LengthReward()], SamplingSettings(group_size=2, max_new_tokens=6), eval_max_new_tokens=4, **kwargs, optimizer=OptimizerSettings(learning_rate=1e-2))  # fmt: skip
 
 
 def sft(new_policy, **kwargs):
-    return VLMSFTModule(new_policy("tiny-qwen2-vl", lora_r=4), learning_rate=1e-2, eval_max_new_tokens=4, **kwargs)
+    return VLMSFTModule(new_policy("tiny-qwen2-vl", lora_r=4), eval_max_new_tokens=4, **kwargs, optimizer=OptimizerSettings(learning_rate=1e-2))
 
 
 MODULES = {"grpo": grpo, "sft": sft}  # manual and automatic optimisation

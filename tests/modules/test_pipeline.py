@@ -20,12 +20,12 @@ from test_grpo_skeleton import LinearPolicy  # the skeleton tests' toy policy (a
 from torch.utils.data import DataLoader
 
 from app.algorithms import grpo_loss, zero_std_groups
-from app.models.vlm import SamplingSettings
 from app.modules import FlowGRPOModule, GRPOModule, VLMGRPOModule, grpo
 from app.modules.grpo import ScoredGroups
-from app.modules.pipeline import Generation, PipelineSettings, from_plain, to_plain
+from app.modules.plain_data import from_plain, to_plain
 from app.rewards import RewardComponent, RewardError
-from app.types import RewardOutput, VisualSample
+from app.settings import GRPOSettings, OptimizerSettings, PipelineSettings, SamplingSettings
+from app.types import Generation, RewardOutput, VisualSample
 
 K = 4
 
@@ -49,15 +49,7 @@ class SlowHashReward(RewardComponent):
 
 
 def vlm_module(new_policy, pipeline=None, reward=None, **kwargs) -> VLMGRPOModule:
-    return VLMGRPOModule(
-        new_policy("tiny-qwen2-vl", lora_r=4),
-        rewards=[reward or SlowHashReward()],
-        sampling=SamplingSettings(num_generations=K, max_new_tokens=8),
-        learning_rate=1e-2,
-        eval_max_new_tokens=4,
-        pipeline=pipeline,
-        **kwargs,
-    )
+    return VLMGRPOModule(new_policy("tiny-qwen2-vl", lora_r=4), rewards=[reward or SlowHashReward()], sampling=SamplingSettings(group_size=K, max_new_tokens=8), eval_max_new_tokens=4, pipeline=pipeline, **kwargs, optimizer=OptimizerSettings(learning_rate=1e-2))
 
 
 def trained(recorder) -> list[dict]:
@@ -97,7 +89,7 @@ def test_delay_one_trains_rollout_k_with_its_own_rewards_one_rollout_late(new_po
 
 @dataclass
 class Settings:
-    num_generations: int = 2
+    group_size: int = 2
 
 
 class ValueReward(RewardComponent):
@@ -565,19 +557,16 @@ def test_a_pending_rollout_round_trips_through_plain_data(new_policy, samples):
 
 
 def test_the_flow_family_trains_with_delay_one_on_stored_log_densities(fit, params_snapshot):
-    from app.models import FlowLoRASettings, FlowPolicy
-    from app.sampling.flow_rollout import FlowSamplingSettings
+    from app.models import FlowPolicy
+    from app.settings import FlowSamplingSettings, LoRASettings
 
     class Redness(RewardComponent):
         def score(self, completions, samples):
             return torch.stack([image[0].float().mean() for image in completions]).cpu()
 
     torch.manual_seed(0)
-    policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
-    module = FlowGRPOModule(
-        policy, [Redness()], FlowSamplingSettings(num_generations=2, num_steps=4), learning_rate=0.05,
-        eps_low=0.5, eps_high=0.5, pipeline=PipelineSettings(delay=1, workers="thread"),
-    )  # fmt: skip
+    policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8))
+    module = FlowGRPOModule(policy, [Redness()], FlowSamplingSettings(group_size=2, num_steps=4), pipeline=PipelineSettings(delay=1, workers="thread"), grpo=GRPOSettings(eps_low=0.5, eps_high=0.5), optimizer=OptimizerSettings(learning_rate=0.05))  # fmt: skip
     before = params_snapshot(module)
     prompts = [VisualSample(images=[], question=f"a red square {i}", task="red") for i in range(3)]
     _, recorder = fit(module, DataLoader(prompts, batch_size=1, collate_fn=list), max_steps=2)
@@ -629,7 +618,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(new_policy, fi
     L.seed_everything(0)
     module = TrainedGroups(
         new_policy("tiny-qwen2-vl", lora_r=4), rewards=[HalfFlatReward()],
-        sampling=SamplingSettings(num_generations=K, max_new_tokens=8), eval_max_new_tokens=4,
+        sampling=SamplingSettings(group_size=K, max_new_tokens=8), eval_max_new_tokens=4,
         pipeline=PipelineSettings(delay=delay, dynamic_sampling=True, max_extra_rollouts=6),
     )  # fmt: skip
     batch_size = 4
@@ -652,7 +641,7 @@ def test_dynamic_sampling_stops_at_its_cap(new_policy, fit):
     L.seed_everything(0)
     module = TrainedGroups(
         new_policy("tiny-qwen2-vl", lora_r=4), rewards=[HalfFlatReward()],
-        sampling=SamplingSettings(num_generations=K, max_new_tokens=8), eval_max_new_tokens=4,
+        sampling=SamplingSettings(group_size=K, max_new_tokens=8), eval_max_new_tokens=4,
         pipeline=PipelineSettings(dynamic_sampling=True, max_extra_rollouts=0),
     )  # fmt: skip
     _, recorder = fit(module, dots_with_distinct_questions(64, 4), max_steps=3)
@@ -765,9 +754,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from conftest import make_policy, tiny_datamodule
 from ddp_probe import LengthReward
-from app.models.vlm import SamplingSettings
+from app.settings import SamplingSettings
 from app.modules import VLMGRPOModule
-from app.modules.pipeline import PipelineSettings
+from app.settings import PipelineSettings
 
 out = sys.argv[1]
 
@@ -775,7 +764,7 @@ out = sys.argv[1]
 def run(name, max_steps, callbacks=(), ckpt_path=None):
     L.seed_everything(0)
     module = VLMGRPOModule(
-        make_policy(), rewards=[LengthReward()], sampling=SamplingSettings(num_generations=4, max_new_tokens=8),
+        make_policy(), rewards=[LengthReward()], sampling=SamplingSettings(group_size=4, max_new_tokens=8),
         learning_rate=1e-2, eval_max_new_tokens=4, pipeline=PipelineSettings(delay=1, workers="thread"),
     )
     trainer = L.Trainer(

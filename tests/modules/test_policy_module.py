@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 from app.modules import NonFiniteTrainingError
 from app.parallel import ShardingPlan
 from app.parallel.fsdp import MESH_DIMS, is_sharded
+from app.settings import OptimizerSettings
 
 
 def under(strategy):
@@ -84,7 +85,7 @@ def test_a_decision_holds_on_every_rank_when_any_rank_makes_it(mine, other):
 # ------------------------------------------------------------------------------------------------ skipped updates
 def automatic(max_nonfinite_steps: int = 3):
     """The toy module as an automatically optimised one (SFT, flow matching), its logged values kept."""
-    module = ToyGRPO(LinearPolicy(), max_nonfinite_steps=max_nonfinite_steps)
+    module = ToyGRPO(LinearPolicy(), optimizer=OptimizerSettings(max_nonfinite_steps=max_nonfinite_steps))
     module.automatic_optimization = True
     module.logged = []
     module.log = lambda name, value, **kwargs: module.logged.append((name, value))

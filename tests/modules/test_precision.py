@@ -7,6 +7,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from app.modules.precision import POLICY_DTYPE_FIELD, precision_report
+from app.settings import OptimizerSettings
 
 
 class _FSDP2Like:
@@ -73,7 +74,7 @@ def test_a_bf16_true_fit_warns_naming_the_field_and_a_bf16_mixed_one_does_not(ne
 
     for precision, warned in (("bf16-true", True), ("bf16-mixed", False)):
         caplog.clear()
-        module = VLMSFTModule(new_policy(), learning_rate=1e-3)
+        module = VLMSFTModule(new_policy(), optimizer=OptimizerSettings(learning_rate=1e-3))
         with caplog.at_level(logging.INFO):
             fit(module, new_datamodule(train_size=2), max_steps=1, precision=precision)
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision: ")]

@@ -12,10 +12,10 @@ import pytest
 import torch
 from test_grpo_skeleton import ValueReward  # the completion text read as a number
 
-from app.modules.pipeline import Generation, PipelineSettings
 from app.modules.rollout_queue import RolloutQueue
 from app.rewards import PendingRewards, WeightedReward
-from app.types import RewardOutput, VisualSample
+from app.settings import PipelineSettings
+from app.types import Generation, RewardOutput, VisualSample
 
 
 class ThreadNamedValue(ValueReward):

@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 from app.data import collate_visual_samples
 from app.modules import VLMSFTModule
 from app.modules.sft import sft_target
+from app.settings import OptimizerSettings
 
 
 def fixed_batch_loader(samples, steps: int) -> DataLoader:
@@ -64,7 +65,7 @@ def test_sft_loss_is_the_nll_of_the_assistant_tokens_only(new_policy, new_sample
 def test_sft_fit_decreases_the_loss_and_moves_only_lora_weights(new_policy, new_samples, fit, params_snapshot):
     torch.manual_seed(0)
     policy = new_policy("tiny-qwen2-vl", lora_r=4)
-    module = VLMSFTModule(policy, learning_rate=1e-2)
+    module = VLMSFTModule(policy, optimizer=OptimizerSettings(learning_rate=1e-2))
     before = params_snapshot(policy.model)
     trainer, recorder = fit(module, fixed_batch_loader(new_samples(2), 20), max_steps=20)
     after = params_snapshot(policy.model)
@@ -86,7 +87,7 @@ def test_full_fine_tuning_sft_with_frozen_vision_moves_the_language_model_only(
     new_policy, new_samples, fit, params_snapshot
 ):
     policy = new_policy("tiny-qwen2-vl", lora_r=None, freeze_vision=True)
-    module = VLMSFTModule(policy, learning_rate=1e-3)
+    module = VLMSFTModule(policy, optimizer=OptimizerSettings(learning_rate=1e-3))
     before = params_snapshot(policy.model)
     fit(module, fixed_batch_loader(new_samples(2), 2), max_steps=2)
     after = params_snapshot(policy.model)

@@ -11,8 +11,9 @@ from torch.utils.data import DataLoader
 
 from app.data.eval_sets import EvalSets
 from app.modules import VLMGRPOModule, VLMSFTModule
-from app.modules.vlm_evaluation import PassAtK, pass_at_k
+from app.modules.vlm_evaluation import pass_at_k
 from app.rewards import RewardComponent
+from app.settings import PassAtK
 from app.tasks.dots import DotsDataset
 
 

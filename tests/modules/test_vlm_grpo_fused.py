@@ -11,9 +11,10 @@ import torch
 
 from app.algorithms.fused_linear import FusedLinearGRPOLoss
 from app.errors import ConfigError
-from app.models import LoRASettings, SamplingSettings, VLMPolicy
+from app.models import VLMPolicy
 from app.modules import VLMGRPOModule
 from app.rewards import RewardComponent
+from app.settings import GRPOSettings, LoRASettings, SamplingSettings
 
 pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (extra 'gpu')")
 
@@ -32,10 +33,7 @@ class LengthReward(RewardComponent):
 
 
 def grpo_module(policy, fused: bool, **kwargs) -> VLMGRPOModule:
-    return VLMGRPOModule(
-        policy, rewards=[LengthReward()], sampling=SamplingSettings(num_generations=K, max_new_tokens=8, temperature=0.7),
-        micro_batch_size=3, eps_low=0.1, eps_high=0.15, fused_linear_loss=fused, fused_loss_compiled=False, **kwargs,
-    )  # fmt: skip
+    return VLMGRPOModule(policy, rewards=[LengthReward()], sampling=SamplingSettings(group_size=K, max_new_tokens=8, temperature=0.7), fused_linear_loss=fused, fused_loss_compiled=False, **kwargs, grpo=GRPOSettings(micro_batch_size=3, eps_low=0.1, eps_high=0.15))  # fmt: skip
 
 
 def perturbed_rollout(policy, samples):
@@ -116,11 +114,7 @@ def test_fused_loss_matches_the_chunked_path_in_full_fine_tuning(full_case, aggr
 def test_the_fused_loss_takes_the_module_settings(tiny_policy, compiled):
     """The clip range, beta and aggregation of the module, ``constant``'s L_max = max_new_tokens (not the length of the
     longest completion), and ``fused_loss_compiled``, None meaning compiled on CUDA only."""
-    module = VLMGRPOModule(
-        tiny_policy, rewards=[LengthReward()], sampling=SamplingSettings(num_generations=K, max_new_tokens=8),
-        eps_low=0.1, eps_high=0.15, beta=0.05, loss_aggregation="constant", fused_linear_loss=True,
-        fused_loss_compiled=compiled,
-    )  # fmt: skip
+    module = VLMGRPOModule(tiny_policy, rewards=[LengthReward()], sampling=SamplingSettings(group_size=K, max_new_tokens=8), loss_aggregation="constant", fused_linear_loss=True, fused_loss_compiled=compiled, grpo=GRPOSettings(eps_low=0.1, eps_high=0.15, beta=0.05))  # fmt: skip
     assert module.fused_loss == FusedLinearGRPOLoss(
         eps_low=0.1, eps_high=0.15, beta=0.05, aggregation="constant", max_length=8,
         compiled=torch.cuda.is_available() if compiled is None else compiled,

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from app.algorithms import grpo_loss
-from app.models import SamplingSettings
 from app.modules import VLMGRPOModule
 from app.rewards import AccuracyReward
+from app.settings import SamplingSettings
 
 L = 6  # completion length, the generation budget
 MASKS = (

@@ -15,12 +15,11 @@ import pytest
 import torch
 
 from app.algorithms import grpo_loss
-from app.models import SamplingSettings
 from app.modules import VLMGRPOModule
 from app.modules.grpo import ScoredGroups
-from app.modules.pipeline import Generation
 from app.rewards import AccuracyReward
-from app.types import CompletionBatch, GRPOBatch, RewardOutput
+from app.settings import GRPOSettings, SamplingSettings
+from app.types import CompletionBatch, Generation, RewardOutput
 
 K, L, MAX_NEW_TOKENS, TEMPERATURE = 2, 5, 6, 0.7
 EPS_LOW, EPS_HIGH, BETA = 0.1, 0.3, 0.1
@@ -42,10 +41,8 @@ AGGREGATIONS = sorted(SHARES)
 
 
 def grpo_module(policy, **kwargs) -> VLMGRPOModule:
-    return VLMGRPOModule(
-        policy, [AccuracyReward()], SamplingSettings(num_generations=K, max_new_tokens=MAX_NEW_TOKENS,
-        temperature=TEMPERATURE), eps_low=EPS_LOW, eps_high=EPS_HIGH, **kwargs,
-    )  # fmt: skip
+    return VLMGRPOModule(policy, [AccuracyReward()], SamplingSettings(group_size=K, max_new_tokens=MAX_NEW_TOKENS,
+        temperature=TEMPERATURE), **kwargs, grpo=GRPOSettings(eps_low=EPS_LOW, eps_high=EPS_HIGH))  # fmt: skip
 
 
 @pytest.fixture(scope="module")

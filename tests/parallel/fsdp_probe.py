@@ -26,14 +26,18 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from app.data import VisualTaskDataModule
 from app.models import FlowPolicy, VLMPolicy
-from app.models.flow import FlowLoRASettings
-from app.models.vlm import LoRASettings, SamplingSettings
 from app.modules import FlowGRPOModule, VLMGRPOModule
-from app.modules.pipeline import PipelineSettings
 from app.parallel import FSDP2Strategy
 from app.parallel.fsdp import local_numel
 from app.rewards import RewardComponent
-from app.sampling import FlowSamplingSettings
+from app.settings import (
+    FlowSamplingSettings,
+    GRPOSettings,
+    LoRASettings,
+    OptimizerSettings,
+    PipelineSettings,
+    SamplingSettings,
+)
 from app.tasks.dots import DotsDataset, ShapePromptDataset
 from app.tasks.vbvr import VBVRPromptDataset
 
@@ -106,21 +110,13 @@ def build(
     if policy_kind.startswith("vlm"):
         lora = LoRASettings(r=4, alpha=8, dropout=0.0) if policy_kind == "vlm_lora" else None
         policy = VLMPolicy("tiny-qwen2-vl", lora=lora, instruction="", gradient_checkpointing=checkpointing)
-        module = VLMGRPOModule(
-            policy,
-            [LengthReward()],
-            SamplingSettings(num_generations=4, max_new_tokens=8),
-            beta=0.0 if lora else 0.04,
-            learning_rate=1e-3,
-            micro_batch_size=4,
-            pipeline=pipeline,
-        )
+        module = VLMGRPOModule(policy, [LengthReward()], SamplingSettings(group_size=4, max_new_tokens=8), pipeline=pipeline, grpo=GRPOSettings(beta=0.0 if lora else 0.04, micro_batch_size=4), optimizer=OptimizerSettings(learning_rate=1e-3))
         dataset, image_size = DotsDataset, 64
     else:
         name, text_length = ("tiny-wan-i2v", 512) if policy_kind == "flowi2v_lora" else ("tiny-sd3", None)
-        policy = FlowPolicy(name, lora=FlowLoRASettings(r=4, alpha=8), max_sequence_length=text_length)
-        sampling = FlowSamplingSettings(num_generations=2, num_steps=3, sampler="cps", eta=0.7)
-        module = FlowGRPOModule(policy, [BrightnessReward()], sampling, learning_rate=1e-3, pipeline=pipeline)
+        policy = FlowPolicy(name, lora=LoRASettings(r=4, alpha=8), max_sequence_length=text_length)
+        sampling = FlowSamplingSettings(group_size=2, num_steps=3, sampler="cps", eta=0.7)
+        module = FlowGRPOModule(policy, [BrightnessReward()], sampling, pipeline=pipeline, optimizer=OptimizerSettings(learning_rate=1e-3))
         dataset = (
             functools.partial(VBVRPromptDataset, tasks=["color_mixing"])
             if policy.is_conditioned

@@ -31,11 +31,10 @@ from torch.distributed.tensor import DTensor
 from app.cli import AppCLI
 from app.embedded.models import resolve_pretrained
 from app.models import FlowPolicy, VLMPolicy
-from app.models.flow import FlowLoRASettings
-from app.models.vlm import LoRASettings
 from app.parallel import shard_policy
 from app.parallel.fsdp import MESH_DIMS
 from app.parallel.loading import deferred, deferred_networks, lean_loading, materialize
+from app.settings import LoRASettings
 from app.tasks.dots import DotsDataset
 
 TINY_GRPO = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_grpo.yaml"
@@ -49,7 +48,7 @@ def build(case: str, out: Path):
         if lora is None:
             policy.enable_reference()
         return policy
-    return FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
+    return FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8))
 
 
 def tied_copy(folder: Path) -> Path:
@@ -77,7 +76,7 @@ def outputs(policy, case: str) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(7)
     if case.startswith("vlm"):
         dataset = DotsDataset(2, 0, image_size=64)
-        prompts = policy.encode_prompts([dataset[0], dataset[1]], repeats=2)
+        prompts = policy.encode_prompts([dataset[0], dataset[1]], group_size=2)
         ids = torch.randint(3, 1000, (4, 6), generator=generator)
         mask = torch.ones_like(ids)
         found = [policy.sequence_logprobs(prompts, ids, mask)]

@@ -26,10 +26,9 @@ from fsdp_probe import BrightnessReward, build, full_trainable_state, run_cases,
 
 from app.data import VisualTaskDataModule
 from app.models import FlowPolicy
-from app.models.flow import FlowLoRASettings
 from app.modules import FlowGRPOModule
 from app.modules.checkpoints import rng_states
-from app.sampling import FlowSamplingSettings
+from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings
 from app.tasks.dots import ShapePromptDataset
 
 STEPS = 2  # the straight run's length
@@ -55,10 +54,10 @@ def build_case(policy_kind: str) -> tuple[L.LightningModule, L.LightningDataModu
     if policy_kind == "vlm_lora":
         return build("vlm_lora")
     sampler = policy_kind.removeprefix("flow_")
-    policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
+    policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8))
     # two steps, the first of them stochastic and trained: the cheapest rollout that still draws noise
-    sampling = FlowSamplingSettings(num_generations=2, num_steps=2, sampler=sampler, eta=0.7)
-    module = FlowGRPOModule(policy, [BrightnessReward()], sampling, learning_rate=1e-3)
+    sampling = FlowSamplingSettings(group_size=2, num_steps=2, sampler=sampler, eta=0.7)
+    module = FlowGRPOModule(policy, [BrightnessReward()], sampling, optimizer=OptimizerSettings(learning_rate=1e-3))
     data = VisualTaskDataModule(ShapePromptDataset, train_size=8, val_size=0, test_size=0, batch_size=1, image_size=64)
     return module, data
 

@@ -21,6 +21,7 @@ from torch import nn
 from app.errors import ConfigError
 from app.parallel import FSDP2Strategy, gathered
 from app.parallel.plan import repeated_blocks
+from app.settings import OptimizerSettings
 
 # The first test that needs them launches the three probe runs (about 4 minutes on 2 idle cores in all).
 pytestmark = pytest.mark.timeout(1200)
@@ -276,7 +277,7 @@ def test_vision_adapters_shard_with_the_vision_tower_and_train_in_their_own_grou
     try:
         strategy = FSDP2Strategy(reshard_after_forward=False)
         strategy._device_mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=MESH_DIMS)
-        module = VLMSFTModule(vision_lora_policy("tiny-qwen2-vl", vision_learning_rate=1e-3), learning_rate=1e-2)
+        module = VLMSFTModule(vision_lora_policy("tiny-qwen2-vl", vision_learning_rate=1e-3), optimizer=OptimizerSettings(learning_rate=1e-2))
         module._trainer = SimpleNamespace(strategy=strategy)
         module.configure_model()
         module._trainer = None  # training_step's self.log only warns outside a trainer
@@ -300,9 +301,10 @@ def test_vision_adapters_shard_with_the_vision_tower_and_train_in_their_own_grou
 
 
 def test_flow_plan_shards_the_transformer_blocks():
-    from app.models import FlowLoRASettings, FlowPolicy
+    from app.models import FlowPolicy
+    from app.settings import LoRASettings
 
-    policy = FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=2, alpha=4))
+    policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=2, alpha=4))
     plan = policy.sharding_plan()
     blocks = list(policy.transformer.transformer_blocks)
     assert plan.units == blocks and plan.roots == [policy.transformer]

@@ -39,6 +39,7 @@ from app.parallel.loading import (
     safetensors_files,
     same_names,
 )
+from app.settings import OptimizerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_GRPO = ROOT / "tests" / "fixtures" / "tiny_grpo.yaml"
@@ -187,7 +188,8 @@ def same_state(a: nn.Module, b: nn.Module) -> bool:
 
 
 def test_a_policy_built_empty_in_a_run_without_fsdp2_is_loaded_whole_by_configure_model():
-    from app.models import LoRASettings, VLMPolicy
+    from app.models import VLMPolicy
+    from app.settings import LoRASettings
 
     def build() -> VLMPolicy:
         torch.manual_seed(0)  # the adapters' random draws
@@ -198,7 +200,7 @@ def test_a_policy_built_empty_in_a_run_without_fsdp2_is_loaded_whole_by_configur
     with lean_loading():
         lean = build()
     assert deferred_networks(lean) and next(lean.base_network.parameters()).is_meta
-    PolicyModule(lean, learning_rate=1e-3).configure_model()  # no trainer: one process, nothing sharded
+    PolicyModule(lean, optimizer=OptimizerSettings(learning_rate=1e-3)).configure_model()  # no trainer: one process, nothing sharded
     assert not deferred_networks(lean)
     assert same_state(lean, normal) and same_state(lean.base_network, normal.base_network)
     assert [p.requires_grad for p in lean.parameters()] == [p.requires_grad for p in normal.parameters()]

@@ -28,7 +28,7 @@ KEPT = [  # what a rehearsal exists to test: never changed
     "model.init_args.learning_rate",
     "model.init_args.weight_decay",
     "model.init_args.beta",
-    "model.init_args.sampling.num_generations",
+    "model.init_args.sampling.group_size",
     "model.init_args.sampling.temperature",
     "model.init_args.sampling.sampler",
     "data.class_path",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from app.rewards import RewardComponent, RewardError, WeightedReward
-from app.rewards.vbvr import VBVRScorerReward
+from app.tasks.vbvr import VBVRScorerReward
 from app.types import VisualSample
 
 
@@ -198,7 +198,7 @@ def test_a_wrong_shape_from_a_worker_is_the_same_error_as_inline():
 
 
 def vbvr_batch():
-    from app.vbvr import get_task
+    from app.tasks.vbvr import get_task
 
     task = get_task("object_counting")
     params = {"image_size": task.image_size, **task.params}

@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from app.modules.pipeline import Generation, PipelineSettings
 from app.modules.rollout_queue import RolloutQueue
 from app.rewards import RewardComponent, WeightedReward
 from app.rewards.color_region import ColorRegionReward
-from app.rewards.vbvr import VBVRScorerReward
-from app.types import VisualSample
-from app.vbvr import get_task
+from app.settings import PipelineSettings
+from app.tasks.vbvr import VBVRScorerReward, get_task
+from app.types import Generation, VisualSample
 from callbacks.reward_breakdown import RewardBreakdownLogger
 
 KINDS = ("inline", "thread", "process")

@@ -4,9 +4,10 @@ the UniPC evaluation sampler (diffusers' scheduler in flow mode) solves the flow
 import pytest
 import torch
 
-from app.models.flow import FlowLoRASettings, FlowPolicy
+from app.models.flow import FlowPolicy
 from app.sampling.flow import unipc_sample
-from app.sampling.flow_rollout import FlowSampler, FlowSamplingSettings, rows_of, stochastic_steps
+from app.sampling.flow_rollout import FlowSampler, rows_of, stochastic_steps
+from app.settings import FlowSamplingSettings, LoRASettings
 
 
 def text_length(name):
@@ -16,11 +17,11 @@ def text_length(name):
 
 @pytest.mark.parametrize("name", ["tiny-wan-i2v", "tiny-wan-ti2v", "tiny-flux-kontext"])
 def test_conditioned_log_prob_of_a_stored_step_equals_the_rollouts(name):
-    policy = FlowPolicy(name, lora=FlowLoRASettings(r=4, alpha=8), max_sequence_length=text_length(name))
-    settings = FlowSamplingSettings(num_generations=2, num_steps=3, sampler="cps", eta=0.7)
+    policy = FlowPolicy(name, lora=LoRASettings(r=4, alpha=8), max_sequence_length=text_length(name))
+    settings = FlowSamplingSettings(group_size=2, num_steps=3, sampler="cps", eta=0.7)
     sampler = FlowSampler(policy, settings, micro_batch_size=2)
     images = torch.rand(2, 3, *policy.frame_size, generator=torch.Generator().manual_seed(0))
-    conditioning = sampler.conditioning(["a", "b"], repeats=2, images=images)
+    conditioning = sampler.conditioning(["a", "b"], group_size=2, images=images)
     sigmas = policy.sigmas(3).float()
     steps = stochastic_steps(sigmas)
     generator = torch.Generator().manual_seed(1)

@@ -5,8 +5,9 @@ closed-form stand-in policy is in test_flow_rollout_logic.py."""
 import pytest
 import torch
 
-from app.models import FlowLoRASettings, FlowPolicy
-from app.sampling import FlowSampler, FlowSamplingSettings
+from app.models import FlowPolicy
+from app.sampling import FlowSampler
+from app.settings import FlowSamplingSettings, LoRASettings
 
 PROMPTS = ["a red dot left of a blue dot", "three squares", "a green circle"]
 
@@ -14,7 +15,7 @@ PROMPTS = ["a red dot left of a blue dot", "three squares", "a green circle"]
 @pytest.fixture(scope="module")
 def policy() -> FlowPolicy:
     torch.manual_seed(0)
-    return FlowPolicy("tiny-sd3", lora=FlowLoRASettings(r=4, alpha=8))
+    return FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8))
 
 
 # ---------------------------------------------------------------------------------------------- velocities
@@ -45,7 +46,7 @@ def test_guidance_mixes_in_the_empty_prompt_and_keeps_the_gradient(policy):
 def test_denoise_keeps_chained_transitions_whose_log_probs_rescore_exactly(policy):
     sampler = FlowSampler(policy, FlowSamplingSettings(num_steps=4, eta=0.7))
     sigmas = policy.sigmas(4).float()
-    conditioning = sampler.conditioning(PROMPTS[:2], repeats=2)  # 4 rows
+    conditioning = sampler.conditioning(PROMPTS[:2], group_size=2)  # 4 rows
     noise = policy.initial_noise(4, torch.Generator().manual_seed(3))
     kept = sampler.denoise(conditioning, noise, sigmas, [0, 1, 2], [0, 1, 2], torch.Generator().manual_seed(4))
     assert kept.latents.shape == kept.next_latents.shape == (4, 3, 4, 16, 16) and kept.logprobs.shape == (4, 3)
@@ -72,7 +73,7 @@ def test_euler_denoising_is_the_ode_and_keeps_nothing(policy):
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_initial_noise_is_shared_within_a_group_only_when_asked(policy, shared):
-    sampler = FlowSampler(policy, FlowSamplingSettings(num_generations=3, shared_initial_noise=shared))
+    sampler = FlowSampler(policy, FlowSamplingSettings(group_size=3, shared_initial_noise=shared))
     noise = sampler.initial_noise(2, torch.Generator().manual_seed(6)).reshape(2, 3, -1)
     assert torch.equal(noise[0, 0], noise[0, 1]) == shared
     assert not torch.equal(noise[0, 0], noise[1, 0])

@@ -7,8 +7,9 @@ import logging
 import pytest
 import torch
 
-from app.sampling import FlowSampler, FlowSamplingSettings, stochastic_steps, train_steps
+from app.sampling import FlowSampler, stochastic_steps, train_steps
 from app.sampling.flow import cps_step, flow_sigmas, sde_step
+from app.settings import FlowSamplingSettings
 
 
 class StandInPolicy:
@@ -40,7 +41,7 @@ class StandInPolicy:
     [({"eta": 0.0}, "eta must be > 0"), ({"sampler": "cps", "eta": 1.5}, "<= 1 for cps"),
      ({"sampler": "ode"}, "sampler must be 'sde' or 'cps'"), ({"timestep_fraction": 0.0}, "timestep_fraction"),
      ({"sde_window": (3, 4), "num_steps": 4}, "sde_window must be"), ({"sde_window": (2, 1)}, "sde_window must be"),
-     ({"guidance_scale": 0.5}, "guidance_scale must be >= 1"), ({"num_generations": 0}, "num_generations >= 1")],
+     ({"guidance_scale": 0.5}, "guidance_scale must be >= 1"), ({"group_size": 0}, "group_size >= 1")],
 )  # fmt: skip
 def test_bad_settings_are_refused_with_a_message_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -48,7 +49,7 @@ def test_bad_settings_are_refused_with_a_message_naming_them(kwargs, message):
 
 
 def test_settings_accept_their_boundary_values():
-    assert FlowSamplingSettings(num_generations=1, num_steps=1).num_steps == 1
+    assert FlowSamplingSettings(group_size=1, num_steps=1).num_steps == 1
     assert FlowSamplingSettings(sampler="cps", eta=1.0).eta == 1.0
     assert FlowSamplingSettings(sampler="sde", eta=1.5).eta == 1.5  # the SDE's noise level has no upper bound
     assert FlowSamplingSettings(timestep_fraction=1.0).timestep_fraction == 1.0
@@ -164,7 +165,7 @@ def test_micro_batch_size_must_be_positive():
 # ----------------------------------------------------------------------------------------------------------- the loop
 def test_shared_initial_noise_is_drawn_from_the_given_generator():
     stand_in = StandInPolicy()
-    sampler = FlowSampler(stand_in, FlowSamplingSettings(num_generations=2, shared_initial_noise=True))
+    sampler = FlowSampler(stand_in, FlowSamplingSettings(group_size=2, shared_initial_noise=True))
     torch.manual_seed(0)
     first = sampler.initial_noise(2, torch.Generator().manual_seed(6))
     torch.manual_seed(1)  # the global generator plays no part
@@ -193,8 +194,8 @@ def test_conditioning_repeats_each_prompt_s_text_and_image_rows_group_major():
     """Prompts "ab" and "abcd" (text row starts with the length), two distinct images, K = 3: rows b * K + k."""
     sampler = FlowSampler(StandInPolicy(), FlowSamplingSettings())
     images = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32).reshape(2, 3, 2, 2)  # [B, 3, H, W]
-    conditioning = sampler.conditioning(["ab", "abcd"], repeats=3, images=images)
+    conditioning = sampler.conditioning(["ab", "abcd"], group_size=3, images=images)
     assert set(conditioning) == {"text", "image"}
     assert conditioning["text"][:, 0].tolist() == [2.0, 2.0, 2.0, 4.0, 4.0, 4.0]
     assert conditioning["image"].tolist() == [[0.0, 1.0, 2.0, 3.0]] * 3 + [[12.0, 13.0, 14.0, 15.0]] * 3
-    assert set(sampler.conditioning(["ab"], repeats=2)) == {"text"}  # no images, no image conditions
+    assert set(sampler.conditioning(["ab"], group_size=2)) == {"text"}  # no images, no image conditions

@@ -4,13 +4,13 @@ import re
 
 import pytest
 
-from app.sampling.flow_rollout import FlowSamplingSettings
+from app.settings import FlowSamplingSettings
 
 
 @pytest.mark.parametrize(
     "settings",
     [
-        dict(num_generations=1, num_steps=1),
+        dict(group_size=1, num_steps=1),
         dict(sampler="cps", eta=1.0),
         dict(sampler="sde", eta=1.5),  # no upper bound for the SDE sampler
         dict(eta=1e-6, timestep_fraction=1.0),
@@ -32,7 +32,7 @@ def test_an_sde_window_is_kept_as_a_tuple_of_ints(window, num_steps, kept):
     assert FlowSamplingSettings(num_steps=num_steps, sde_window=window).sde_window == kept
 
 
-NEED = "need num_generations >= 1 and num_steps >= 1, got {} and {}"
+NEED = "need group_size >= 1 and num_steps >= 1, got {} and {}"
 WINDOW = (
     "sde_window must be (start, end) with 0 <= start < end and start < num_steps - 1 = {} (the last step is never "
     "trained), got {}"
@@ -42,7 +42,7 @@ WINDOW = (
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        (dict(num_generations=0), NEED.format(0, 10)),
+        (dict(group_size=0), NEED.format(0, 10)),
         (dict(num_steps=0), NEED.format(8, 0)),
         (dict(sampler="ode"), "sampler must be 'sde' or 'cps', got 'ode'"),
         (dict(eta=0.0), "eta must be > 0 (and <= 1 for cps): eta = 0 makes every step deterministic, got 0.0"),

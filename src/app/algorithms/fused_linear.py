@@ -117,11 +117,11 @@ class FusedLinearGRPOLoss:
         max_length = length if self.max_length is None else self.max_length
         use_ref = self.beta > 0
         liger = LigerFusedLinearGRPOLoss(
-            beta=self.beta if use_ref else 0.0,  # pragma: no mutate (equivalent: beta >= 0, so 0 unless use_ref)
+            beta=self.beta if use_ref else 0.0,
             compiled=self.compiled,
             use_ref_model=use_ref,
             # one chunk: Liger bounds the logits by sequence x vocabulary chunks inside it
-            chunk_size=max(n, 1),  # pragma: no mutate (equivalent: Liger's row chunks change memory, not values)
+            chunk_size=max(n, 1),
             epsilon_low=self.eps_low,
             epsilon_high=self.eps_high,
             loss_type=LIGER_LOSS_TYPES[self.aggregation],
@@ -136,16 +136,16 @@ class FusedLinearGRPOLoss:
             weights,
             advantages.float(),
             bias=lm_head.bias,
-            ref_per_token_logps=ref_logprobs if use_ref else None,  # pragma: no mutate (equivalent: unused w/o use_ref)
+            ref_per_token_logps=ref_logprobs if use_ref else None,
             old_per_token_logps=old_logprobs,
         )
         tokens = weights.sum().clamp_min(1)  # []
         if self.aggregation == "sequence_mean":
             loss = loss * (n / (weights.sum(dim=1) > 0).sum().clamp_min(1))  # Liger divides by all N rows
         kl_token_mean, clip_fraction = metrics if use_ref else (None, metrics[0])
-        nan = torch.full((), float("nan"), device=loss.device)  # pragma: no mutate (equivalent on CPU; GPU test checks)
+        nan = torch.full((), float("nan"), device=loss.device)
         if kl_token_mean is None:
-            kl = torch.zeros((), device=loss.device)  # pragma: no mutate (equivalent on CPU; GPU test checks)
+            kl = torch.zeros((), device=loss.device)
         elif self.aggregation == "token_mean":
             kl = kl_token_mean
         elif self.aggregation == "constant":

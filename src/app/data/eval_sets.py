@@ -15,7 +15,7 @@ Give it as the data module's ``eval_dataset`` (or ``dataset`` of a validate-only
 
 Each set has ``num_samples`` samples from its own seed; every sample carries its set's name in
 ``meta["eval_set"]``, and the evaluation logs its metrics under ``<stage>/<set>/...`` as well as overall
-(:class:`~app.modules.vlm_evaluation.GreedyEvaluation`). Grouping by that tag is the one place sets are told apart.
+(:class:`~app.modules.vlm_evaluation.VLMEvaluation`). Grouping by that tag is the one place sets are told apart.
 """
 
 from __future__ import annotations

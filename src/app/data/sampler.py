@@ -25,8 +25,8 @@ class ResumableShuffleSampler(DistributedSampler):
         if 0 < length < num_replicas:
             raise ValueError(f"{length} training samples cannot be shared by {num_replicas} processes")
         # DistributedSampler's attributes, set here: its __init__ would ask torch.distributed for the ranks.
-        self.dataset = None  # pragma: no mutate (equivalent: informational, nothing reads it)
-        self.shuffle, self.drop_last = True, False  # pragma: no mutate (equivalent: informational, nothing reads them)
+        self.dataset = None
+        self.shuffle, self.drop_last = True, False
         self.length = length
         self.seed = seed
         self.num_replicas, self.rank = num_replicas, rank

@@ -106,7 +106,7 @@ class _WorkerCounts:
         self.total = SkipCounts()
         self.reported = SkipCounts()
         # while replaying what a resumed run already read (and logged)
-        self.quiet = False  # pragma: no mutate (equivalent: _drawn sets it before a record is read)
+        self.quiet = False
 
     def shard(self, url: str, err: Exception, first: bool) -> None:
         self.total = self.total + SkipCounts(shards=int(first))
@@ -114,8 +114,13 @@ class _WorkerCounts:
             return
         log.warning(
             "skipping the rest of shard %s: %s: %s (worker %d: %d shards, %d samples skipped this epoch)",
-            url, type(err).__name__, err, self.worker, self.total.shards, self.total.samples,
-        )  # fmt: skip
+            url,
+            type(err).__name__,
+            err,
+            self.worker,
+            self.total.shards,
+            self.total.samples,
+        )
 
     def damaged(self, url: str, message: str, first: bool) -> None:
         """A fault the reader passed over in shard ``url``; the shard counts once, on its ``first`` fault."""
@@ -124,8 +129,12 @@ class _WorkerCounts:
             return
         log.warning(
             "damaged shard %s: %s (worker %d: %d shards, %d samples skipped this epoch)",
-            url, message, self.worker, self.total.shards, self.total.samples,
-        )  # fmt: skip
+            url,
+            message,
+            self.worker,
+            self.total.shards,
+            self.total.samples,
+        )
 
     def sample(self, key: str, url: str, err: Exception) -> None:
         self.total = self.total + SkipCounts(0, 1)
@@ -133,8 +142,13 @@ class _WorkerCounts:
             return
         log.warning(
             "skipping sample %s of %s: %s (worker %d: %d shards, %d samples skipped this epoch)",
-            key, url, err, self.worker, self.total.shards, self.total.samples,
-        )  # fmt: skip
+            key,
+            url,
+            err,
+            self.worker,
+            self.total.shards,
+            self.total.samples,
+        )
 
     def unreported(self) -> SkipCounts:
         delta = SkipCounts(self.total.shards - self.reported.shards, self.total.samples - self.reported.samples)
@@ -215,7 +229,7 @@ class ShardStream(IterableDataset):
         split_by_sample: bool = False,
         seed: int = 0,
         shuffle: bool = False,
-        shuffle_buffer: int = 0,  # pragma: no mutate (equivalent: a buffer of 0 or 1 keeps the order)
+        shuffle_buffer: int = 0,
         resampled: bool = False,
         epoch_size: int | None = None,
         augment: Augment | None = None,
@@ -286,14 +300,14 @@ class ShardStream(IterableDataset):
         if drawn[0] < skip:
             log.warning(
                 "worker %d: cannot resume at record %d: this epoch's stream ends at record %d (the shards changed?)",
-                counts.worker, skip, drawn[0],
-            )  # fmt: skip
+                counts.worker,
+                skip,
+                drawn[0],
+            )
 
     def __iter__(self) -> Iterator[StreamBatch]:
         info = get_worker_info()
-        loader_worker, num_workers = (
-            (info.id, info.num_workers) if info is not None else (0, 1)  # pragma: no mutate (equivalent: n % 1 == 0)
-        )
+        loader_worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         worker = (loader_worker + self.worker_offset) % num_workers
         skip_records, skip_items, finished = self.resume_from.get(worker, (0, 0, False))
         if finished:
@@ -302,7 +316,7 @@ class ShardStream(IterableDataset):
         stages = [*self._sources(worker, num_workers), functools.partial(expand_tars, counts=counts)]
         if self.split_by_sample and not self.resampled:
             stages.append(functools.partial(_take_every, start=self.rank, step=self.world_size))
-        buffered = self.shuffle_buffer > 0  # pragma: no mutate (equivalent: a buffer of 0 or 1 keeps the order)
+        buffered = self.shuffle_buffer > 0
         if self.shuffle and buffered:
             rng = random.Random(derive_seed(self.seed, self.epoch, self.rank, worker, "buffer"))
             # webdataset's shuffle starts yielding once it holds min(100, buffer) records
@@ -377,16 +391,11 @@ class ShardLoader:
         self.passes = 0
         self.skipped_this_pass = SkipCounts()
         # batches yielded this pass -> position, and the last count yielded: both set when a pass starts, read after
-        self._positions: dict[int, dict[str, Any]] = {}  # pragma: no mutate (equivalent: see above)
-        self._latest = 0  # pragma: no mutate (equivalent: see above)
+        self._positions: dict[int, dict[str, Any]] = {}
+        self._latest = 0
         self._start: dict[str, Any] | None = None  # where this pass started
         self._resume: dict[str, Any] | None = None
-        self.loader = DataLoader(
-            stream,
-            batch_size=None,
-            num_workers=num_workers,
-            collate_fn=_identity,  # pragma: no mutate (equivalent: the default, default_convert, passes a StreamBatch through)
-        )
+        self.loader = DataLoader(stream, batch_size=None, num_workers=num_workers, collate_fn=_identity)
 
     def __len__(self) -> int:
         """Batches per epoch; known only for resampled streams, whose epochs have an exact size."""
@@ -415,8 +424,12 @@ class ShardLoader:
         log.warning(
             "shard loader: no position after %d batches of epoch %d (it yielded %d, keeps the last %d); a resumed run "
             "will replay this epoch from batch %d",
-            batches, self.stream.epoch, self._latest, self.HISTORY, self._start["batches"],
-        )  # fmt: skip
+            batches,
+            self.stream.epoch,
+            self._latest,
+            self.HISTORY,
+            self._start["batches"],
+        )
         return self._start
 
     def skipped_since(self, position: dict[str, Any]) -> SkipCounts:

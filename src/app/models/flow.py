@@ -41,14 +41,14 @@ from torch import Tensor, nn
 from app.dtypes import parse_dtype
 from app.embedded.flow_models import SAMPLE_SIZE_FILE, load_flow_components
 from app.models import flow_conditioning as conditioning_lib
-from app.models.flow_lora import trainable_transformer
 from app.models.flow_text import DEFAULT_MAX_SEQUENCE_LENGTH, FlowTextEncoder
 from app.models.kernels import apply_liger_rms_norm, require_liger, set_flow_attention_backend
-from app.models.lora_settings import FlowLoRASettings
+from app.models.lora import trainable_transformer
 from app.models.policy import SwitchableReference
 from app.parallel.loading import keeping_new_parameters, lean_loading_requested
 from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.flow import flow_sigmas
+from app.settings import FLOW_ATTENTION_PROJECTIONS, LoRASettings, with_defaults
 from app.types import VisualSample
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class FlowPolicy(SwitchableReference, nn.Module):
     def __init__(
         self,
         model: str = "tiny-sd3",
-        lora: FlowLoRASettings | None = FlowLoRASettings(),  # noqa: B008 (read only, never mutated)
+        lora: LoRASettings | None = LoRASettings(),  # noqa: B008 (read only, never mutated)
         dtype: str = "float32",
         seed: int = 0,
         max_sequence_length: int | None = None,
@@ -152,6 +152,8 @@ class FlowPolicy(SwitchableReference, nn.Module):
         )
         self.latent_shape: tuple[int, ...] = self._latent_shape(transformer)
         with keeping_new_parameters(transformer):  # an empty transformer keeps the adapters' initial values
+            if lora is not None:
+                lora = with_defaults(lora, dropout=0.0, target_modules=FLOW_ATTENTION_PROJECTIONS)
             self.model = trainable_transformer(transformer, lora, model)  # PeftModel with LoRA, else the transformer
         self.model.train()  # from_pretrained returns eval mode; the trained transformer is in train mode
         self.frozen_reference: nn.Module | None = None  # full fine-tuning's KL reference, see enable_reference
@@ -340,9 +342,14 @@ class FlowPolicy(SwitchableReference, nn.Module):
         if self.transformer.config.guidance_embeds:
             guidance = torch.full((batch,), self.flux_guidance, device=latents.device, dtype=torch.float32)
         out = model(
-            hidden_states=packed, timestep=timestep / 1000, guidance=guidance, img_ids=img_ids, txt_ids=txt_ids,
-            return_dict=False, **kwargs,
-        )[0][:, :tokens]  # fmt: skip
+            hidden_states=packed,
+            timestep=timestep / 1000,
+            guidance=guidance,
+            img_ids=img_ids,
+            txt_ids=txt_ids,
+            return_dict=False,
+            **kwargs,
+        )[0][:, :tokens]
         # _unpack_latents takes pixel sizes and the VAE factor; latent sizes with factor 1 give the same [B, C, h, w]
         return FluxPipeline._unpack_latents(out, height, width, vae_scale_factor=1)
 

@@ -110,9 +110,13 @@ class FlowTextEncoder(nn.Module):
         device = next(self.encoders["text_encoder"].parameters()).device
         if self.layout == "sd3":
             embeds, _, pooled, _ = self._pipeline.encode_prompt(
-                prompts, None, None, device=device, do_classifier_free_guidance=False,
+                prompts,
+                None,
+                None,
+                device=device,
+                do_classifier_free_guidance=False,
                 max_sequence_length=self.max_sequence_length,
-            )  # fmt: skip
+            )
         else:  # FLUX; its text_ids (zeros) are rebuilt next to the transformer call
             embeds, pooled, _ = self._pipeline.encode_prompt(
                 prompts, None, device=device, max_sequence_length=self.max_sequence_length

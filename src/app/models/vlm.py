@@ -12,7 +12,6 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,18 +20,17 @@ from transformers import LogitsProcessorList
 
 from app.algorithms import GRPOLossOutput
 from app.algorithms.fused_linear import FusedLinearGRPOLoss
+from app.algorithms.logprobs import chunked_token_logprobs
 from app.dtypes import parse_dtype
 from app.embedded.models import load_vlm
 from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_liger_kernels, require_liger, validate_attn_implementation
+from app.models.lora import lora_adapter
 from app.models.lora_merge import merged_lora
-from app.models.lora_settings import LoRASettings
-from app.models.lora_targets import check_lora_targets
 from app.models.policy import SwitchableReference
 from app.parallel.fsdp import gathered
 from app.parallel.loading import keeping_new_parameters, lean_loading_requested
 from app.parallel.plan import ShardingPlan, repeated_blocks
-from app.sampling.logprobs import chunked_token_logprobs
 from app.sampling.shared_prefix import (
     PER_TOKEN_KEYS,
     group_heads,
@@ -42,31 +40,12 @@ from app.sampling.shared_prefix import (
     static_cache,
 )
 from app.sampling.token_sampling import InverseCDFSampling
+from app.settings import LANGUAGE_MODEL_PROJECTIONS, LoRASettings, SamplingSettings, with_defaults
 from app.types import CompletionBatch, PromptInputs, VisualSample
 
 log = logging.getLogger(__name__)
 
 _VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-
-
-@dataclass
-class SamplingSettings:
-    """How completions are drawn. ``num_generations`` is the group size K."""
-
-    num_generations: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 256
-
-    def __post_init__(self):
-        if self.num_generations < 1:
-            raise ValueError(f"num_generations must be >= 1, got {self.num_generations}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (use greedy decoding for validation), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
 class VLMPolicy(SwitchableReference, nn.Module):
@@ -167,9 +146,9 @@ class VLMPolicy(SwitchableReference, nn.Module):
             hf_model.requires_grad_(True)
             vision.requires_grad_(not freeze_vision)
             return hf_model
-        from peft import LoraConfig, get_peft_model
-
-        targets = check_lora_targets(hf_model, lora.target_modules, model_name)
+        lora = with_defaults(lora, dropout=0.05, target_modules=LANGUAGE_MODEL_PROJECTIONS)
+        adapted = lora_adapter(hf_model, lora, model_name)
+        targets = [name for name, module in hf_model.named_modules() if hasattr(module, "lora_A")]
         vision_prefix = next(name for name, module in hf_model.named_modules() if module is vision) + "."
         in_vision = sum(name.startswith(vision_prefix) for name in targets)
         if not freeze_vision:
@@ -179,10 +158,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
             )
         elif in_vision:
             log.info("LoRA adapts %d modules of the vision tower (its base weights stay frozen)", in_vision)
-        config = LoraConfig(
-            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules
-        )
-        return get_peft_model(hf_model, config)  # only the adapters require gradients
+        return adapted
 
     # ----------------------------------------------------------------------------------------------------- prompts
     def prompt_text(self, sample: VisualSample) -> str:
@@ -191,17 +167,17 @@ class VLMPolicy(SwitchableReference, nn.Module):
         messages = [{"role": "user", "content": content}]
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def encode_prompts(self, samples: Sequence[VisualSample], repeats: int = 1) -> PromptInputs:
-        """Processor inputs for the prompts, each row repeated ``repeats`` times (group-major), left-padded. Each
+    def encode_prompts(self, samples: Sequence[VisualSample], group_size: int = 1) -> PromptInputs:
+        """Processor inputs for the prompts, each row repeated ``group_size`` times (group-major), left-padded. Each
         prompt goes through the processor once; its tensors are then repeated."""
-        if repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
         texts = [self.prompt_text(s) for s in samples]
         images = [list(s.images) for s in samples]
         inputs = self.processor(text=texts, images=images if any(images) else None, return_tensors="pt", padding=True)
         tensors = {k: v.to(self.device) for k, v in inputs.items()}
         prompts = PromptInputs(tensors, [len(row) for row in images])
-        return repeat_rows(prompts, repeats) if repeats > 1 else prompts
+        return repeat_rows(prompts, group_size) if group_size > 1 else prompts
 
     # ------------------------------------------------------------------------------------------------- sampling
     @torch.no_grad()

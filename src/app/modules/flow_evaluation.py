@@ -1,8 +1,8 @@
 """Evaluation of a flow policy on deterministic samples, shared by flow-matching pretraining and flow-GRPO.
 
 Image-conditioned policies (:mod:`app.models.flow_conditioning`) see each sample's problem frame (``images[0]``).
-VBVR samples (``meta["vbvr"]``) are also scored per split, task and regime (:mod:`app.vbvr.regimes`), with the scorer's
-failed checks counted per task, so one ``validate`` run gives the in-domain and out-of-domain tables side by side.
+VBVR samples (``meta["vbvr"]``) are also scored per split, task and regime (:mod:`app.tasks.vbvr.regimes`), with the
+scorer's failed checks counted per task, so one ``validate`` run gives the in-domain and out-of-domain tables side by side.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from app.modules.grouped_means import GroupedEvaluation
+from app.tasks.vbvr.regimes import score_regimes
 from app.types import VisualSample
-from app.vbvr.regimes import score_regimes
 
 
 class FlowEvaluation(GroupedEvaluation):

@@ -1,7 +1,7 @@
 """Flow-GRPO for flow-matching image and video generators: stochastic rollout -> rewards -> per-step clipped loss.
 
-The shared loop is :class:`~app.modules.grpo.GRPOModule`; the denoising loop is :class:`~app.sampling.FlowSampler`
-(see :mod:`app.sampling.flow_rollout` for which steps are stochastic and which are trained). Each training step takes
+The shared loop is :class:`~app.modules.grpo.GRPOModule`; the rollout is :class:`~app.sampling.FlowSampler` (see
+:mod:`app.sampling.flow_rollout` for which steps are stochastic and which are trained). Each training step takes
 B prompts, draws K denoising trajectories per prompt on this process (groups never cross ranks), decodes and scores the
 final samples, and makes ``num_iterations`` optimizer updates on that rollout. A trajectory's "tokens" are its trained
 denoising steps: the log-density of each stored transition ``x_t -> x_{t+1}`` is one ``[N, 1]`` "token" for
@@ -12,7 +12,7 @@ Departures from the public Flow-GRPO / CPS code, and why:
 
 - Log-probs are the exact Gaussian density averaged over latent elements (:mod:`app.sampling.flow`). Flow-GRPO uses the
   same form; the CPS reference code scores ``-(x' - mu)^2`` instead, i.e. its log-ratio is this one times
-  ``2 std^2``, so its clip range (1e-4 .. 1e-3) does not carry over. The default ``eps_low = eps_high = 1e-4`` is
+  ``2 std^2``, so its clip range (1e-4 .. 1e-3) does not carry over. The default ``grpo.eps_low = grpo.eps_high = 1e-4`` is
   Flow-GRPO's clip range for this very log-prob. Per-sample means over thousands of elements move very little per
   update, so a PPO-style 0.2 would never clip. With ``num_iterations == 1`` (the default) the ratio is exactly 1 and
   the clip range has no effect at all.
@@ -25,7 +25,6 @@ Run it with ``python -m app fit --config configs/<a flow-grpo recipe>.yaml``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -34,14 +33,18 @@ from app.algorithms import GRPOLossOutput, grpo_loss
 from app.models.flow import FlowPolicy
 from app.modules.checkpoints import derived_seed
 from app.modules.flow_evaluation import FlowEvaluation
-from app.modules.grpo import GRPOModule, ScoredGroups
-from app.modules.pipeline import Generation, PipelineSettings
+from app.modules.grpo import GRPOModule
 from app.rewards import RewardComponent, WeightedReward
 from app.sampling.batching import micro_batches
-from app.sampling.flow_rollout import FlowSampler, FlowSamplingSettings, rows_of, stochastic_steps, train_steps
-from app.types import FlowTrajectory, VisualSample
+from app.sampling.flow_rollout import FlowSampler, rows_of
+from app.settings import FlowSamplingSettings, GRPOSettings, OptimizerSettings, PipelineSettings, as_settings
+from app.types import Generation, Rollout, SampledTrajectories, VisualSample
 
 __all__ = ["FlowGRPOModule"]
+
+FLOW_CLIP_RANGE = 1e-4
+"""The default ``eps_low`` / ``eps_high``: Flow-GRPO's clip range for the per-step mean log-density."""
+FLOW_LEARNING_RATE = 5e-6
 
 
 class FlowGRPOModule(FlowEvaluation, GRPOModule):
@@ -51,18 +54,18 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         policy: the generator to train (LoRA adapter or full fine-tuning, as the policy sets it up).
         rewards: reward components scoring the decoded samples (``completions[i]`` is a ``[3, H, W]`` or
             ``[F, 3, H, W]`` float tensor in [0, 1]); their weighted sum is the reward.
-        sampling: group size K (``num_generations``), denoising steps, sampler and its ``eta``, trained steps
-            (``timestep_fraction``, ``sde_window``), shared initial noise and guidance; see
-            :class:`~app.sampling.FlowSamplingSettings`.
-        eps_low, eps_high: clip range of the ratio of per-step mean log-densities (see the module docstring).
-        eval_rewards: rewards logged as ``val/reward/<name>`` on deterministic (Euler) samples; default: ``rewards``.
+        sampling: group size K, denoising steps, sampler and its ``eta``, trained steps (``timestep_fraction``,
+            ``sde_window``), shared initial noise and guidance (:class:`~app.settings.FlowSamplingSettings`).
+        grpo: clip range of the ratio of per-step mean log-densities (default 1e-4 each way, see the module
+            docstring), KL weight, iterations, advantages, micro-batches (trajectories per transformer forward, in the
+            rollout, reference and training passes), gradient clipping (:class:`~app.settings.GRPOSettings`).
+        optimizer: AdamW (default learning rate 5e-6), warm-up, non-finite steps
+            (:class:`~app.settings.OptimizerSettings`).
+        pipeline: the delayed reward pipeline and dynamic sampling (:class:`~app.settings.PipelineSettings`).
         records_per_step: samples handed to logging callbacks per step (``outputs["records"]``, ``outputs["images"]``).
-        micro_batch_size: trajectories per transformer forward (rollout, reference and training passes).
+        eval_rewards: rewards logged as ``val/reward/<name>`` on deterministic (Euler) samples; default: ``rewards``.
         seed: seeds the rollout noise (offset by the global rank, state saved in checkpoints) and, per batch index,
             the validation noise, so every evaluation sees the same starting noise.
-        beta, num_iterations, advantage_scale, drop_zero_std_groups, gradient_clip_val, learning_rate, weight_decay,
-            warmup_steps, max_nonfinite_steps, pipeline, restore_nonfinite_steps: see
-            :class:`~app.modules.grpo.GRPOModule`.
     """
 
     def __init__(
@@ -70,38 +73,23 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         policy: FlowPolicy,
         rewards: Sequence[RewardComponent],
         sampling: FlowSamplingSettings | None = None,
-        eps_low: float = 1e-4,
-        eps_high: float = 1e-4,
-        beta: float = 0.0,
-        num_iterations: int = 1,
-        advantage_scale: Literal["group", "batch", "none"] = "group",
-        drop_zero_std_groups: bool = False,
-        learning_rate: float = 5e-6,
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
-        gradient_clip_val: float = 1.0,
-        eval_rewards: Sequence[RewardComponent] | None = None,
-        records_per_step: int = 16,
-        micro_batch_size: int | None = None,
-        seed: int = 0,
-        max_nonfinite_steps: int = 3,
+        grpo: GRPOSettings | None = None,
+        optimizer: OptimizerSettings | None = None,
         pipeline: PipelineSettings | None = None,
-        restore_nonfinite_steps: bool = True,
-    ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
-        sampling = sampling or FlowSamplingSettings()
+        records_per_step: int = 16,
+        eval_rewards: Sequence[RewardComponent] | None = None,
+        seed: int = 0,
+    ):
+        sampling = as_settings(FlowSamplingSettings, sampling) or FlowSamplingSettings()
         if sampling.num_steps < 2:
             raise ValueError(
                 f"flow-GRPO needs num_steps >= 2 (the last step is never trained), got {sampling.num_steps}"
             )
-        super().__init__(
-            policy, rewards, sampling, eps_low=eps_low, eps_high=eps_high, beta=beta, num_iterations=num_iterations,
-            advantage_scale=advantage_scale, drop_zero_std_groups=drop_zero_std_groups,
-            micro_batch_size=micro_batch_size, gradient_clip_val=gradient_clip_val, records_per_step=records_per_step,
-            learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=warmup_steps,
-            max_nonfinite_steps=max_nonfinite_steps, pipeline=pipeline, restore_nonfinite_steps=restore_nonfinite_steps,
-        )  # fmt: skip
-        self.sampler = FlowSampler(policy, sampling, micro_batch_size)
+        grpo = (as_settings(GRPOSettings, grpo) or GRPOSettings()).clip_range(FLOW_CLIP_RANGE)
+        super().__init__(policy, rewards, sampling, grpo, optimizer, FLOW_LEARNING_RATE, pipeline, records_per_step)
+        self.sampler = FlowSampler(policy, sampling, grpo.micro_batch_size)
         self.eval_rewards = WeightedReward(eval_rewards) if eval_rewards is not None else self.rewards
+        self.record_hyperparameters(seed=seed)
         self._generator: torch.Generator | None = None
         self._generator_state: Tensor | None = None  # restored from a checkpoint before the generator exists
         self._generator_seed: int | None = None  # a checkpoint without this rank's state: seeds it instead
@@ -122,68 +110,52 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         return self._generator
 
     # --------------------------------------------------------------------------------------------------- rollout
-    @torch.no_grad()
-    def generate_rollout(self, samples: list[VisualSample]) -> Generation:
-        """Sample K trajectories per prompt and keep the trained transitions with their log-densities under the
-        sampling policy, and the decoded samples the rewards score."""
-        settings, sampler, k = self.sampling, self.sampler, self.group_size
-        images = self.policy.condition_images(samples)  # problem frames of an image-conditioned policy, else None
-        conditioning = sampler.conditioning([s.question for s in samples], repeats=k, images=images)
-        sigmas = self.policy.sigmas(settings.num_steps).float().cpu()  # [T + 1]
-        stochastic = stochastic_steps(sigmas, settings.sde_window)
-        if not stochastic:
-            raise ValueError(
-                f"no trainable step with num_steps={settings.num_steps} and sde_window={settings.sde_window}"
-            )
-        steps = train_steps(stochastic, settings.timestep_fraction, self.generator)
-        noise = sampler.initial_noise(len(samples), self.generator).to(self.device)  # [N, ...]
-        kept = sampler.denoise(conditioning, noise, sigmas, stochastic, steps, self.generator)
-        ref_logprobs = None
-        if self.hparams.beta:
-            ref_logprobs = sampler.reference_logprobs(conditioning, sigmas, steps, kept.latents, kept.next_latents)
-        images = sampler.decode(kept.final)  # [N, 3, H, W] or [N, F, 3, H, W]
-        parts = dict(
-            conditioning=conditioning, sigmas=sigmas, step_indices=steps, latents=kept.latents,
-            next_latents=kept.next_latents, old_logprobs=kept.logprobs, ref_logprobs=ref_logprobs, images=images,
-        )  # fmt: skip
-        return Generation(samples, list(images), parts, version=0)
+    def generate_rollout(self, samples: list[VisualSample]) -> Generation[SampledTrajectories]:
+        """K trajectories per prompt (:meth:`~app.sampling.FlowSampler.draw`): the trained transitions with their
+        log-densities under the sampling policy (and the reference's when ``beta > 0``), and the decoded samples the
+        rewards score."""
+        return Generation(samples, self.sampler.draw(samples, self.generator, reference=self.grpo.beta > 0))
 
-    def finish_rollout(self, generation: Generation, scored: ScoredGroups) -> FlowTrajectory:
-        return FlowTrajectory(
-            **generation.parts, rewards=scored.rewards, advantages=scored.advantages, loss_mask=scored.keep,
-            group_size=self.group_size,
-        )  # fmt: skip
+    def loss_mask(self, generation: Generation[SampledTrajectories], keep: Tensor) -> Tensor:
+        """``[N]`` bool: the kept trajectories (each of its trained steps is one "token")."""
+        return keep
 
     # -------------------------------------------------------------------------------------------------- training
-    def weighted_losses(self, trajectory: FlowTrajectory) -> Iterator[tuple[GRPOLossOutput, Tensor]]:
+    def weighted_losses(self, rollout: Rollout[SampledTrajectories]) -> Iterator[tuple[GRPOLossOutput, Tensor]]:
         """The loss of each trained step and micro-batch: the masked per-trajectory mean within the micro-batch,
         weighted by the micro-batch's share of the mask and by 1 / (number of trained steps)."""
-        hp = self.hparams
-        mask = trajectory.loss_mask[:, None]  # [N, 1], one "token" per sample and step
-        num_steps = len(trajectory.step_indices)
+        grpo, sampled = self.grpo, rollout.sampled
+        mask = rollout.loss_mask[:, None]  # [N, 1], one "token" per sample and step
+        num_steps = len(sampled.step_indices)
         total = mask.sum().clamp(min=1)
-        for j, i in enumerate(trajectory.step_indices):
-            for rows in micro_batches(mask.shape[0], hp.micro_batch_size):
-                x, x_next = trajectory.latents[rows, j], trajectory.next_latents[rows, j]
-                conditioning = rows_of(trajectory.conditioning, rows)
-                logprobs = self.sampler.step_logprob(conditioning, trajectory.sigmas, i, x, x_next)[:, None]  # [n, 1]
-                old = trajectory.old_logprobs[rows, j : j + 1] if self.stores_behaviour_logprobs else logprobs.detach()
-                ref = trajectory.ref_logprobs[rows, j : j + 1] if trajectory.ref_logprobs is not None else None
-                out = grpo_loss(  # pragma: no mutate (equivalent: aggregation= dropped is the default token_mean)
-                    logprobs, old, trajectory.advantages[rows], mask[rows], eps_low=hp.eps_low, eps_high=hp.eps_high,
-                    beta=hp.beta, ref_logprobs=ref, aggregation="token_mean",
-                )  # fmt: skip
+        for j, i in enumerate(sampled.step_indices):
+            for rows in micro_batches(mask.shape[0], grpo.micro_batch_size):
+                x, x_next = sampled.latents[rows, j], sampled.next_latents[rows, j]
+                conditioning = rows_of(sampled.conditioning, rows)
+                logprobs = self.sampler.step_logprob(conditioning, sampled.sigmas, i, x, x_next)[:, None]  # [n, 1]
+                old = sampled.old_logprobs[rows, j : j + 1] if self.stores_behaviour_logprobs else logprobs.detach()
+                ref = sampled.ref_logprobs[rows, j : j + 1] if sampled.ref_logprobs is not None else None
+                out = grpo_loss(
+                    logprobs,
+                    old,
+                    rollout.advantages[rows],
+                    mask[rows],
+                    eps_low=grpo.eps_low,
+                    eps_high=grpo.eps_high,
+                    beta=grpo.beta,
+                    ref_logprobs=ref,
+                )
                 yield out, mask[rows].sum() / total / num_steps
 
     # --------------------------------------------------------------------------------------------------- logging
-    def completion_text(self, trajectory: FlowTrajectory, row: int) -> str:
+    def completion_text(self, rollout: Rollout[SampledTrajectories], row: int) -> str:
         return "<image>"
 
-    def rollout_logs(self, trajectory: FlowTrajectory) -> dict[str, Tensor]:
-        return {"train/num_trained_steps": torch.tensor(float(len(trajectory.step_indices)))}
+    def rollout_logs(self, rollout: Rollout[SampledTrajectories]) -> dict[str, Tensor]:
+        return {"train/num_trained_steps": torch.tensor(float(len(rollout.sampled.step_indices)))}
 
-    def step_outputs(self, trajectory: FlowTrajectory) -> dict[str, Tensor]:
-        return {"images": trajectory.images[: self.hparams.records_per_step]}
+    def step_outputs(self, rollout: Rollout[SampledTrajectories]) -> dict[str, Tensor]:
+        return {"images": rollout.sampled.images[: self.records_per_step]}
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def rank_state(self) -> dict:

@@ -35,7 +35,8 @@ from app.modules.flow_evaluation import FlowEvaluation
 from app.modules.optim import adamw_with_warmup
 from app.modules.policy_module import PolicyModule
 from app.rewards import RewardComponent, WeightedReward
-from app.sampling.flow_rollout import FlowSampler, FlowSamplingSettings
+from app.sampling.flow_rollout import FlowSampler
+from app.settings import FlowSamplingSettings, OptimizerSettings
 from app.types import VisualSample
 
 __all__ = ["FlowMatchingModule", "foreground_mask", "images_to_tensor"]
@@ -60,7 +61,8 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
 
     Args:
         policy: the generator; every trainable parameter of it (``trainable_parameters()``) is optimised.
-        learning_rate, weight_decay, warmup_steps: AdamW on the transformer and its linear warm-up.
+        optimizer: AdamW on the transformer (default learning rate 1e-3), its linear warm-up, non-finite steps
+            (:class:`~app.settings.OptimizerSettings`).
         sigma_sampling: ``logit_normal`` (``sigmoid(N(0, 1))``, SD3's default) or ``uniform``.
         train_vae: also train the VAE to reconstruct the targets (needed for randomly initialised models).
         vae_learning_rate: AdamW learning rate of the VAE.
@@ -76,15 +78,12 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
         num_steps: Euler steps of validation sampling.
         eval_rewards: rewards logged as ``val/reward/<name>`` on validation samples; None logs only the losses.
         seed: seeds the validation noise (``seed + batch_idx``).
-        max_nonfinite_steps, restore_nonfinite_steps: see :class:`~app.modules.policy_module.PolicyModule`.
     """
 
     def __init__(
         self,
         policy: FlowPolicy,
-        learning_rate: float = 1e-3,
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
+        optimizer: OptimizerSettings | None = None,
         sigma_sampling: Literal["logit_normal", "uniform"] = "logit_normal",
         train_vae: bool = True,
         vae_learning_rate: float = 2e-3,
@@ -95,38 +94,40 @@ class FlowMatchingModule(FlowEvaluation, PolicyModule):
         num_steps: int = 10,
         eval_rewards: Sequence[RewardComponent] | None = None,
         seed: int = 0,
-        max_nonfinite_steps: int = 3,
-        restore_nonfinite_steps: bool = True,
-    ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
+    ):
         if sigma_sampling not in ("logit_normal", "uniform"):
             raise ValueError(f"sigma_sampling must be 'logit_normal' or 'uniform', got {sigma_sampling!r}")
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         if vae_train_steps is not None and vae_train_steps < 1:
             raise ValueError(f"vae_train_steps must be >= 1 or null, got {vae_train_steps}")
-        super().__init__(
-            policy,
-            learning_rate,
-            weight_decay,
-            warmup_steps,
-            max_nonfinite_steps=max_nonfinite_steps,
-            restore_nonfinite_steps=restore_nonfinite_steps,
+        super().__init__(policy, optimizer, default_learning_rate=1e-3)
+        self.record_hyperparameters(
+            sigma_sampling=sigma_sampling,
+            train_vae=train_vae,
+            vae_learning_rate=vae_learning_rate,
+            kl_weight=kl_weight,
+            foreground_weight=foreground_weight,
+            vae_warmup_steps=vae_warmup_steps,
+            vae_train_steps=vae_train_steps,
+            num_steps=num_steps,
+            seed=seed,
         )
         # validation samples: Euler steps only (the sampler's stochastic settings are unused), no guidance
-        self.sampler = FlowSampler(policy, FlowSamplingSettings(num_generations=1, num_steps=num_steps))
+        self.sampler = FlowSampler(policy, FlowSamplingSettings(group_size=1, num_steps=num_steps))
         if train_vae:
             policy.vae.requires_grad_(True)
         self.eval_rewards = WeightedReward(eval_rewards) if eval_rewards else None
 
     # ------------------------------------------------------------------------------------------------ optimizer
     def configure_optimizers(self):
-        hp = self.hparams
-        groups = [{"params": self.policy.trainable_parameters(), "lr": hp.learning_rate}]
+        hp, settings = self.hparams, self.optimizer_settings
+        groups = [{"params": self.policy.trainable_parameters(), "lr": settings.learning_rate}]
         if not groups[0]["params"]:
             raise ValueError("the policy has no trainable parameters")
         if hp.train_vae:
             groups.append({"params": list(self.policy.vae.parameters()), "lr": hp.vae_learning_rate})
-        return adamw_with_warmup(groups, hp.learning_rate, hp.weight_decay, hp.warmup_steps)
+        return adamw_with_warmup(groups, settings.learning_rate, settings.weight_decay, settings.warmup_steps)
 
     # -------------------------------------------------------------------------------------------------- training
     def _sigmas(self, batch: int) -> Tensor:

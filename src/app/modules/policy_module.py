@@ -25,11 +25,10 @@ from app.modules.optim import adamw_with_warmup
 from app.modules.precision import report_precision
 from app.parallel.fsdp import FSDP2Strategy, full_tensor, gathered, is_sharded, local_tensor, shard_policy
 from app.parallel.loading import deferred_networks, materialize
+from app.settings import OptimizerSettings, as_settings, plain, with_defaults
 
 log = logging.getLogger(__name__)
 
-HPARAMS_IGNORED = ["policy", "rewards", "eval_rewards", "sampling"]
-"""Constructor arguments that are objects, not hyper-parameters (``sampling`` is stored as plain data instead)."""
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -47,44 +46,21 @@ class PolicyModule(L.LightningModule):
 
     It optimises the policy's trainable parameters with AdamW and a linear warm-up, and writes lean checkpoints (only
     what an optimizer updates, see :mod:`app.modules.checkpoints`) that carry the global random generators' states.
-    It records the constructor arguments of the whole subclass chain as hyper-parameters.
+    Its hyper-parameters (``hparams``, saved in checkpoints and logged) are what each subclass records with
+    :meth:`record_hyperparameters`: plain data only, so a checkpoint loads with ``weights_only=True``.
 
     Args:
         policy: the model to train.
-        learning_rate: AdamW learning rate.
-        weight_decay: AdamW weight decay.
-        warmup_steps: linear learning-rate warm-up, in optimizer steps.
-        max_nonfinite_steps: an update whose loss or gradients are not finite, or whose optimizer step left a
-            non-finite parameter or optimizer state (see ``restore_nonfinite_steps``), is skipped (the weights and the
-            optimizer state stay as they were; counted as ``train/skipped_updates``), so NaN never reaches the weights
-            or a checkpoint; after this many consecutive skips the run stops with :class:`NonFiniteTrainingError`.
-            Every rank takes the same decision. With Lightning's automatic optimisation (SFT, flow matching) the
-            learning-rate schedule still advances on a skipped step.
-        restore_nonfinite_steps: copy the trainable parameters and their optimizer state before each optimizer step
-            (:mod:`app.modules.finite_step`: the copy is the size of what the optimizer updates, small under LoRA), so
-            a step that leaves a NaN or inf in either on any rank (one that arose inside the step, after the gradient
-            check) is undone on every rank, bit for bit, and counted as a skipped update. False keeps no copy: such a
-            step stops the run at once with :class:`NonFiniteTrainingError`, before anything trains on the
-            non-finite values or saves them. Either way a checkpoint that would hold a non-finite weight or optimizer
-            state is refused (:class:`NonFiniteCheckpointError`).
+        optimizer: AdamW, its warm-up, and what happens to a non-finite step (:class:`~app.settings.OptimizerSettings`).
+        default_learning_rate: the learning rate when ``optimizer.learning_rate`` is None (the module's default).
     """
 
-    def __init__(
-        self,
-        policy: Policy,
-        learning_rate: float,
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
-        max_nonfinite_steps: int = 3,
-        restore_nonfinite_steps: bool = True,
-    ):  # pragma: no mutate block (save_hyperparameters reads the subclasses' frames; a trampoline would hide them)
-        if max_nonfinite_steps < 1:
-            raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
+    def __init__(self, policy: Policy, optimizer: OptimizerSettings | None, default_learning_rate: float):
         super().__init__()
-        self.save_hyperparameters(ignore=HPARAMS_IGNORED)
+        settings = as_settings(OptimizerSettings, optimizer) or OptimizerSettings()
+        self.optimizer_settings = with_defaults(settings, learning_rate=default_learning_rate)
         self.policy = policy
-        self.max_nonfinite_steps = max_nonfinite_steps
-        self.restore_nonfinite_steps = restore_nonfinite_steps
+        self.record_hyperparameters(optimizer=plain(self.optimizer_settings))
         self.skipped_updates = 0  # non-finite updates skipped so far
         self._consecutive_skips = 0
         self._dropped_step = False  # automatic optimisation: this step's gradients were dropped as non-finite
@@ -110,10 +86,14 @@ class PolicyModule(L.LightningModule):
         parameters = self.policy.trainable_parameters()
         if not parameters:
             raise ValueError("the policy has no trainable parameters: set a LoRA adapter or freeze less")
-        hp = self.hparams
+        settings = self.optimizer_settings
         if hasattr(self.policy, "parameter_groups"):
-            parameters = self.policy.parameter_groups(hp.learning_rate)
-        return adamw_with_warmup(parameters, hp.learning_rate, hp.weight_decay, hp.warmup_steps)
+            parameters = self.policy.parameter_groups(settings.learning_rate)
+        return adamw_with_warmup(parameters, settings.learning_rate, settings.weight_decay, settings.warmup_steps)
+
+    def record_hyperparameters(self, **values) -> None:
+        """Add ``values`` (plain data: numbers, strings, lists, dicts) to the hyper-parameters."""
+        self.save_hyperparameters({**self.hparams, **values})
 
     def on_train_start(self) -> None:
         """Say in which dtypes the fit stores and computes (:mod:`app.modules.precision`, a warning when trainable
@@ -127,8 +107,9 @@ class PolicyModule(L.LightningModule):
             log.warning(
                 "%d module(s) with trainable parameters are in eval mode at the start of training (dropout and "
                 "normalisation statistics act as in evaluation): %s",
-                len(stray), ", ".join(stray[:3]) + (", ..." if len(stray) > 3 else ""),
-            )  # fmt: skip
+                len(stray),
+                ", ".join(stray[:3]) + (", ..." if len(stray) > 3 else ""),
+            )
 
     # --------------------------------------------------------------------------------------------------- faults
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -151,7 +132,7 @@ class PolicyModule(L.LightningModule):
         undone = self.guarded_step(optimizer, optimizer_closure)
         self._count_skip(self._dropped_step or undone)
         # batch_size only weighs epoch means: this on_step value never reads it
-        self.log("train/skipped_updates", float(self.skipped_updates), batch_size=1)  # pragma: no mutate
+        self.log("train/skipped_updates", float(self.skipped_updates), batch_size=1)
 
     def guarded_step(self, optimizer, closure=None) -> bool:
         """``optimizer.step(closure)`` that leaves no NaN or inf in the weights or the optimizer state, on every rank
@@ -172,13 +153,13 @@ class PolicyModule(L.LightningModule):
         if not guard.restorable:
             reason = (
                 "restore_nonfinite_steps is off, so no copy was kept to put back"
-                if not self.restore_nonfinite_steps
+                if not self.optimizer_settings.restore_nonfinite_steps
                 else "the optimizer never ran its closure, so no copy was taken (restore_nonfinite_steps needs one)"
             )
             raise NonFiniteTrainingError(
                 f"the optimizer step left NaN or inf in the weights or the optimizer state ({where}) and {reason}; "
                 "stopping before anything trains on them or saves them (the weights in memory are not finite). Set "
-                "model.init_args.restore_nonfinite_steps: true to undo and skip such a step, or lower the learning "
+                "model.init_args.optimizer.restore_nonfinite_steps: true to undo and skip such a step, or lower the learning "
                 "rate and check the model's dtype"
             )
         guard.restore()
@@ -194,8 +175,8 @@ class PolicyModule(L.LightningModule):
         memory is allocated once, ready for this step."""
         key = id(getattr(optimizer, "optimizer", optimizer))
         guards = self._step_guards
-        if key not in guards or guards[key].keep_copy != self.restore_nonfinite_steps:
-            guards[key] = FiniteStepGuard(optimizer, keep_copy=self.restore_nonfinite_steps)
+        if key not in guards or guards[key].keep_copy != self.optimizer_settings.restore_nonfinite_steps:
+            guards[key] = FiniteStepGuard(optimizer, keep_copy=self.optimizer_settings.restore_nonfinite_steps)
         guards[key].next_step(optimizer)
         return guards[key]
 
@@ -203,10 +184,7 @@ class PolicyModule(L.LightningModule):
         """True on every rank when ``decision`` is True on any (so all ranks skip or stop together)."""
         if self._trainer is None:
             return decision
-        return self._trainer.strategy.reduce_boolean_decision(
-            decision,
-            all=False,  # pragma: no mutate (equivalent: all=None is read as any too)
-        )
+        return self._trainer.strategy.reduce_boolean_decision(decision, all=False)
 
     def _count_skip(self, skipped: bool) -> None:
         if not skipped:
@@ -219,11 +197,11 @@ class PolicyModule(L.LightningModule):
             self._consecutive_skips,
             self.skipped_updates,
         )
-        if self._consecutive_skips >= self.max_nonfinite_steps:
+        if self._consecutive_skips >= self.optimizer_settings.max_nonfinite_steps:
             raise NonFiniteTrainingError(
                 f"{self._consecutive_skips} consecutive updates had a non-finite loss or gradient and were skipped; "
                 "stopping (the weights are unchanged since the last finite update). Lower the learning rate, check "
-                "the rewards and the model's dtype, or raise model.init_args.max_nonfinite_steps"
+                "the rewards and the model's dtype, or raise model.init_args.optimizer.max_nonfinite_steps"
             )
 
     # ---------------------------------------------------------------------------------------------- checkpoints
@@ -274,11 +252,11 @@ def check_finite_checkpoint(checkpoint: dict) -> None:
     raise NonFiniteCheckpointError(
         f"refusing to write a checkpoint in which {total} of {checked} tensors hold NaN or inf, the first {first!r}"
         f"{on_rank}; nothing non-finite is saved. Resume from an earlier checkpoint (a non-finite optimizer step is "
-        "undone and skipped unless model.init_args.restore_nonfinite_steps is false)"
+        "undone and skipped unless model.init_args.optimizer.restore_nonfinite_steps is false)"
     )
 
 
 def _trains_own_weights(module: torch.nn.Module) -> bool:
     """Whether ``module`` itself (not a child) holds a parameter that requires gradients."""
-    own = module.parameters(recurse=False)  # pragma: no mutate (equivalent: recurse=None reads as False)
-    return any(p.requires_grad for p in own)
+    return any(p.requires_grad for p in module.parameters(recurse=False))
+

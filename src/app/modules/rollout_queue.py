@@ -1,35 +1,57 @@
-"""What the overlapped pipeline carries from one training step to the next on one rank.
+"""What a GRPO run carries from one training step to the next on one rank, and the order of a step's rollout.
 
-:class:`RolloutQueue` holds the rollouts generated but not trained yet (their rewards pending with the reward workers
-until collected), the policy version counter that measures their lag, the reward workers themselves and dynamic
-sampling's prompt sampler. It also owns how that state goes into a checkpoint and comes back, and the rule for the
-rollout still pending when fit ends: dropped, counted and logged. :class:`~app.modules.grpo.GRPOModule` decides what a
-step does with it (see :mod:`app.modules.pipeline` for the settings and the order of a step).
+Every training step of :class:`~app.modules.grpo.GRPOModule` goes through :class:`RolloutQueue`: it generates a
+rollout, submits it (its rewards scored inline with ``delay: 0``, handed to the reward workers with ``delay: 1``),
+takes the oldest rollout whose turn it is, collects its rewards and trains on it. With ``delay: 0`` that is the rollout
+of this very batch (rollout -> rewards -> update). With ``delay: 1`` each step generates rollout k+1 and trains on
+rollout k (VBVR-Pro's "single-step lag"): rollout k was sampled by the policy before the previous update, so its
+behaviour log-probs are stored at generation time and the clipped ratio uses them (docs/algorithms.md#the-delayed-
+pipeline); the policy lag is at most one rollout. The first step of a delayed pipeline only primes it (no update); the
+rollout still pending when fit ends is dropped (counted in ``dropped``).
+
+The queue also holds the policy version counter that measures the lag, the reward workers, dynamic sampling's refill
+and its prompt sampler (DAPO: :meth:`RolloutQueue.refill`), and how all of that goes into a checkpoint and comes back.
+Its settings are :class:`~app.settings.PipelineSettings`.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Sequence
-from concurrent.futures import Executor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
-from app.modules.pipeline import Generation, PipelineSettings, from_plain, reward_executor, to_device, to_plain
-from app.modules.prompt_drawers import PromptDrawer, prompt_drawer, saved_drawer
+from app.algorithms import zero_std_groups
+from app.modules.checkpoints import gather_rank_states
+from app.modules.plain_data import from_plain, to_device, to_plain
+from app.modules.prompt_drawers import PromptDrawer, prompt_drawer, refill_source, saved_drawer
 from app.rewards import PendingRewards, WeightedReward
-from app.types import RewardOutput, VisualSample
+from app.settings import PipelineSettings
+from app.types import Generation, RewardOutput, Rollout, VisualSample
 
 log = logging.getLogger(__name__)
+
+CHECKPOINT_KEY = "rollout_pipeline"
+"""Where a checkpoint holds the queue's state: one entry per rank (rollouts never cross ranks)."""
+
+
+def reward_executor(settings: PipelineSettings) -> Executor | None:
+    """The executor ``settings`` asks for; None for ``inline``."""
+    if settings.workers == "thread":
+        return ThreadPoolExecutor(settings.num_workers, thread_name_prefix="reward")
+    if settings.workers == "process":
+        return ProcessPoolExecutor(settings.num_workers)
+    return None
 
 
 class RolloutQueue:
     """Generated rollouts waiting for their update, oldest first, with the state that travels beside them.
 
     Args:
-        settings: the pipeline's settings (``delay``, reward workers, time limit, the prompt sampler's seed).
+        settings: the pipeline's settings (``delay``, reward workers, time limit, dynamic sampling, its seed).
         rewards: the module's weighted reward: submits a generation's outputs and gathers the values.
 
     Attributes:
@@ -51,14 +73,13 @@ class RolloutQueue:
         self._drawer: PromptDrawer | None = None
 
     # ------------------------------------------------------------------------------------------------ a step
-    def submit(self, generation: Generation, samples: Sequence[VisualSample], group_size: int) -> None:
+    def submit(self, generation: Generation, group_size: int) -> None:
         """Stamp ``generation`` with the policy version, hand its outputs to the reward workers (scored inline with
-        ``delay: 0``) and queue it. ``samples`` are the B prompts; output ``b * K + k`` answers prompt ``b``."""
+        ``delay: 0``) and queue it. Output ``b * K + k`` answers prompt ``b`` of ``generation.samples``."""
         generation.version = self.version
-        grouped_samples = [s for s in samples for _ in range(group_size)]
         executor = self._executor() if self.settings.delay > 0 else None
         generation.rewards = self.rewards.submit(
-            generation.outputs, grouped_samples, group_size=group_size, executor=executor
+            generation.outputs, grouped(generation.samples, group_size), group_size=group_size, executor=executor
         )
         self.pending.append(generation)
 
@@ -67,8 +88,7 @@ class RolloutQueue:
         one comes from the host); None while the pipeline is priming."""
         if len(self.pending) <= self.settings.delay:
             return None
-        generation = self.pending.popleft()
-        return to_device(generation, device)  # pragma: no mutate (equivalent off CUDA: .to(None) moves nothing)
+        return to_device(self.pending.popleft(), device)
 
     def collect(self, generation: Generation) -> RewardOutput:
         """``generation``'s rewards, waiting for the workers if they are still scoring it (up to the time limit)."""
@@ -82,6 +102,48 @@ class RolloutQueue:
         self.version += 1
         return lag
 
+    def _executor(self) -> Executor | None:
+        if self.executor is None and self.settings.workers != "inline":
+            self.executor = self.built_executor = reward_executor(self.settings)
+        return self.executor
+
+    # ---------------------------------------------------------------------------------------- dynamic sampling
+    def refill(
+        self,
+        rollout: Rollout,
+        loader: Any,
+        rank: int,
+        roll_out: Callable[[list[VisualSample]], Rollout],
+        any_rank: Callable[[bool], bool],
+    ) -> tuple[list[Rollout], dict[str, torch.Tensor]]:
+        """DAPO's dynamic sampling: roll out and score more prompts (``roll_out``, inline) until B groups carry a
+        signal or ``max_extra_rollouts`` more were made; groups past the first B informative ones are left out of the
+        loss. The prompts are drawn from ``loader``'s data by :meth:`drawer`. ``any_rank(local)`` is True on every rank
+        when ``local`` is on any: every rank rolls out as often as the neediest one, so ranks generate (and, sharded,
+        forward) in lockstep."""
+        k, num_prompts = rollout.group_size, len(rollout.samples)
+        rollouts = [rollout]
+        informative = int((~zero_std_groups(rollout.rewards.total, k)).sum())
+        extra_rollouts = 0
+        while extra_rollouts < self.settings.max_extra_rollouts and any_rank(informative < num_prompts):
+            dataset, count, collate = refill_source(loader, num_prompts)
+            more = roll_out(self.drawer(rank, dataset).draw(dataset, count, collate))
+            rollouts.append(more)
+            informative += int((~zero_std_groups(more.rewards.total, k)).sum())
+            extra_rollouts += 1
+        budget = num_prompts
+        for part in rollouts:  # keep the first B informative groups, in order
+            for group in (~zero_std_groups(part.rewards.total, k)).nonzero().flatten().tolist():
+                if budget > 0:
+                    budget -= 1
+                else:
+                    part.loss_mask[group * k : (group + 1) * k] = 0
+        logs = {
+            "train/dynamic/extra_rollouts": torch.tensor(float(extra_rollouts)),
+            "train/dynamic/informative_groups": torch.tensor(float(min(informative, num_prompts))),
+        }
+        return rollouts, logs
+
     def drawer(self, rank: int, dataset: Any = None) -> PromptDrawer:
         """Dynamic sampling's prompt sampler, made when first asked for (see :func:`prompt_drawer`): for ``dataset``,
         or map-style (seeded with ``settings.seed + rank``) while no data set is named. One that does not take
@@ -89,14 +151,6 @@ class RolloutQueue:
         if self._drawer is None or (dataset is not None and not self._drawer.takes(dataset)):
             self._drawer = prompt_drawer(dataset, self.settings.seed, rank)
         return self._drawer
-
-    def _executor(self) -> Executor | None:
-        if (
-            self.executor is None
-            and self.settings.workers != "inline"  # pragma: no mutate (equivalent: inline builds no executor anyway)
-        ):
-            self.executor = self.built_executor = reward_executor(self.settings)
-        return self.executor
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def state(self, rank: int) -> dict[str, Any]:
@@ -114,6 +168,26 @@ class RolloutQueue:
         self.version = state["version"]
         self._drawer = saved_drawer(state["drawer"], self.settings.seed, rank)
 
+    def save(self, checkpoint: dict, rank: int) -> None:
+        """Put every rank's state into ``checkpoint`` (a collective: every rank calls it) when the pipeline carries
+        any (:attr:`~app.settings.PipelineSettings.carries_state`). Pending rollouts cannot be made up, so no rank
+        derives its state from another's."""
+        if self.settings.carries_state:
+            checkpoint[CHECKPOINT_KEY] = gather_rank_states(self.state(rank))
+
+    def load(self, checkpoint: dict, rank: int, world_size: int) -> None:
+        """Take this rank's state back from ``checkpoint``; a checkpoint saved from another number of processes is
+        refused (its pending rollouts belong to ranks this run does not have)."""
+        states = checkpoint.get(CHECKPOINT_KEY)
+        if not states or not self.settings.carries_state:
+            return
+        if len(states) != world_size:
+            raise ValueError(
+                f"the checkpoint holds the rollout pipeline of {len(states)} processes, this run has {world_size}: "
+                "resume a pipelined run on as many processes as it was saved from"
+            )
+        self.load_state(states[rank], rank)
+
     # ----------------------------------------------------------------------------------------------- the end
     def close(self) -> None:
         """The rule for the last rollout: one still pending when fit ends is dropped (its queued rewards cancelled),
@@ -127,8 +201,10 @@ class RolloutQueue:
                         future.cancel()
             self.pending.clear()
         if self.built_executor is not None and self.executor is self.built_executor:
-            self.executor.shutdown(
-                wait=False,  # pragma: no mutate (equivalent: shutdown joins its threads only when wait is truthy)
-                cancel_futures=True,
-            )
+            self.executor.shutdown(wait=False, cancel_futures=True)
             self.executor = self.built_executor = None
+
+
+def grouped(samples: Sequence[VisualSample], group_size: int) -> list[VisualSample]:
+    """Each sample repeated ``group_size`` times, group-major: the sample output ``b * K + k`` answers."""
+    return [s for s in samples for _ in range(group_size)]

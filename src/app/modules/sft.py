@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from app.formats import format_response
 from app.models.vlm import VLMPolicy
 from app.modules.policy_module import PolicyModule
-from app.modules.vlm_evaluation import GreedyEvaluation, default_eval_rewards
+from app.modules.vlm_evaluation import VLMEvaluation, default_eval_rewards
 from app.rewards import RewardComponent
+from app.settings import OptimizerSettings
 from app.types import VisualSample
 
 
@@ -23,39 +24,30 @@ def sft_target(sample: VisualSample) -> str:
     return format_response(sample.reasoning or "", sample.answer)
 
 
-class VLMSFTModule(GreedyEvaluation, PolicyModule):
+class VLMSFTModule(VLMEvaluation, PolicyModule):
     """CoT supervised fine-tuning of a :class:`~app.models.VLMPolicy`, evaluated by greedy decoding.
 
     Args:
         policy: the model to train.
-        learning_rate, weight_decay, warmup_steps: AdamW and its linear warm-up (in optimizer steps).
+        optimizer: AdamW (default learning rate 1e-6), its warm-up, non-finite steps
+            (:class:`~app.settings.OptimizerSettings`).
         eval_max_new_tokens: generation budget for greedy evaluation.
         eval_rewards: rewards scored on greedy completions in validation / test, logged as ``val/<name>/<task>``
             (``accuracy`` is logged as ``val/acc/<task>``, ``format`` as the format rate). Default: accuracy and format.
-        max_nonfinite_steps, restore_nonfinite_steps: see :class:`~app.modules.policy_module.PolicyModule`.
     """
 
     def __init__(
         self,
         policy: VLMPolicy,
-        learning_rate: float = 1e-6,
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
+        optimizer: OptimizerSettings | None = None,
         eval_max_new_tokens: int = 256,
         eval_rewards: Sequence[RewardComponent] | None = None,
-        max_nonfinite_steps: int = 3,
-        restore_nonfinite_steps: bool = True,
-    ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
-        super().__init__(
-            policy,
-            learning_rate,
-            weight_decay,
-            warmup_steps,
-            max_nonfinite_steps=max_nonfinite_steps,
-            restore_nonfinite_steps=restore_nonfinite_steps,
-        )
+    ):
+        super().__init__(policy, optimizer, default_learning_rate=1e-6)
+        self.eval_max_new_tokens = eval_max_new_tokens
         self.eval_rewards = default_eval_rewards(eval_rewards)
         self.eval_results = {}
+        self.record_hyperparameters(eval_max_new_tokens=eval_max_new_tokens)
 
     def training_step(self, batch: list[VisualSample], batch_idx: int):
         prompts = self.policy.encode_prompts(batch)

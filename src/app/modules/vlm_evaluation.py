@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from app.data.eval_sets import EVAL_SET_KEY
-from app.models.vlm import SamplingSettings
 from app.modules.grouped_means import GroupedEvaluation
 from app.rewards import AccuracyReward, FormatReward, RewardComponent
+from app.settings import PassAtK, SamplingSettings
 from app.types import CompletionBatch, VisualSample
 
 
@@ -31,34 +30,10 @@ def pass_at_k(num_samples: int, num_correct: Tensor, k: int) -> Tensor:
     return torch.tensor([1.0 - math.comb(num_samples - int(c), k) / total for c in num_correct], dtype=torch.float32)
 
 
-@dataclass
-class PassAtK:
-    """pass@k in evaluation: ``num_samples`` completions sampled per prompt (besides the greedy one).
-
-    Attributes:
-        num_samples: n, completions sampled per prompt.
-        k: the k values to report (each <= n); logged as ``<stage>/pass@<k>``.
-        temperature: sampling temperature of those completions.
-        reward: the evaluation reward whose value decides correctness (``eval_rewards`` name).
-        threshold: a completion is correct when that reward is >= this.
-    """
-
-    num_samples: int = 8
-    k: tuple[int, ...] = (1, 4, 8)
-    temperature: float = 1.0
-    reward: str = "accuracy"
-    threshold: float = 1.0
-
-    def __post_init__(self) -> None:
-        self.k = tuple(self.k)
-        if self.num_samples < 1 or not self.k or not all(1 <= k <= self.num_samples for k in self.k):
-            raise ValueError(f"pass@k needs num_samples >= 1 and every k in [1, num_samples], got {self}")
-
-
-class GreedyEvaluation(GroupedEvaluation):
+class VLMEvaluation(GroupedEvaluation):
     """Validation, test and predict steps of a LightningModule holding a VLM ``policy`` and ``eval_rewards``.
 
-    Each reward is scored on greedy completions (``hparams.eval_max_new_tokens`` tokens at most) and logged as
+    Each reward is scored on greedy completions (``eval_max_new_tokens`` tokens at most) and logged as
     ``<stage>/<name>`` and ``<stage>/<name>/<task>`` (``accuracy`` as ``<stage>/acc``), and per evaluation set as
     ``<stage>/<set>/<name>[/<task>]`` for samples whose ``meta["eval_set"]`` names one (their names are kept in
     ``eval_set_names``). With a ``pass_at_k`` attribute (:class:`PassAtK`), n completions are also sampled per prompt
@@ -66,6 +41,7 @@ class GreedyEvaluation(GroupedEvaluation):
     ``"<stage>@step<global step>"`` (the CLI prints them at the end of a run).
     """
 
+    eval_max_new_tokens: int = 256
     pass_at_k: PassAtK | None = None
     eval_set_names: list[str] = []
 
@@ -88,10 +64,7 @@ class GreedyEvaluation(GroupedEvaluation):
 
     def _greedy(self, samples: list[VisualSample]) -> CompletionBatch:
         prompts = self.policy.encode_prompts(samples)
-        sampling = SamplingSettings(
-            num_generations=1,  # pragma: no mutate (equivalent: generate draws one completion per row whatever K)
-            max_new_tokens=self.hparams.eval_max_new_tokens,
-        )
+        sampling = SamplingSettings(group_size=1, max_new_tokens=self.eval_max_new_tokens)
         return self.policy.generate(prompts, sampling, greedy=True)
 
     @torch.no_grad()
@@ -112,10 +85,8 @@ class GreedyEvaluation(GroupedEvaluation):
         if reward is None:
             names = [r.name for r in self.eval_rewards]
             raise ValueError(f"pass_at_k.reward {settings.reward!r} is not one of the evaluation rewards {names}")
-        sampling = SamplingSettings(
-            num_generations=n, temperature=settings.temperature, max_new_tokens=self.hparams.eval_max_new_tokens
-        )
-        sampled = self.policy.generate(self.policy.encode_prompts(samples, repeats=n), sampling, group_size=n)
+        sampling = SamplingSettings(group_size=n, temperature=settings.temperature, max_new_tokens=self.eval_max_new_tokens)
+        sampled = self.policy.generate(self.policy.encode_prompts(samples, group_size=n), sampling, group_size=n)
         scores = reward.score(sampled.texts, [s for s in samples for _ in range(n)])  # [B * n], group-major
         correct = (scores.float() >= settings.threshold).view(len(samples), n).sum(dim=1)  # [B]
         return {k: pass_at_k(n, correct, k) for k in settings.k}

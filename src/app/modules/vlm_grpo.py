@@ -1,14 +1,14 @@
 """GRPO for vision-language models: K sampled completions per prompt, token-level clipped loss.
 
-The shared loop is :class:`~app.modules.grpo.GRPOModule`; this module says how completions are sampled and scored and
-how their per-token log-probs are recomputed. With ``num_iterations == 1`` the old log-probs are the current ones
-detached, so the ratio is exactly 1 (the papers' on-policy setting); with more iterations, or a delayed reward
-pipeline, the log-probs stored at generation time (at the sampling temperature) are the old policy's.
+The shared loop is :class:`~app.modules.grpo.GRPOModule`; the rollout is :class:`~app.sampling.VLMSampler`; this module
+says what enters the loss and how the loss of each micro-batch is computed. With ``num_iterations == 1`` the old
+log-probs are the current ones detached, so the ratio is exactly 1 (the papers' on-policy setting); with more
+iterations, or a delayed reward pipeline, the log-probs stored at generation time (at the sampling temperature) are the
+old policy's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Literal
 
@@ -21,37 +21,52 @@ from app.algorithms.fused_linear import (
     require_liger_loss,
     unavailable_statistics,
 )
-from app.models.vlm import SamplingSettings, VLMPolicy
-from app.modules.grpo import GRPOModule, ScoredGroups
-from app.modules.pipeline import Generation, PipelineSettings
-from app.modules.vlm_evaluation import GreedyEvaluation, PassAtK, default_eval_rewards
+from app.models.vlm import VLMPolicy
+from app.modules.grpo import GRPOModule
+from app.modules.vlm_evaluation import VLMEvaluation, default_eval_rewards
 from app.rewards import RewardComponent
 from app.sampling.batching import micro_batches
-from app.types import GRPOBatch, VisualSample
+from app.sampling.vlm_rollout import VLMSampler
+from app.settings import (
+    GRPOSettings,
+    OptimizerSettings,
+    PassAtK,
+    PipelineSettings,
+    SamplingSettings,
+    as_settings,
+    plain,
+)
+from app.types import Generation, Rollout, SampledCompletions, VisualSample
+
+VLM_CLIP_RANGE = 0.2
+"""The default ``eps_low`` / ``eps_high`` of token-level GRPO (PPO's and the GRPO paper's)."""
+VLM_LEARNING_RATE = 1e-6
 
 
-class VLMGRPOModule(GreedyEvaluation, GRPOModule):
+class VLMGRPOModule(VLMEvaluation, GRPOModule):
     """GRPO on a :class:`~app.models.VLMPolicy`, evaluated by greedy decoding.
 
     Args:
         policy: the model to train.
         rewards: reward components, each with its ``weight``; their weighted sum is the reward.
-        sampling: group size K (``num_generations``), temperature, top_p, max_new_tokens.
+        sampling: group size K, temperature, top_p, max_new_tokens (:class:`~app.settings.SamplingSettings`).
+        grpo: clip range (default 0.2 each way), KL weight, iterations, advantages, micro-batches, gradient clipping
+            (:class:`~app.settings.GRPOSettings`).
+        optimizer: AdamW (default learning rate 1e-6), warm-up, non-finite steps
+            (:class:`~app.settings.OptimizerSettings`).
+        pipeline: the delayed reward pipeline and dynamic sampling (:class:`~app.settings.PipelineSettings`).
         loss_aggregation: ``token_mean``, ``sequence_mean`` or ``constant`` (Dr. GRPO, divides by B*K*max_new_tokens).
         mask_truncated: leave completions that hit max_new_tokens without an end token out of the loss.
-        micro_batch_size: completions per forward/backward.
+        records_per_step: completions handed to logging callbacks per step (``outputs["records"]``).
         eval_max_new_tokens: generation budget for greedy evaluation.
         eval_rewards: rewards scored on greedy completions in validation / test (default: accuracy and format).
         pass_at_k: also sample n completions per evaluation prompt and log pass@k (see
-            :class:`~app.modules.vlm_evaluation.PassAtK`, docs/evaluation.md); None: greedy only.
+            :class:`~app.settings.PassAtK`, docs/evaluation.md); None: greedy only.
         fused_linear_loss: compute the loss with liger-kernel's fused linear GRPO loss from the last hidden states and
             the output head instead of per-token log-probs (:mod:`app.algorithms.fused_linear`; needs liger-kernel).
             The same loss and gradients; ``train/ratio_mean`` (when old log-probs are stored) and, for
             ``sequence_mean`` with ``beta > 0``, ``train/kl`` and ``train/loss/policy`` are not logged.
         fused_loss_compiled: let Liger ``torch.compile`` the loss math; None: on CUDA only.
-        eps_low, eps_high, beta, num_iterations, advantage_scale, drop_zero_std_groups, gradient_clip_val,
-            records_per_step, learning_rate, weight_decay, warmup_steps, max_nonfinite_steps, pipeline,
-            restore_nonfinite_steps: see :class:`~app.modules.grpo.GRPOModule`.
     """
 
     def __init__(
@@ -59,171 +74,146 @@ class VLMGRPOModule(GreedyEvaluation, GRPOModule):
         policy: VLMPolicy,
         rewards: Sequence[RewardComponent],
         sampling: SamplingSettings | None = None,
-        eps_low: float = 0.2,
-        eps_high: float = 0.2,
-        beta: float = 0.0,
-        num_iterations: int = 1,
-        advantage_scale: Literal["group", "batch", "none"] = "group",
+        grpo: GRPOSettings | None = None,
+        optimizer: OptimizerSettings | None = None,
+        pipeline: PipelineSettings | None = None,
         loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean",
-        drop_zero_std_groups: bool = False,
         mask_truncated: bool = False,
-        micro_batch_size: int | None = None,
-        gradient_clip_val: float = 1.0,
         records_per_step: int = 16,
-        learning_rate: float = 1e-6,
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
         eval_max_new_tokens: int = 256,
         eval_rewards: Sequence[RewardComponent] | None = None,
-        max_nonfinite_steps: int = 3,
-        pipeline: PipelineSettings | None = None,
         pass_at_k: PassAtK | None = None,
         fused_linear_loss: bool = False,
         fused_loss_compiled: bool | None = None,
-        restore_nonfinite_steps: bool = True,
-    ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutation trampoline would hide it)
-        super().__init__(
-            policy, rewards, sampling or SamplingSettings(), eps_low=eps_low, eps_high=eps_high, beta=beta,
-            num_iterations=num_iterations, advantage_scale=advantage_scale, drop_zero_std_groups=drop_zero_std_groups,
-            micro_batch_size=micro_batch_size, gradient_clip_val=gradient_clip_val, records_per_step=records_per_step,
-            learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=warmup_steps,
-            max_nonfinite_steps=max_nonfinite_steps, pipeline=pipeline, restore_nonfinite_steps=restore_nonfinite_steps,
-        )  # fmt: skip
+    ):
+        sampling = as_settings(SamplingSettings, sampling) or SamplingSettings()
+        grpo = (as_settings(GRPOSettings, grpo) or GRPOSettings()).clip_range(VLM_CLIP_RANGE)
+        super().__init__(policy, rewards, sampling, grpo, optimizer, VLM_LEARNING_RATE, pipeline, records_per_step)
+        if loss_aggregation not in ("token_mean", "sequence_mean", "constant"):
+            raise ValueError(
+                f"loss_aggregation must be 'token_mean', 'sequence_mean' or 'constant', got {loss_aggregation!r}"
+            )
+        self.loss_aggregation = loss_aggregation
+        self.mask_truncated = mask_truncated
+        self.eval_max_new_tokens = eval_max_new_tokens
+        self.sampler = VLMSampler(policy, sampling, grpo.micro_batch_size)
         self.eval_rewards = default_eval_rewards(eval_rewards)
         self.eval_results = {}
-        self.pass_at_k = pass_at_k
-        self.hparams["pass_at_k"] = dataclasses.asdict(pass_at_k) if pass_at_k is not None else None  # plain data
-        self.fused_loss = self._fused_loss() if fused_linear_loss else None
+        self.pass_at_k = as_settings(PassAtK, pass_at_k)
+        self.fused_loss = self._fused_loss(fused_loss_compiled) if fused_linear_loss else None
+        self.record_hyperparameters(
+            loss_aggregation=loss_aggregation,
+            mask_truncated=mask_truncated,
+            eval_max_new_tokens=eval_max_new_tokens,
+            pass_at_k=plain(self.pass_at_k),
+            fused_linear_loss=fused_linear_loss,
+            fused_loss_compiled=fused_loss_compiled,
+        )
 
-    def _fused_loss(self) -> FusedLinearGRPOLoss:
+    def _fused_loss(self, compiled: bool | None) -> FusedLinearGRPOLoss:
         """The fused loss's settings, checked now: liger-kernel installed, a plain output head."""
         require_liger_loss()
         check_fused_head(self.policy.hf_model.lm_head)
-        hp = self.hparams
-        compiled = hp.fused_loss_compiled
         return FusedLinearGRPOLoss(
-            eps_low=hp.eps_low, eps_high=hp.eps_high, beta=hp.beta, aggregation=hp.loss_aggregation,
+            eps_low=self.grpo.eps_low,
+            eps_high=self.grpo.eps_high,
+            beta=self.grpo.beta,
+            aggregation=self.loss_aggregation,
             max_length=self.sampling.max_new_tokens,
             compiled=torch.cuda.is_available() if compiled is None else compiled,
-        )  # fmt: skip
+        )
 
     @property
     def unlogged_loss_terms(self) -> frozenset[str]:
         if self.fused_loss is None:
             return frozenset()
-        hp = self.hparams
-        return unavailable_statistics(hp.loss_aggregation, hp.beta, self.stores_behaviour_logprobs)
+        return unavailable_statistics(self.loss_aggregation, self.grpo.beta, self.stores_behaviour_logprobs)
 
     # --------------------------------------------------------------------------------------------------- rollout
-    @torch.no_grad()
-    def generate_rollout(self, samples: list[VisualSample]) -> Generation:
-        """Sample K completions per prompt; with :attr:`stores_behaviour_logprobs`, their log-probs under the sampling
-        policy (computed now, before any later update), and the reference's when ``beta > 0``."""
-        hp, k = self.hparams, self.group_size
-        prompt_inputs = self.policy.encode_prompts(samples, repeats=k)  # rows b*K + k
-        completions = self.policy.generate(prompt_inputs, self.sampling, group_size=k)
-        args = (prompt_inputs, completions.completion_ids, completions.completion_mask, self.sampling.temperature)
-        old_logprobs = None
-        if self.stores_behaviour_logprobs:
-            old_logprobs = self._in_micro_batches(self.policy.sequence_logprobs, *args)
-        ref_logprobs = self._in_micro_batches(self.policy.reference_logprobs, *args) if hp.beta > 0 else None
-        parts = dict(
-            prompt_inputs=prompt_inputs, completions=completions, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs
-        )
-        return Generation(samples, completions.texts, parts, version=0)
+    def generate_rollout(self, samples: list[VisualSample]) -> Generation[SampledCompletions]:
+        """K completions per prompt (:meth:`~app.sampling.VLMSampler.draw`), with the behaviour log-probs when
+        :attr:`stores_behaviour_logprobs` and the reference's when ``beta > 0``."""
+        behaviour, reference = self.stores_behaviour_logprobs, self.grpo.beta > 0
+        return Generation(samples, self.sampler.draw(samples, behaviour=behaviour, reference=reference))
 
-    def finish_rollout(self, generation: Generation, scored: ScoredGroups) -> GRPOBatch:
-        """The loss mask (completion tokens, minus dropped groups and, if asked, truncated completions) and the batch."""
-        completions = generation.parts["completions"]
-        loss_mask = completions.completion_mask.clone()  # [N, L]
-        loss_mask[~scored.keep] = 0
-        if self.hparams.mask_truncated:
-            loss_mask[completions.truncated] = 0
-        return GRPOBatch(
-            **generation.parts, advantages=scored.advantages, loss_mask=loss_mask, rewards=scored.rewards,
-            group_size=self.group_size,
-        )  # fmt: skip
+    def loss_mask(self, generation: Generation[SampledCompletions], keep: torch.Tensor) -> torch.Tensor:
+        """``[N, L]``: the completion tokens, minus dropped groups and, if asked, truncated completions."""
+        completions = generation.sampled.completions
+        mask = completions.completion_mask.clone()  # [N, L]
+        mask[~keep] = 0
+        if self.mask_truncated:
+            mask[completions.truncated] = 0
+        return mask
 
-    def loss_mass(self, rollout: GRPOBatch) -> torch.Tensor:
+    def loss_mass(self, rollout: Rollout[SampledCompletions]) -> torch.Tensor:
         """The normaliser of :meth:`weighted_losses`' aggregation: kept tokens, kept rows, or all rows."""
         mask = rollout.loss_mask
-        if self.hparams.loss_aggregation == "token_mean":
+        if self.loss_aggregation == "token_mean":
             return mask.sum().float()
-        if self.hparams.loss_aggregation == "sequence_mean":
+        if self.loss_aggregation == "sequence_mean":
             return (mask.sum(dim=1) > 0).sum().float()
         return torch.tensor(float(mask.shape[0]))
 
-    def _in_micro_batches(self, logprob_fn, prompt_inputs, completion_ids, completion_mask, temperature):
-        rows = micro_batches(len(prompt_inputs), self.hparams.micro_batch_size)
-        return torch.cat(
-            [logprob_fn(prompt_inputs.select(r), completion_ids[r], completion_mask[r], temperature) for r in rows]
-        )
-
     # -------------------------------------------------------------------------------------------------- training
-    def weighted_losses(self, rollout: GRPOBatch) -> Iterator[tuple[GRPOLossOutput, torch.Tensor]]:
+    def weighted_losses(self, rollout: Rollout[SampledCompletions]) -> Iterator[tuple[GRPOLossOutput, torch.Tensor]]:
         """The loss of each micro-batch, weighted by its share of the aggregation's normaliser (tokens, rows, or
         rows of the constant ``B*K*max_new_tokens``), so the weighted sum is the full-batch aggregate."""
-        hp = self.hparams
         mask = rollout.loss_mask
         n = mask.shape[0]
         total_tokens = mask.sum().clamp(min=1)
         total_rows = (mask.sum(dim=1) > 0).sum().clamp(min=1)
-        for rows in micro_batches(n, hp.micro_batch_size):
-            loss_of = self._fused_micro_batch if self.fused_loss is not None else self._micro_batch_loss
+        loss_of = self._fused_micro_batch if self.fused_loss is not None else self._micro_batch_loss
+        for rows in micro_batches(n, self.grpo.micro_batch_size):
             out = loss_of(rollout, rows)
             micro = mask[rows]
-            if hp.loss_aggregation == "token_mean":
+            if self.loss_aggregation == "token_mean":
                 share = micro.sum() / total_tokens
-            elif hp.loss_aggregation == "sequence_mean":
+            elif self.loss_aggregation == "sequence_mean":
                 share = (micro.sum(dim=1) > 0).sum() / total_rows
             else:
                 share = micro.shape[0] / n
             yield out, share
 
-    def _micro_batch_loss(self, rollout: GRPOBatch, rows) -> GRPOLossOutput:
+    def _micro_batch_loss(self, rollout: Rollout[SampledCompletions], rows: slice) -> GRPOLossOutput:
         """The loss of the rows from their per-token log-probs (chunked over the vocabulary)."""
-        hp = self.hparams
-        logprobs = self.policy.sequence_logprobs(
-            rollout.prompt_inputs.select(rows),
-            rollout.completions.completion_ids[rows],
-            rollout.completions.completion_mask[rows],
-            self.sampling.temperature,
-        )  # [n, L]
-        old = rollout.old_logprobs[rows] if rollout.old_logprobs is not None else logprobs.detach()
-        ref = rollout.ref_logprobs[rows] if rollout.ref_logprobs is not None else None
+        grpo, sampled = self.grpo, rollout.sampled
+        logprobs = self.sampler.logprobs(sampled, rows)  # [n, L]
+        old = sampled.old_logprobs[rows] if sampled.old_logprobs is not None else logprobs.detach()
+        ref = sampled.ref_logprobs[rows] if sampled.ref_logprobs is not None else None
         return grpo_loss(
             logprobs,
             old,
             rollout.advantages[rows],
             rollout.loss_mask[rows],
-            eps_low=hp.eps_low,
-            eps_high=hp.eps_high,
-            beta=hp.beta,
+            eps_low=grpo.eps_low,
+            eps_high=grpo.eps_high,
+            beta=grpo.beta,
             ref_logprobs=ref,
-            aggregation=hp.loss_aggregation,
+            aggregation=self.loss_aggregation,
             max_length=self.sampling.max_new_tokens,
         )
 
-    def _fused_micro_batch(self, rollout: GRPOBatch, rows) -> GRPOLossOutput:
+    def _fused_micro_batch(self, rollout: Rollout[SampledCompletions], rows: slice) -> GRPOLossOutput:
         """The same loss from liger-kernel's fused linear GRPO loss (see ``fused_linear_loss``)."""
+        sampled = rollout.sampled
         return self.policy.fused_grpo_loss(
             self.fused_loss,
-            rollout.prompt_inputs.select(rows),
-            rollout.completions.completion_ids[rows],
-            rollout.completions.completion_mask[rows],
+            sampled.prompt_inputs.select(rows),
+            sampled.completions.completion_ids[rows],
+            sampled.completions.completion_mask[rows],
             rollout.advantages[rows],
             rollout.loss_mask[rows],
-            old_logprobs=rollout.old_logprobs[rows] if rollout.old_logprobs is not None else None,
-            ref_logprobs=rollout.ref_logprobs[rows] if rollout.ref_logprobs is not None else None,
+            old_logprobs=sampled.old_logprobs[rows] if sampled.old_logprobs is not None else None,
+            ref_logprobs=sampled.ref_logprobs[rows] if sampled.ref_logprobs is not None else None,
             temperature=self.sampling.temperature,
         )
 
     # --------------------------------------------------------------------------------------------------- logging
-    def completion_text(self, rollout: GRPOBatch, row: int) -> str:
-        return rollout.completions.texts[row]
+    def completion_text(self, rollout: Rollout[SampledCompletions], row: int) -> str:
+        return rollout.sampled.completions.texts[row]
 
-    def rollout_logs(self, rollout: GRPOBatch) -> dict[str, torch.Tensor]:
-        completions = rollout.completions
+    def rollout_logs(self, rollout: Rollout[SampledCompletions]) -> dict[str, torch.Tensor]:
+        completions = rollout.sampled.completions
         return {
             "train/completion_length": completions.completion_mask.sum(dim=1).float().mean(),
             "train/frac_truncated": completions.truncated.float().mean(),

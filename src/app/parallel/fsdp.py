@@ -93,8 +93,10 @@ class FSDP2Strategy(ModelParallelStrategy):
             if dtype is not None and dtype not in DTYPES:
                 raise ConfigError(f"FSDP2Strategy {name} must be one of {sorted(DTYPES)} or null, got {dtype!r}")
         if any(size != "auto" and (not isinstance(size, int) or size < 1) for size in (replicate_size, shard_size)):
-            raise ConfigError(f"FSDP2Strategy needs replicate_size and shard_size >= 1 or 'auto', got "
-                              f"replicate_size={replicate_size}, shard_size={shard_size!r}")  # fmt: skip
+            raise ConfigError(
+                f"FSDP2Strategy needs replicate_size and shard_size >= 1 or 'auto', got "
+                f"replicate_size={replicate_size}, shard_size={shard_size!r}"
+            )
         kwargs = {"timeout": timeout} if timeout is not None else {}
         super().__init__(  # Lightning's sizes are unused: build_mesh makes the mesh
             data_parallel_size=replicate_size,

@@ -152,7 +152,7 @@ class RewardComponent(Metric):
       rows of the three related prompts (TriSR). Whatever the scope, ``score`` returns one value per row.
     - ``value_range``: ``(low, high)`` bounds of every value ``score`` returns.
     - ``side_state``: names of the attributes ``score`` accumulates beside the values (counters such as
-      ``num_malformed``, or ``failed_checks`` of :class:`~app.rewards.VBVRScorerReward`): each a number, a mapping of
+      ``num_malformed``, or ``failed_checks`` of :class:`~app.tasks.vbvr.VBVRScorerReward`): each a number, a mapping of
       name -> number (a ``Counter``) or a tensor, set in ``__init__``. Scored in a worker process, a reward is a
       pickled copy; its increments to these come back with the values and :meth:`collect` adds them to this object,
       so the counts are the same inline, in threads and in processes. An attribute not named here is lost there.
@@ -229,7 +229,7 @@ class RewardComponent(Metric):
 
         By default :meth:`score` runs in ``executor`` (a thread pool, or a process pool: then the reward and its inputs
         are pickled to the worker), or at once in this thread without one; a ``score`` that itself returns a future is
-        passed through. A reward with workers of its own (:class:`~app.rewards.VBVRScorerReward`) overrides this.
+        passed through. A reward with workers of its own (:class:`~app.tasks.vbvr.VBVRScorerReward`) overrides this.
         From a process the future gives a :class:`WorkerResult` carrying the copy's :attr:`side_state` increments:
         pass what the future gives to :meth:`collect` (:meth:`~app.rewards.WeightedReward.gather` does).
         """
@@ -366,7 +366,7 @@ class RewardComponent(Metric):
                 warnings.warn(
                     f"reward {self.name!r} returned {num_nonfinite} non-finite value(s); counted as 0",
                     RuntimeWarning,
-                    stacklevel=3,  # pragma: no mutate (the caller of update(), above torchmetrics' wrapper; a trampoline adds frames)
+                    stacklevel=3,  # the caller of update(), above torchmetrics' wrapper
                 )
         elif scores.shape != (len(completions),):
             raise ValueError(f"reward {self.name!r}: scores must have shape [{len(completions)}], got {scores.shape}")

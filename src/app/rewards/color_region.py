@@ -9,7 +9,7 @@ The score is the mean of three checks (each in [0, 1]):
   credit within ``shape_tolerance / 2``, falling linearly to 0 at ``shape_tolerance``.
 
 Position and shape score 0 when the colour is absent. Images are float tensors ``[3, H, W]`` in [0, 1] or uint8 arrays
-``[H, W, 3]`` (as :class:`app.rewards.vbvr.VBVRScorerReward` reads them); a video scores its last frame. The prompt's
+``[H, W, 3]`` (as :class:`app.tasks.vbvr.VBVRScorerReward` reads them); a video scores its last frame. The prompt's
 parts come from ``sample.meta`` (``color``, ``shape``, ``position``) or, without them, from the prompt text.
 
 A rendering that cannot be read (wrong shape or dtype, a 0 x 0 image, an empty tensor, a video of no frames) scores the
@@ -83,8 +83,9 @@ def _scores(
             values.append(0.0)
             continue
         try:
-            checks = color_region_checks(image, parts["color"], parts["shape"], parts["position"], min_pixels,
-                                         shape_tolerance)  # fmt: skip
+            checks = color_region_checks(
+                image, parts["color"], parts["shape"], parts["position"], min_pixels, shape_tolerance
+            )
         except (ValueError, cv2.error) as error:  # an unreadable or degenerate rendering
             values.append(0.0)
             malformed.append((i, f"{type(error).__name__}: {error}"))
@@ -94,9 +95,11 @@ def _scores(
 
 
 def color_region_reward(
-    images: Sequence[Any], prompts: Sequence[dict[str, str] | str | None], min_pixels: int = 12,
+    images: Sequence[Any],
+    prompts: Sequence[dict[str, str] | str | None],
+    min_pixels: int = 12,
     shape_tolerance: float = 0.2,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """``[N]`` float32: the mean of the three checks per image; 0 where the prompt cannot be read or the image is
     malformed (logged as a warning). ``prompts[i]`` is a ``{"color", "shape", "position"}`` dict or the prompt text."""
     values, malformed = _scores(images, prompts, min_pixels, shape_tolerance)
@@ -119,16 +122,15 @@ class ColorRegionReward(RewardComponent):
 
     side_state = ("num_malformed",)
 
-    def __init__(self, min_pixels: int = 12, shape_tolerance: float = 0.2, weight: float = 1.0,
-                 name: str | None = None, **kwargs) -> None:  # fmt: skip
+    def __init__(
+        self, min_pixels: int = 12, shape_tolerance: float = 0.2, weight: float = 1.0, name: str | None = None, **kwargs
+    ) -> None:
         super().__init__(weight=weight, name=name, **kwargs)
         self.min_pixels, self.shape_tolerance = int(min_pixels), float(shape_tolerance)
         self.num_malformed = 0
 
     def score(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> Tensor:
-        prompts = [
-            s.meta if {"color", "shape", "position"} <= set(s.meta) else s.question for s in samples
-        ]  # fmt: skip
+        prompts = [s.meta if {"color", "shape", "position"} <= set(s.meta) else s.question for s in samples]
         values, malformed = _scores(completions, prompts, self.min_pixels, self.shape_tolerance)
         low = self.value_range[0]
         for i, why in malformed:
@@ -136,6 +138,9 @@ class ColorRegionReward(RewardComponent):
             self.num_malformed += 1
             log.warning(
                 "color region reward: completion %d scored %s (malformed; %d so far): %s",
-                i, low, self.num_malformed, why,
-            )  # fmt: skip
+                i,
+                low,
+                self.num_malformed,
+                why,
+            )
         return torch.tensor(values, dtype=torch.float32)

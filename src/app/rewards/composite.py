@@ -106,11 +106,7 @@ class WeightedReward(torch.nn.Module):
             scores, num_nonfinite = component.checked_score(completions, samples, group_size)
             nonfinite += self._count_nonfinite(component, num_nonfinite)
             if accumulate:
-                component.update(
-                    completions,
-                    samples,  # pragma: no mutate (equivalent: update() reads no samples when given the scores)
-                    scores=scores,
-                )
+                component.update(completions, samples, scores=scores)
             values[component.name] = scores
         return self._total(values, len(completions), nonfinite)
 
@@ -162,20 +158,15 @@ class WeightedReward(torch.nn.Module):
             warnings.warn(
                 f"reward {component.name!r} returned {num_nonfinite} non-finite value(s) (NaN/inf); replaced by 0",
                 RuntimeWarning,
-                stacklevel=5,  # pragma: no mutate (the caller, above nn.Module's two call frames; a trampoline adds frames)
+                stacklevel=5,  # the caller, above nn.Module's two call frames
             )
         return num_nonfinite
 
     def _total(self, values: dict[str, Tensor], num_completions: int, num_nonfinite: int) -> RewardOutput:
-        # the device lines' mutants (None for the device) are equivalent off CUDA: every value is on the host
-        device = next(iter(values.values())).device  # pragma: no mutate (equivalent off CUDA, see above)
-        total = torch.zeros(
-            num_completions,
-            dtype=torch.float32,
-            device=device,  # pragma: no mutate (equivalent off CUDA, see above)
-        )  # [N]
+        device = next(iter(values.values())).device
+        total = torch.zeros(num_completions, dtype=torch.float32, device=device)  # [N]
         for component in self.components:
-            value = values[component.name].to(device)  # pragma: no mutate (equivalent off CUDA, see above)
+            value = values[component.name].to(device)
             total = total + component.weight * value
         return RewardOutput(total=total, components=values, num_nonfinite=num_nonfinite)
 

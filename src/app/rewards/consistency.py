@@ -206,7 +206,7 @@ def minimal_coupling(V: np.ndarray) -> np.ndarray:
         return gamma
     import ot  # imported on first use: it takes ~0.6 s
 
-    return ot.emd([], [], V)  # pragma: no mutate (equivalent: POT reads None weights as [], uniform marginals)
+    return ot.emd([], [], V)  # empty weights: uniform marginals
 
 
 def northwest_corner_coupling(n0: int, n1: int) -> np.ndarray:

@@ -57,15 +57,15 @@ def _is_well_formed(text: object, allowed: frozenset[str] | None, tags: tuple[st
     if any(text.count(marker) != 1 for marker in markers):
         return False  # missing, repeated or nested
     pos = 0
-    content = ""  # pragma: no mutate (equivalent: the loop below runs for every tag, at least one, and sets it)
+    content = ""
     for tag in tags:
         opening, closing = open_tag(tag), close_tag(tag)
         rest = text[pos:]
         pos += len(rest) - len(rest.lstrip())  # whitespace between blocks
         if not text.startswith(opening, pos):
             return False  # text between blocks, or blocks out of order
-        end = text.find(closing, pos + len(opening))  # pragma: no mutate (equivalent: rfind, the marker occurs once)
-        if end < 0:  # pragma: no mutate (equivalent: the search starts past index 0, so end is never 0)
+        end = text.find(closing, pos + len(opening))
+        if end < 0:
             return False
         content = text[pos + len(opening) : end]
         pos = end + len(closing)

@@ -67,7 +67,7 @@ def extract_tag(text: str, tag: str) -> str | None:
         return None
     start += len(opening)
     end = text.find(closing, start)
-    if end < 0:  # pragma: no mutate (equivalent: the search starts past index 0, so end is never 0)
+    if end < 0:
         return None
     return text[start:end].strip()
 
@@ -272,7 +272,7 @@ class _NumberParser:
         return _finite(float(literal.replace(",", "")))
 
     def sqrt(self) -> float:
-        self.eat_command("sqrt")  # pragma: no mutate (equivalent: only the name's length is used, "SQRT" has it too)
+        self.eat_command("sqrt")
         value = self.arg()
         if value < 0:
             raise _Malformed
@@ -281,7 +281,7 @@ class _NumberParser:
     def arg(self) -> float:
         char = self.peek()
         if char == "{":
-            return self.group("{")  # pragma: no mutate (equivalent: group() closes anything but "(" with "}")
+            return self.group("{")
         if char.isdigit() and char.isascii():
             self.pos += 1
             return float(char)

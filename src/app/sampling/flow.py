@@ -253,8 +253,10 @@ def _step(
 
     # one [5, B] float32 table: a, b, std and the log-density's -log std - log(2 pi) / 2 and -1 / (2 std^2)
     # (NaN where std = 0: a deterministic step has no density)
-    rows = [(a, b, std, -math.log(std) - _HALF_LOG_2PI, -0.5 / std**2) if std > 0 else (a, b, 0.0, math.nan, math.nan)
-            for a, b, std in coefficients]  # fmt: skip
+    rows = [
+        (a, b, std, -math.log(std) - _HALF_LOG_2PI, -0.5 / std**2) if std > 0 else (a, b, 0.0, math.nan, math.nan)
+        for a, b, std in coefficients
+    ]
     table = torch.tensor(rows, dtype=torch.float32).T.contiguous().to(x.device)  # [5, B]
     a, b, std, log_norm, neg_half_prec = table  # [B] each
     col = (-1,) + (1,) * (x.ndim - 1)  # [B] -> [B, 1, ...]
@@ -287,16 +289,13 @@ def unipc_sample(velocity, noise: Tensor, sigmas: Tensor, solver_order: int = 2)
     from diffusers import UniPCMultistepScheduler
 
     scheduler = UniPCMultistepScheduler(
-        num_train_timesteps=1000,  # pragma: no mutate (equivalent: the default; it only scales the timesteps)
+        num_train_timesteps=1000,
         solver_order=solver_order,
         prediction_type="flow_prediction",
         use_flow_sigmas=True,
-        flow_shift=1.0,  # pragma: no mutate (equivalent: the default, said because the sigmas come shifted)
+        flow_shift=1.0,
     )
-    scheduler.set_timesteps(
-        sigmas=sigmas[:-1].double().cpu().numpy(),
-        device=noise.device,  # pragma: no mutate (equivalent off CUDA: the timesteps are made on the CPU)
-    )
+    scheduler.set_timesteps(sigmas=sigmas[:-1].double().cpu().numpy(), device=noise.device)
     if float(sigmas[-1]) != 0.0:
         raise ValueError(f"unipc_sample needs a schedule ending at sigma 0, got {float(sigmas[-1])}")
     timesteps = scheduler.timesteps.tolist()
@@ -308,5 +307,5 @@ def unipc_sample(velocity, noise: Tensor, sigmas: Tensor, solver_order: int = 2)
     x = noise.float()
     for i, t in enumerate(scheduler.timesteps):
         v = velocity(x, scheduler.sigmas[i].float())  # [N, ...]
-        x = scheduler.step(v, t, x, return_dict=False)[0].float()  # pragma: no mutate (equivalent: [0] either way)
+        x = scheduler.step(v, t, x, return_dict=False)[0].float()
     return x

@@ -1,4 +1,6 @@
-"""The denoising loop of a flow-matching policy: settings, step selection, rollouts and deterministic samples.
+"""The rollout of a flow-matching policy: step selection, the denoising loop, the trajectories a rollout keeps, the
+re-scoring of stored transitions, and deterministic samples (the flow family's counterpart of
+:mod:`app.sampling.vlm_rollout`; its settings are :class:`~app.settings.FlowSamplingSettings`).
 
 Which steps are stochastic and which are trained (see docs/algorithms.md#training-steps):
 
@@ -18,77 +20,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from app.sampling.batching import micro_batches
 from app.sampling.flow import StepOutput, cps_step, is_trainable_step, ode_step, sde_step, unipc_sample
+from app.settings import FlowSamplingSettings
+from app.types import SampledTrajectories, VisualSample
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FlowSampler", "FlowSamplingSettings", "Transitions", "rows_of", "stochastic_steps", "train_steps"]
-
-
-@dataclass
-class FlowSamplingSettings:
-    """How a flow policy's trajectories are drawn. ``num_generations`` is the group size K.
-
-    Attributes:
-        num_generations: trajectories per prompt (K).
-        num_steps: denoising steps T of a rollout (and of deterministic evaluation samples).
-        sampler: ``cps`` (coefficients-preserving) or ``sde`` (Flow-GRPO) for the stochastic steps.
-        eta: the sampler's noise level, > 0 (``cps``: at most 1).
-        timestep_fraction: fraction of the stochastic steps trained per rollout (a random subset); 1.0 trains all.
-        sde_window: ``(start, end)``: only steps ``start <= i < end`` are stochastic (and trained), the others are
-            Euler steps; None: every step but the last.
-        shared_initial_noise: the K trajectories of a prompt start from the same noise (DanceGRPO), so the rewards within
-            a group differ only through the sampler's noise, which the policy gradient can credit; False (Flow-GRPO)
-            draws one starting noise per trajectory, whose effect on the reward the gradient cannot credit.
-        guidance_scale: classifier-free guidance weight; > 1 runs the empty prompt alongside (twice the compute):
-            ``v = v_uncond + g (v_cond - v_uncond)``. On a guidance-distilled FLUX it comes on top of the policy's
-            ``flux_guidance``. An image condition is kept in both branches (as the I2V and Kontext pipelines do).
-        eval_sampler: the solver of deterministic evaluation samples (:meth:`FlowSampler.generate`): ``euler`` (the
-            rollout's ODE step) or ``unipc`` (diffusers' ``UniPCMultistepScheduler`` in flow mode, order 2, on the same
-            sigmas), the two samplers VBVR-Pro evaluates with.
-    """
-
-    num_generations: int = 8
-    num_steps: int = 10
-    sampler: Literal["sde", "cps"] = "cps"
-    eta: float = 0.7
-    timestep_fraction: float = 1.0
-    sde_window: tuple[int, int] | None = None
-    shared_initial_noise: bool = False
-    guidance_scale: float = 1.0
-    eval_sampler: Literal["euler", "unipc"] = "euler"
-
-    def __post_init__(self):
-        if self.num_generations < 1 or self.num_steps < 1:
-            raise ValueError(
-                f"need num_generations >= 1 and num_steps >= 1, got {self.num_generations} and {self.num_steps}"
-            )
-        if self.sampler not in ("sde", "cps"):
-            raise ValueError(f"sampler must be 'sde' or 'cps', got {self.sampler!r}")
-        if not (self.eta > 0 and (self.sampler == "sde" or self.eta <= 1)):
-            raise ValueError(
-                f"eta must be > 0 (and <= 1 for cps): eta = 0 makes every step deterministic, got {self.eta}"
-            )
-        if not 0 < self.timestep_fraction <= 1:
-            raise ValueError(f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
-        if self.eval_sampler not in ("euler", "unipc"):
-            raise ValueError(f"eval_sampler must be 'euler' or 'unipc', got {self.eval_sampler!r}")
-        if self.guidance_scale < 1.0:
-            raise ValueError(f"guidance_scale must be >= 1 (1 disables guidance), got {self.guidance_scale}")
-        if self.sde_window is not None:
-            window = tuple(int(i) for i in self.sde_window)
-            if len(window) != 2 or not 0 <= window[0] < min(window[1], self.num_steps - 1):
-                raise ValueError(
-                    f"sde_window must be (start, end) with 0 <= start < end and start < num_steps - 1 = "
-                    f"{self.num_steps - 1} (the last step is never trained), got {self.sde_window}"
-                )
-            self.sde_window = window
+__all__ = ["FlowSampler", "Transitions", "rows_of", "stochastic_steps", "train_steps"]
 
 
 def stochastic_steps(sigmas: Tensor, sde_window: tuple[int, int] | None = None) -> list[int]:
@@ -107,8 +50,8 @@ def train_steps(candidates: list[int], fraction: float, generator: torch.Generat
     count = max(1, int(fraction * len(candidates)))
     if count >= len(candidates):
         return list(candidates)
-    device = generator.device if generator is not None else "cpu"  # pragma: no mutate (CUDA only: generator's device)
-    order = torch.randperm(len(candidates), generator=generator, device=device)[:count]  # pragma: no mutate (CUDA only)
+    device = generator.device if generator is not None else "cpu"
+    order = torch.randperm(len(candidates), generator=generator, device=device)[:count]
     return sorted(candidates[j] for j in order.tolist())
 
 
@@ -138,7 +81,8 @@ class FlowSampler:
     """Runs a flow policy's denoising loop with the configured sampler, ``micro_batch_size`` rows per forward pass.
 
     The policy needs ``sigmas(num_steps)``, ``initial_noise(batch, generator)``, ``encode_prompts(prompts)``,
-    ``velocity(latents, sigma, conditioning)``, ``decode(latents)`` and a ``reference()`` context (for the KL).
+    ``velocity(latents, sigma, conditioning)``, ``decode(latents)``, a ``reference()`` context (for the KL), its
+    ``device``, and for :meth:`draw` ``condition_images(samples)`` and ``encode_conditions(images)``.
 
     Args:
         policy: the generator (a :class:`~app.models.flow.FlowPolicy` or anything shaped like it).
@@ -152,8 +96,7 @@ class FlowSampler:
         self.policy = policy
         self.settings = settings
         self.micro_batch_size = micro_batch_size
-        distilled = getattr(policy, "guidance_distilled", False)  # pragma: no mutate (equivalent: None is falsy too)
-        if settings.guidance_scale > 1.0 and distilled:
+        if settings.guidance_scale > 1.0 and getattr(policy, "guidance_distilled", False):
             log.warning(
                 "guidance_scale=%s runs true CFG on a guidance-distilled FLUX (twice the compute per step) on top of "
                 "flux_guidance=%s",
@@ -191,18 +134,51 @@ class FlowSampler:
         return uncond + scale * (cond - uncond)
 
     # ------------------------------------------------------------------------------------------------ the loop
-    def conditioning(self, prompts: Sequence[str], repeats: int = 1, images: Tensor | None = None) -> dict[str, Tensor]:
+    def conditioning(
+        self, prompts: Sequence[str], group_size: int = 1, images: Tensor | None = None
+    ) -> dict[str, Tensor]:
         """The text conditioning of each prompt, and with ``images`` (``[B, 3, H, W]`` problem frames, one per
-        prompt) the policy's image conditions, encoded once per prompt; every row repeated ``repeats`` times
+        prompt) the policy's image conditions, encoded once per prompt; every row repeated ``group_size`` times
         (group-major rows)."""
         with torch.no_grad():
-            conditioning = self.policy.encode_prompts([p for p in prompts for _ in range(repeats)])
+            conditioning = self.policy.encode_prompts([p for p in prompts for _ in range(group_size)])
             if images is not None:
                 if len(images) != len(prompts):
                     raise ValueError(f"got {len(images)} condition images for {len(prompts)} prompts")
                 encoded = self.policy.encode_conditions(images)  # [B, ...] each
-                conditioning |= {k: v.repeat_interleave(repeats, dim=0) for k, v in encoded.items()}
+                conditioning |= {k: v.repeat_interleave(group_size, dim=0) for k, v in encoded.items()}
             return conditioning
+
+    @torch.no_grad()
+    def draw(self, samples: Sequence[VisualSample], generator: torch.Generator, reference: bool) -> SampledTrajectories:
+        """K trajectories per prompt (conditioned on the policy's problem frames where it takes them), the trained
+        transitions with their log-densities under the sampling policy, with ``reference`` under the reference too,
+        and the decoded samples the rewards score. ``generator`` draws the trained steps and every noise."""
+        settings = self.settings
+        images = self.policy.condition_images(samples)  # problem frames of an image-conditioned policy, else None
+        conditioning = self.conditioning([s.question for s in samples], settings.group_size, images=images)
+        sigmas = self.policy.sigmas(settings.num_steps).float().cpu()  # [T + 1]
+        stochastic = stochastic_steps(sigmas, settings.sde_window)
+        if not stochastic:
+            raise ValueError(
+                f"no trainable step with num_steps={settings.num_steps} and sde_window={settings.sde_window}"
+            )
+        steps = train_steps(stochastic, settings.timestep_fraction, generator)
+        noise = self.initial_noise(len(samples), generator).to(self.policy.device)  # [N, ...]
+        kept = self.denoise(conditioning, noise, sigmas, stochastic, steps, generator)
+        ref_logprobs = None
+        if reference:
+            ref_logprobs = self.reference_logprobs(conditioning, sigmas, steps, kept.latents, kept.next_latents)
+        return SampledTrajectories(
+            conditioning=conditioning,
+            sigmas=sigmas,
+            step_indices=steps,
+            latents=kept.latents,
+            next_latents=kept.next_latents,
+            old_logprobs=kept.logprobs,
+            ref_logprobs=ref_logprobs,
+            images=self.decode(kept.final),  # [N, 3, H, W] or [N, F, 3, H, W]
+        )
 
     @torch.no_grad()
     def denoise(
@@ -240,7 +216,7 @@ class FlowSampler:
 
     def initial_noise(self, num_prompts: int, generator: torch.Generator) -> Tensor:
         """``[N, ...]`` starting noise of K trajectories per prompt (shared within a group if the settings say so)."""
-        k = self.settings.num_generations
+        k = self.settings.group_size
         if self.settings.shared_initial_noise:
             return self.policy.initial_noise(num_prompts, generator=generator).repeat_interleave(k, dim=0)
         return self.policy.initial_noise(num_prompts * k, generator=generator)

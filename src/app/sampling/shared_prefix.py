@@ -41,7 +41,7 @@ def take_rows(inputs: PromptInputs, rows: Sequence[int]) -> PromptInputs:
 
 def _index(positions: Sequence[int], like: torch.Tensor) -> torch.Tensor:
     """``positions`` as an index tensor (int64 also when empty) on the device of ``like``."""
-    return torch.tensor(list(positions), dtype=torch.long, device=like.device)  # pragma: no mutate (CUDA only)
+    return torch.tensor(list(positions), dtype=torch.long, device=like.device)
 
 
 def repeat_rows(inputs: PromptInputs, repeats: int) -> PromptInputs:
@@ -71,7 +71,7 @@ def group_heads(inputs: PromptInputs, group_size: int) -> PromptInputs | None:
                 t["pixel_values"][patch_slices[row]], t["pixel_values"][patch_slices[head]]
             ):
                 return None
-    return take_rows(inputs, range(0, n, k))  # pragma: no mutate (equivalent: a group's rows are identical)
+    return take_rows(inputs, range(0, n, k))
 
 
 def _image_slices(inputs: PromptInputs) -> tuple[list[slice], list[slice]]:
@@ -147,9 +147,14 @@ def shared_prompt_features(inner: nn.Module, inputs: PromptInputs, completion_ma
         features.deepstack_features = [tuple(layer[i] for i in images) for layer in features.deepstack_features]
     out = {"mm_encoder_outputs": {"image": features}}
     positions = inner.compute_3d_position_ids(
-        input_ids=t["input_ids"], inputs_embeds=None, image_grid_thw=t["image_grid_thw"], video_grid_thw=None,
-        attention_mask=t["attention_mask"], cache=None, mm_token_type_ids=t.get("mm_token_type_ids"),
-    )  # fmt: skip
+        input_ids=t["input_ids"],
+        inputs_embeds=None,
+        image_grid_thw=t["image_grid_thw"],
+        video_grid_thw=None,
+        attention_mask=t["attention_mask"],
+        cache=None,
+        mm_token_type_ids=t.get("mm_token_type_ids"),
+    )
     if positions is not None:  # [3, heads, P]
         positions = positions[:, _index(prompt_of_row, positions)]  # [3, N, P]
         steps = torch.arange(1, completion_mask.shape[1] + 1, device=positions.device)  # [L]

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from app.data import VisualTaskDataModule
+from app.tasks.vbvr import get_task
 from app.tasks.vbvr.prompts import VBVRPromptDataset
-from app.vbvr import get_task
 
 
 def test_prompts_cycle_over_tasks_and_carry_the_scorer_spec():

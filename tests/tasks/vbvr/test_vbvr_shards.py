@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from app.tasks.__main__ import main as data_main
+from app.tasks.vbvr import get_task
 from app.tasks.vbvr.shards import read_shards, write_shards
-from app.vbvr import get_task
 
 
 def test_shards_round_trip_and_the_stored_rendering_scores_one(tmp_path):

@@ -31,7 +31,12 @@ def run(args: argparse.Namespace) -> None:
         args.num, args.seed, args.image_size, num_distractors=args.num_distractors, dot_radius=args.dot_radius
     )
     paths = write_samples(
-        (dataset[i] for i in range(len(dataset))), args.out, args.prefix, max_per_shard=args.max_per_shard,
-        strip_labels=args.strip_labels, progress=True, total=len(dataset),
-    )  # fmt: skip
+        (dataset[i] for i in range(len(dataset))),
+        args.out,
+        args.prefix,
+        max_per_shard=args.max_per_shard,
+        strip_labels=args.strip_labels,
+        progress=True,
+        total=len(dataset),
+    )
     print(f"wrote {len(dataset)} samples in {len(paths)} shard(s) to {args.out}")

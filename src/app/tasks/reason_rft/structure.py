@@ -44,8 +44,14 @@ from app.types import VisualSample
 
 TASK = "rrft_structure"
 SPLITS = ("train", "test_in_domain", "test_domain_shift", "cot_sft")
-IN_DOMAIN_FAMILIES = ("triangle_angle_sum", "isosceles_triangle", "right_triangle", "parallel_lines",
-                      "inscribed_angle", "rectangle")  # fmt: skip
+IN_DOMAIN_FAMILIES = (
+    "triangle_angle_sum",
+    "isosceles_triangle",
+    "right_triangle",
+    "parallel_lines",
+    "inscribed_angle",
+    "rectangle",
+)
 DOMAIN_SHIFT_FAMILIES = ("similar_triangles", "tangent_radius", "parallelogram")
 """Families that only the domain-shift split uses."""
 CHOICE_PROBABILITY = 0.5
@@ -147,9 +153,17 @@ def build_problem(seed: int, split: str, index: int) -> StructureProblem:
         question += f" Answer with a number {UNIT_WORDS[program.unit]}."
     style = "monochrome" if shifted else "textbook"
     return StructureProblem(
-        program, family, split, style, answer_type, question, answer, options, givens_in_text,
-        reasoning if split == "cot_sft" else None,
-    )  # fmt: skip
+        program=program,
+        family=family,
+        split=split,
+        style=style,
+        answer_type=answer_type,
+        question=question,
+        answer=answer,
+        options=options,
+        givens_in_text=givens_in_text,
+        reasoning=reasoning if split == "cot_sft" else None,
+    )
 
 
 def render_problem(problem: StructureProblem, image_size: int = 256, labeled: bool = True) -> VisualSample:

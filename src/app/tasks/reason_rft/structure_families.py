@@ -88,11 +88,18 @@ def triangle_angle_sum(rng: random.Random, mark_unknown: bool) -> Program:
     angles += [_angle("C", "A", "B", "x°")] if mark_unknown else []
     sides = [Segment("A", "B"), Segment("B", "C"), Segment("C", "A")]
     return Program(
-        Figure(points, sides, angles=angles), {"angle_BAC": a, "angle_ABC": b}, "angle_ACB", Fraction(c), "degrees",
-        "∠ACB", "ABC is a triangle", f"∠BAC = {a}° and ∠ABC = {b}°", mark_unknown,
-        f"The angles of a triangle sum to 180°, so ∠ACB = 180° - {a}° - {b}° = {c}°.",
-        [180 - a, 180 - b, a + b, abs(a - b), (a + b) / 2, 90 - c / 2],
-    )  # fmt: skip
+        figure=Figure(points, sides, angles=angles),
+        givens={"angle_BAC": a, "angle_ABC": b},
+        asked="angle_ACB",
+        answer=Fraction(c),
+        unit="degrees",
+        asked_text="∠ACB",
+        setting="ABC is a triangle",
+        given_text=f"∠BAC = {a}° and ∠ABC = {b}°",
+        asked_on_figure=mark_unknown,
+        reasoning=f"The angles of a triangle sum to 180°, so ∠ACB = 180° - {a}° - {b}° = {c}°.",
+        distractors=[180 - a, 180 - b, a + b, abs(a - b), (a + b) / 2, 90 - c / 2],
+    )
 
 
 def isosceles_triangle(rng: random.Random, mark_unknown: bool) -> Program:
@@ -117,9 +124,19 @@ def isosceles_triangle(rng: random.Random, mark_unknown: bool) -> Program:
     sides = [Segment("A", "B", ticks=1), Segment("A", "C", ticks=1), Segment("B", "C")]
     text = "∠ABC" if asked == "angle_ABC" else "∠BAC"
     return Program(
-        Figure(points, sides, angles=angles), given, asked, answer, "degrees", text, "in triangle ABC, AB = AC",
-        given_text, mark_unknown, reasoning, [float(d) for d in distractors], ["AB = AC"],
-    )  # fmt: skip
+        figure=Figure(points, sides, angles=angles),
+        givens=given,
+        asked=asked,
+        answer=answer,
+        unit="degrees",
+        asked_text=text,
+        setting="in triangle ABC, AB = AC",
+        given_text=given_text,
+        asked_on_figure=mark_unknown,
+        reasoning=reasoning,
+        distractors=[float(d) for d in distractors],
+        relations=["AB = AC"],
+    )
 
 
 TRIPLES = ((3, 4, 5), (5, 12, 13), (8, 15, 17), (7, 24, 25), (20, 21, 29))
@@ -145,11 +162,19 @@ def right_triangle(rng: random.Random, mark_unknown: bool) -> Program:
     lengths += [LengthMark(*asked, "x")] if mark_unknown else []
     sides = [Segment("A", "B"), Segment("B", "C"), Segment("C", "A")]
     return Program(
-        Figure(points, sides, angles=angles, lengths=lengths), {k: float(v) for k, v in given.items()}, asked, answer,
-        "cm", f"the length of {asked}", "in triangle ABC, ∠ACB = 90°",
-        " and ".join(f"{k} = {num(v)} cm" for k, v in given.items()), mark_unknown,
-        f"∠ACB = 90°, so by the Pythagorean theorem {reasoning}", [float(d) for d in distractors], ["∠ACB = 90°"],
-    )  # fmt: skip
+        figure=Figure(points, sides, angles=angles, lengths=lengths),
+        givens={k: float(v) for k, v in given.items()},
+        asked=asked,
+        answer=answer,
+        unit="cm",
+        asked_text=f"the length of {asked}",
+        setting="in triangle ABC, ∠ACB = 90°",
+        given_text=" and ".join(f"{k} = {num(v)} cm" for k, v in given.items()),
+        asked_on_figure=mark_unknown,
+        reasoning=f"∠ACB = 90°, so by the Pythagorean theorem {reasoning}",
+        distractors=[float(d) for d in distractors],
+        relations=["∠ACB = 90°"],
+    )
 
 
 # Angles at the two crossings of the transversal E-G-H-F with AB ∥ CD, by quadrant (toward E/G "up", toward A/C
@@ -158,8 +183,12 @@ _QUADRANTS = {
     "G": {("up", "right"): "EGB", ("up", "left"): "EGA", ("down", "left"): "AGH", ("down", "right"): "BGH"},
     "H": {("up", "right"): "GHD", ("up", "left"): "GHC", ("down", "left"): "CHF", ("down", "right"): "DHF"},
 }
-_RELATIONS = {"corresponding": "equal", "alternate interior": "equal", "alternate exterior": "equal",
-              "co-interior": "supplementary"}  # fmt: skip
+_RELATIONS = {
+    "corresponding": "equal",
+    "alternate interior": "equal",
+    "alternate exterior": "equal",
+    "co-interior": "supplementary",
+}
 
 
 def parallel_lines(rng: random.Random, mark_unknown: bool) -> Program:
@@ -183,8 +212,16 @@ def parallel_lines(rng: random.Random, mark_unknown: bool) -> Program:
     gx = d * ux / uy / 2 + rng.uniform(-1, 1)
     hx = gx - d * ux / uy
     half = max(6.0, abs(gx) + 3, abs(hx) + 3)
-    points = {"A": (-half, 0), "B": (half, 0), "C": (-half, -d), "D": (half, -d), "G": (gx, 0), "H": (hx, -d),
-              "E": (gx + 2.6 * ux, 2.6 * uy), "F": (hx - 2.6 * ux, -d - 2.6 * uy)}  # fmt: skip
+    points = {
+        "A": (-half, 0),
+        "B": (half, 0),
+        "C": (-half, -d),
+        "D": (half, -d),
+        "G": (gx, 0),
+        "H": (hx, -d),
+        "E": (gx + 2.6 * ux, 2.6 * uy),
+        "F": (hx - 2.6 * ux, -d - 2.6 * uy),
+    }
     points = _orient(points, rng, 20)
     g, a = name[given_at], name[asked_at]
     angles = [_angle(g[1], g[0], g[2], _deg(given))] + ([_angle(a[1], a[0], a[2], "x°")] if mark_unknown else [])
@@ -198,10 +235,19 @@ def parallel_lines(rng: random.Random, mark_unknown: bool) -> Program:
         )
         distractors = [given, 90 - answer if answer < 90 else answer - 90, 2 * answer, answer / 2]
     return Program(
-        Figure(points, lines, angles=angles), {f"angle_{g}": given}, f"angle_{a}", Fraction(answer), "degrees", f"∠{a}",
-        "AB ∥ CD, and line EF crosses them at G and H", f"∠{g} = {given}°", mark_unknown, reasoning, distractors,
-        ["AB ∥ CD"],
-    )  # fmt: skip
+        figure=Figure(points, lines, angles=angles),
+        givens={f"angle_{g}": given},
+        asked=f"angle_{a}",
+        answer=Fraction(answer),
+        unit="degrees",
+        asked_text=f"∠{a}",
+        setting="AB ∥ CD, and line EF crosses them at G and H",
+        given_text=f"∠{g} = {given}°",
+        asked_on_figure=mark_unknown,
+        reasoning=reasoning,
+        distractors=distractors,
+        relations=["AB ∥ CD"],
+    )
 
 
 def inscribed_angle(rng: random.Random, mark_unknown: bool) -> Program:
@@ -225,11 +271,19 @@ def inscribed_angle(rng: random.Random, mark_unknown: bool) -> Program:
     segments = [Segment("O", "A"), Segment("O", "B"), Segment("C", "A"), Segment("C", "B")]
     figure = Figure(points, segments, [Circle("O", 5)], angles, dots=["O"])
     return Program(
-        figure, given, asked, answer, "degrees", f"∠{asked[6:]}", "points A, B and C lie on circle O",
-        " and ".join(f"∠{k[6:]} = {v}°" for k, v in given.items()), mark_unknown,
-        f"The inscribed angle ∠ACB and the central angle ∠AOB stand on the same arc AB, so {reasoning}",
-        [float(d) for d in distractors], ["A, B, C on circle O"],
-    )  # fmt: skip
+        figure=figure,
+        givens=given,
+        asked=asked,
+        answer=answer,
+        unit="degrees",
+        asked_text=f"∠{asked[6:]}",
+        setting="points A, B and C lie on circle O",
+        given_text=" and ".join(f"∠{k[6:]} = {v}°" for k, v in given.items()),
+        asked_on_figure=mark_unknown,
+        reasoning=f"The inscribed angle ∠ACB and the central angle ∠AOB stand on the same arc AB, so {reasoning}",
+        distractors=[float(d) for d in distractors],
+        relations=["A, B, C on circle O"],
+    )
 
 
 def _sides(rng: random.Random) -> tuple[Fraction, Fraction]:
@@ -262,10 +316,19 @@ def rectangle(rng: random.Random, mark_unknown: bool) -> Program:
         reasoning = f"The area of a rectangle is length × width = {num(w)} × {num(h)} = {num(answer)}."
         distractors = [2 * (w + h), w * h / 2, w + h, w * (h + 1), (w + 1) * h]
     return Program(
-        figure, {"AB": float(w), "BC": float(h)}, asked, answer, unit, f"the {asked[:-5]} of rectangle ABCD",
-        "ABCD is a rectangle", f"AB = {num(w)} cm and BC = {num(h)} cm", False, reasoning,
-        [float(d) for d in distractors], ["ABCD is a rectangle"],
-    )  # fmt: skip
+        figure=figure,
+        givens={"AB": float(w), "BC": float(h)},
+        asked=asked,
+        answer=answer,
+        unit=unit,
+        asked_text=f"the {asked[:-5]} of rectangle ABCD",
+        setting="ABCD is a rectangle",
+        given_text=f"AB = {num(w)} cm and BC = {num(h)} cm",
+        asked_on_figure=False,
+        reasoning=reasoning,
+        distractors=[float(d) for d in distractors],
+        relations=["ABCD is a rectangle"],
+    )
 
 
 def similar_triangles(rng: random.Random, mark_unknown: bool) -> Program:
@@ -298,13 +361,20 @@ def similar_triangles(rng: random.Random, mark_unknown: bool) -> Program:
         formula = f"DE = BC × AD / AB = {num(bc)} × {num(ad)} / {num(ad + db)} = {num(de)}."
         distractors = [bc - db, bc * db / (ad + db), bc * ad / db, bc / 2, bc - ad]
     return Program(
-        Figure(points, sides, lengths=lengths), {k: float(v) for k, v in given.items()}, asked, answer, "cm",
-        f"the length of {asked}", "in triangle ABC, D is on AB, E is on AC and DE ∥ BC",
-        " and ".join(f"{k} = {num(v)} cm" for k, v in given.items()), mark_unknown,
-        f"DE ∥ BC, so △ADE ∼ △ABC and DE / BC = AD / AB, with AB = AD + DB = {num(ad)} + {num(db)} = "
+        figure=Figure(points, sides, lengths=lengths),
+        givens={k: float(v) for k, v in given.items()},
+        asked=asked,
+        answer=answer,
+        unit="cm",
+        asked_text=f"the length of {asked}",
+        setting="in triangle ABC, D is on AB, E is on AC and DE ∥ BC",
+        given_text=" and ".join(f"{k} = {num(v)} cm" for k, v in given.items()),
+        asked_on_figure=mark_unknown,
+        reasoning=f"DE ∥ BC, so △ADE ∼ △ABC and DE / BC = AD / AB, with AB = AD + DB = {num(ad)} + {num(db)} = "
         f"{num(ad + db)}. So {formula}",
-        [float(d) for d in distractors], ["DE ∥ BC"],
-    )  # fmt: skip
+        distractors=[float(d) for d in distractors],
+        relations=["DE ∥ BC"],
+    )
 
 
 def tangent_radius(rng: random.Random, mark_unknown: bool) -> Program:
@@ -341,11 +411,20 @@ def tangent_radius(rng: random.Random, mark_unknown: bool) -> Program:
     text = "the length of OP" if asked == "OP" else "∠POT"
     given_text = f"OT = {num(r)} cm and PT = {num(t)} cm" if asked == "OP" else f"∠OPT = {a}°"
     return Program(
-        figure, given, asked, answer, unit, text, "PT is tangent to circle O at T", given_text, mark_unknown,
-        f"A tangent is perpendicular to the radius at the point of tangency, so ∠OTP = 90° and {reasoning}",
-        [float(d) for d in distractors], ["PT tangent to circle O at T"],
-        "Assume that segments that appear to be tangent are tangent.",
-    )  # fmt: skip
+        figure=figure,
+        givens=given,
+        asked=asked,
+        answer=answer,
+        unit=unit,
+        asked_text=text,
+        setting="PT is tangent to circle O at T",
+        given_text=given_text,
+        asked_on_figure=mark_unknown,
+        reasoning=f"A tangent is perpendicular to the radius at the point of tangency, so ∠OTP = 90° and {reasoning}",
+        distractors=[float(d) for d in distractors],
+        relations=["PT tangent to circle O at T"],
+        note="Assume that segments that appear to be tangent are tangent.",
+    )
 
 
 HEIGHTS = ((5, 4), (5, 3), (10, 8), (10, 6), (13, 12), (15, 12), (15, 9), (17, 15))
@@ -360,8 +439,13 @@ def parallelogram(rng: random.Random, mark_unknown: bool) -> Program:
     b = offset + scale * rng.randint(2, 12)
     while b > 3.5 * h:  # not too flat to read
         b = offset + scale * rng.randint(2, 12)
-    points = {"A": (0, 0), "B": (float(b), 0), "C": (float(b + offset), float(h)), "D": (float(offset), float(h)),
-              "E": (float(offset), 0)}  # fmt: skip
+    points = {
+        "A": (0, 0),
+        "B": (float(b), 0),
+        "C": (float(b + offset), float(h)),
+        "D": (float(offset), float(h)),
+        "E": (float(offset), 0),
+    }
     points = _orient(points, rng, 0)
     sides = [Segment("A", "B"), Segment("B", "C"), Segment("C", "D"), Segment("D", "A"), Segment("D", "E", dashed=True)]
     lengths = [LengthMark("A", "B", num(b), "D"), LengthMark("A", "D", num(s), "B"), LengthMark("D", "E", num(h), "A")]
@@ -375,16 +459,33 @@ def parallelogram(rng: random.Random, mark_unknown: bool) -> Program:
         reasoning = f"Opposite sides of a parallelogram are equal, so its perimeter is 2 × ({num(b)} + {num(s)}) = {num(answer)}."
         distractors = [b + s, 2 * (b + h), b * h, 2 * b + s]
     return Program(
-        figure, {"AB": float(b), "AD": float(s), "DE": float(h)}, asked, answer, unit,
-        f"the {asked[:-5]} of parallelogram ABCD", "ABCD is a parallelogram and DE ⊥ AB",
-        f"AB = {num(b)} cm, AD = {num(s)} cm and DE = {num(h)} cm", False, reasoning,
-        [float(d) for d in distractors], ["ABCD is a parallelogram", "DE ⊥ AB"],
-    )  # fmt: skip
+        figure=figure,
+        givens={"AB": float(b), "AD": float(s), "DE": float(h)},
+        asked=asked,
+        answer=answer,
+        unit=unit,
+        asked_text=f"the {asked[:-5]} of parallelogram ABCD",
+        setting="ABCD is a parallelogram and DE ⊥ AB",
+        given_text=f"AB = {num(b)} cm, AD = {num(s)} cm and DE = {num(h)} cm",
+        asked_on_figure=False,
+        reasoning=reasoning,
+        distractors=[float(d) for d in distractors],
+        relations=["ABCD is a parallelogram", "DE ⊥ AB"],
+    )
 
 
 FAMILIES: dict[str, Callable[[random.Random, bool], Program]] = {
     f.__name__: f
-    for f in (triangle_angle_sum, isosceles_triangle, right_triangle, parallel_lines, inscribed_angle, rectangle,
-              similar_triangles, tangent_radius, parallelogram)
-}  # fmt: skip
+    for f in (
+        triangle_angle_sum,
+        isosceles_triangle,
+        right_triangle,
+        parallel_lines,
+        inscribed_angle,
+        rectangle,
+        similar_triangles,
+        tangent_radius,
+        parallelogram,
+    )
+}
 """Family name -> program."""

@@ -1,9 +1,9 @@
 """Generation prompts from the VBVR-Pro task suite, for flow-GRPO with the task scorers as rewards.
 
-Item i is a :class:`~app.types.VisualSample` whose ``question`` is the generator's prompt and whose
-``meta["vbvr"]`` holds what :class:`~app.rewards.vbvr.VBVRScorerReward` checks (task, parameters, configuration); the
-problem image (first frame) is ``images[0]`` for image-to-image or image-to-video conditioning. Tasks rotate over
-the suite; instance seeds derive from ``(seed, i)``.
+Item i is a :class:`~app.types.VisualSample` whose ``question`` is the generator's prompt and whose ``meta["vbvr"]``
+holds what :class:`~app.tasks.vbvr.reward.VBVRScorerReward` checks (task, parameters, configuration); the problem image
+(first frame) is ``images[0]`` for image-to-image or image-to-video conditioning. Tasks rotate over the suite; instance
+seeds derive from ``(seed, i)``.
 
 >>> sample = VBVRPromptDataset(num_samples=2, seed=0, image_size=64, tasks=["object_counting"])[0]
 >>> sample.task, sorted(sample.meta["vbvr"]), sample.meta["split"]
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from PIL import Image
 
 from app.tasks.base import SeededDataset
+from app.tasks.vbvr.registry import TASKS, get_task
 from app.tasks.vbvr.shards import task_params
 from app.types import VisualSample
-from app.vbvr.registry import TASKS, get_task
 
 
 class VBVRPromptDataset(SeededDataset):

@@ -1,4 +1,4 @@
-"""Writing the VBVR-Pro task suite (:mod:`app.vbvr`) to WebDataset shards, and reading it back.
+"""Writing the VBVR-Pro task suite (:mod:`app.tasks.vbvr`) to WebDataset shards, and reading it back.
 
 One sample per task instance: ``prompt.txt`` (what the generator model receives), ``json`` (task, seed, split, config,
 solution, key-frame indices, metadata), ``first.png`` (the problem), ``last.png`` (Last-Frame regime),
@@ -18,8 +18,8 @@ import webdataset as wds
 from PIL import Image
 
 from app.data.shards import read_records
-from app.vbvr.core import TaskInstance
-from app.vbvr.registry import TASKS, get_task
+from app.tasks.vbvr.core import TaskInstance
+from app.tasks.vbvr.registry import TASKS, get_task
 
 SPLITS = ("in_domain", "out_of_domain")
 

@@ -1,0 +1,336 @@
+"""Every settings block a config sets, in one place: how outputs are sampled, how GRPO updates, how the optimizer steps,
+how rollouts and rewards overlap, LoRA, and pass@k evaluation.
+
+Each block is a frozen-by-convention dataclass that checks its values when built, so a bad config fails before any
+model loads, with a message naming the field. In a YAML config a block is a plain mapping under the module's (or the
+policy's) ``init_args``: ``sampling: {group_size: 8}``, ``grpo: {beta: 0.04}``, ``optimizer: {learning_rate: 1e-5}``.
+The group size K (outputs drawn per prompt) is ``group_size`` wherever it appears.
+
+A field left ``None`` where the families differ takes the family's default, filled in by the module or policy that
+knows its family (:func:`with_defaults`): the clip range of GRPO (0.2 for a VLM's token log-probs, 1e-4 for a flow
+model's per-step mean log-densities), the learning rate, and LoRA's dropout and target modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+LANGUAGE_MODEL_PROJECTIONS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+"""LoRA's default targets on a vision-language model: the language model's attention and MLP projections."""
+FLOW_ATTENTION_PROJECTIONS = r".*attn\d?\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)"
+"""LoRA's default targets on a flow transformer: every attention's projections, SD3/Flux's context stream included."""
+
+Settings = TypeVar("Settings")
+
+
+def with_defaults(settings: Settings, **defaults: Any) -> Settings:
+    """``settings`` with each field named in ``defaults`` that is None set to its default (the others kept)."""
+    missing = {name: value for name, value in defaults.items() if getattr(settings, name) is None}
+    return dataclasses.replace(settings, **missing) if missing else settings
+
+
+def as_settings(cls: type[Settings], value: Settings | dict | None) -> Settings | None:
+    """``value`` as a ``cls``: a mapping (a block as saved in a checkpoint's hyper-parameters) is built into one."""
+    return cls(**value) if isinstance(value, dict) else value
+
+
+def plain(settings: Any) -> dict[str, Any] | None:
+    """A settings block as plain data (what hyper-parameters and ``torch.load(weights_only=True)`` hold)."""
+    return dataclasses.asdict(settings) if settings is not None else None
+
+
+# --------------------------------------------------------------------------------------------------- sampling
+@dataclass
+class SamplingSettings:
+    """How a vision-language policy's completions are drawn.
+
+    Attributes:
+        group_size: completions per prompt (K), the group GRPO normalises rewards in.
+        temperature: softmax temperature of sampling (> 0); the stored log-probs are those of this distribution.
+        top_p: nucleus sampling: draw from the smallest set of tokens whose probability reaches ``top_p`` (1: all).
+        max_new_tokens: the completion budget; a completion that reaches it without an end token is truncated.
+    """
+
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+
+    def __post_init__(self):
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use greedy decoding for validation), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class FlowSamplingSettings:
+    """How a flow policy's denoising trajectories are drawn (see :mod:`app.sampling.flow_rollout` for which steps are
+    stochastic and which are trained).
+
+    Attributes:
+        group_size: trajectories per prompt (K).
+        num_steps: denoising steps T of a rollout (and of deterministic evaluation samples).
+        sampler: ``cps`` (coefficients-preserving) or ``sde`` (Flow-GRPO) for the stochastic steps.
+        eta: the sampler's noise level, > 0 (``cps``: at most 1).
+        timestep_fraction: fraction of the stochastic steps trained per rollout (a random subset); 1.0 trains all.
+        sde_window: ``(start, end)``: only steps ``start <= i < end`` are stochastic (and trained), the others are
+            Euler steps; None: every step but the last.
+        shared_initial_noise: the K trajectories of a prompt start from the same noise (DanceGRPO), so the rewards within
+            a group differ only through the sampler's noise, which the policy gradient can credit; False (Flow-GRPO)
+            draws one starting noise per trajectory, whose effect on the reward the gradient cannot credit.
+        guidance_scale: classifier-free guidance weight; > 1 runs the empty prompt alongside (twice the compute):
+            ``v = v_uncond + g (v_cond - v_uncond)``. On a guidance-distilled FLUX it comes on top of the policy's
+            ``flux_guidance``. An image condition is kept in both branches (as the I2V and Kontext pipelines do).
+        eval_sampler: the solver of deterministic evaluation samples (:meth:`~app.sampling.FlowSampler.generate`):
+            ``euler`` (the rollout's ODE step) or ``unipc`` (diffusers' ``UniPCMultistepScheduler`` in flow mode,
+            order 2, on the same sigmas), the two samplers VBVR-Pro evaluates with.
+    """
+
+    group_size: int = 8
+    num_steps: int = 10
+    sampler: Literal["sde", "cps"] = "cps"
+    eta: float = 0.7
+    timestep_fraction: float = 1.0
+    sde_window: tuple[int, int] | None = None
+    shared_initial_noise: bool = False
+    guidance_scale: float = 1.0
+    eval_sampler: Literal["euler", "unipc"] = "euler"
+
+    def __post_init__(self):
+        if self.group_size < 1 or self.num_steps < 1:
+            raise ValueError(f"need group_size >= 1 and num_steps >= 1, got {self.group_size} and {self.num_steps}")
+        if self.sampler not in ("sde", "cps"):
+            raise ValueError(f"sampler must be 'sde' or 'cps', got {self.sampler!r}")
+        if not (self.eta > 0 and (self.sampler == "sde" or self.eta <= 1)):
+            raise ValueError(
+                f"eta must be > 0 (and <= 1 for cps): eta = 0 makes every step deterministic, got {self.eta}"
+            )
+        if not 0 < self.timestep_fraction <= 1:
+            raise ValueError(f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        if self.eval_sampler not in ("euler", "unipc"):
+            raise ValueError(f"eval_sampler must be 'euler' or 'unipc', got {self.eval_sampler!r}")
+        if self.guidance_scale < 1.0:
+            raise ValueError(f"guidance_scale must be >= 1 (1 disables guidance), got {self.guidance_scale}")
+        if self.sde_window is not None:
+            window = tuple(int(i) for i in self.sde_window)
+            if len(window) != 2 or not 0 <= window[0] < min(window[1], self.num_steps - 1):
+                raise ValueError(
+                    f"sde_window must be (start, end) with 0 <= start < end and start < num_steps - 1 = "
+                    f"{self.num_steps - 1} (the last step is never trained), got {self.sde_window}"
+                )
+            self.sde_window = window
+
+
+# -------------------------------------------------------------------------------------------------- the update
+@dataclass
+class GRPOSettings:
+    """How GRPO turns a scored rollout into updates (docs/algorithms.md#grpo); shared by both families.
+
+    Attributes:
+        eps_low: lower clip range of the ratio (1 - eps_low). None: the family's default, 0.2 for a VLM's token
+            log-probs, 1e-4 for a flow model's per-step mean log-densities (Flow-GRPO's range for that log-prob;
+            see :mod:`app.modules.flow_grpo`).
+        eps_high: upper clip range of the ratio (1 + eps_high); > eps_low is DAPO's clip-higher. None: the family's
+            default, as for ``eps_low``.
+        beta: weight of the k3 KL to the reference policy; 0 skips the reference passes (and, with full fine-tuning,
+            the reference copy).
+        num_iterations: optimizer updates per rollout (mu in the GRPO paper). With 1 (and no delayed pipeline) the
+            ratio is exactly 1 and the clip range has no effect.
+        advantage_scale: ``group`` (std of the group), ``batch`` (std of the batch) or ``none`` (Dr. GRPO).
+        drop_zero_std_groups: leave groups whose rewards are all equal out of the loss (they carry no signal).
+        micro_batch_size: rows per forward/backward; gradients accumulate over the micro-batches of a rollout and
+            reproduce the full-batch gradient. None: all N = B * K rows at once.
+        gradient_clip_val: clip the global gradient norm to this value before each step (0 disables).
+    """
+
+    eps_low: float | None = None
+    eps_high: float | None = None
+    beta: float = 0.0
+    num_iterations: int = 1
+    advantage_scale: Literal["group", "batch", "none"] = "group"
+    drop_zero_std_groups: bool = False
+    micro_batch_size: int | None = None
+    gradient_clip_val: float = 1.0
+
+    def __post_init__(self):
+        for name in ("eps_low", "eps_high"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"grpo.{name} must be >= 0 or null, got {value}")
+        if self.beta < 0:
+            raise ValueError(f"grpo.beta must be >= 0, got {self.beta}")
+        if self.num_iterations < 1:
+            raise ValueError(f"num_iterations must be >= 1, got {self.num_iterations}")
+        if self.advantage_scale not in ("group", "batch", "none"):
+            raise ValueError(f"grpo.advantage_scale must be 'group', 'batch' or 'none', got {self.advantage_scale!r}")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
+        if self.gradient_clip_val < 0:
+            raise ValueError(f"grpo.gradient_clip_val must be >= 0 (0 disables clipping), got {self.gradient_clip_val}")
+
+    def clip_range(self, default: float) -> GRPOSettings:
+        """These settings with each unset end of the clip range set to the family's ``default``."""
+        return with_defaults(self, eps_low=default, eps_high=default)
+
+
+@dataclass
+class OptimizerSettings:
+    """AdamW with a linear warm-up, and what happens to a step that is not finite; shared by every module.
+
+    Attributes:
+        learning_rate: AdamW learning rate. None: the module's default (1e-6 for VLM GRPO and SFT, 5e-6 for flow
+            GRPO, 1e-3 for flow-matching pretraining).
+        weight_decay: AdamW weight decay.
+        warmup_steps: linear learning-rate warm-up, in optimizer steps.
+        max_nonfinite_steps: an update whose loss or gradients are not finite, or whose optimizer step left a
+            non-finite parameter or optimizer state (see ``restore_nonfinite_steps``), is skipped (the weights and the
+            optimizer state stay as they were; counted as ``train/skipped_updates``), so NaN never reaches the weights
+            or a checkpoint; after this many consecutive skips (or, in GRPO, this many consecutive rollouts whose
+            rewards were all non-finite) the run stops with ``NonFiniteTrainingError``. Every rank takes the same
+            decision. With Lightning's automatic optimisation (SFT, flow matching) the learning-rate schedule still
+            advances on a skipped step.
+        restore_nonfinite_steps: copy the trainable parameters and their optimizer state before each optimizer step
+            (:mod:`app.modules.finite_step`: the copy is the size of what the optimizer updates, small under LoRA), so
+            a step that leaves a NaN or inf in either on any rank (one that arose inside the step, after the gradient
+            check) is undone on every rank, bit for bit, and counted as a skipped update. False keeps no copy: such a
+            step stops the run at once with ``NonFiniteTrainingError``, before anything trains on the non-finite
+            values or saves them. Either way a checkpoint that would hold a non-finite weight or optimizer state is
+            refused (``NonFiniteCheckpointError``).
+    """
+
+    learning_rate: float | None = None
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_nonfinite_steps: int = 3
+    restore_nonfinite_steps: bool = True
+
+    def __post_init__(self):
+        if self.learning_rate is not None and not self.learning_rate > 0:
+            raise ValueError(f"optimizer.learning_rate must be > 0 or null, got {self.learning_rate}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
+
+
+# -------------------------------------------------------------------------------------------------- the pipeline
+@dataclass(frozen=True)
+class PipelineSettings:
+    """How rollouts, rewards and updates overlap, and whether flat groups are refilled (:mod:`app.modules.rollout_queue`).
+
+    Attributes:
+        delay: 0: rollout -> rewards -> update in one step (rewards scored inline). 1: the step generates rollout k+1
+            and submits its rewards, then updates with rollout k (policy lag <= 1 rollout; VBVR-Pro's "single-step
+            lag"); the first step only primes the pipeline, and the rollout still pending when fit ends is dropped.
+        workers: where rewards run when ``delay`` is 1: ``thread`` (cheap text rewards), ``process`` (CPU scorers; the
+            reward and its inputs are pickled to the workers), ``inline`` (in the training thread, no overlap). A reward
+            with its own workers (``VBVRScorerReward(num_workers > 0)``) uses them whatever this says. An executor set
+            on the module (``module.reward_executor = ...``) replaces this one.
+        num_workers: threads or processes of the reward executor.
+        reward_timeout_s: how long a step waits for a rollout's rewards before failing with a ``RewardError`` naming
+            the reward (None: no limit; a dead worker process fails at once either way).
+        dynamic_sampling: DAPO's dynamic sampling: groups whose rewards are all equal are dropped, and more prompts
+            are rolled out and scored until the step holds B informative groups or ``max_extra_rollouts`` more
+            rollouts were made; surplus groups are left out of the loss. The extra rollouts are scored inline (they
+            are on the critical path). The extra prompts come from the training data without moving the main loader:
+            drawn by index from a map-style data set by a seeded sampler (``seed`` + rank;
+            :class:`~app.modules.prompt_drawers.IndexDrawer`), or, for streamed shards (``ShardDataModule``), from a
+            second, seeded pass over this rank's training stream that cycles through epochs
+            (:class:`~app.modules.prompt_drawers.StreamDrawer`). Either resumes from a checkpoint where it stood. Any
+            other data set (an ``IterableDataset`` of your own) is refused with a ``TypeError``.
+        max_extra_rollouts: cap on extra rollouts per step (logged as ``train/dynamic/extra_rollouts``).
+        seed: seeds the prompt sampler of dynamic sampling (with the rank for map-style data; for shards, the refill
+            stream's seed is derived from it alone: see :class:`~app.modules.prompt_drawers.StreamDrawer`).
+    """
+
+    delay: int = 0
+    workers: Literal["thread", "process", "inline"] = "thread"
+    num_workers: int = 1
+    reward_timeout_s: float | None = None
+    dynamic_sampling: bool = False
+    max_extra_rollouts: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.delay not in (0, 1):
+            raise ValueError(f"pipeline.delay must be 0 or 1, got {self.delay}")
+        if self.workers not in ("thread", "process", "inline"):
+            raise ValueError(f"pipeline.workers must be 'thread', 'process' or 'inline', got {self.workers!r}")
+        if self.num_workers < 1:
+            raise ValueError(f"pipeline.num_workers must be >= 1, got {self.num_workers}")
+        if self.reward_timeout_s is not None and not self.reward_timeout_s > 0:
+            raise ValueError(f"pipeline.reward_timeout_s must be > 0 or null, got {self.reward_timeout_s}")
+        if self.max_extra_rollouts < 0:
+            raise ValueError(f"pipeline.max_extra_rollouts must be >= 0, got {self.max_extra_rollouts}")
+
+    @property
+    def carries_state(self) -> bool:
+        """Whether the pipeline carries state from step to step that a checkpoint must hold: rollouts waiting for
+        their update (``delay`` > 0) or dynamic sampling's prompt sampler."""
+        return self.delay > 0 or self.dynamic_sampling
+
+
+# -------------------------------------------------------------------------------------------------------- LoRA
+@dataclass
+class LoRASettings:
+    """PEFT LoRA, on a vision-language model's language model or on a flow transformer's attention.
+
+    Every base weight stays frozen under LoRA; only the adapters train, wherever they are. On a VLM, adapters on layers
+    of the vision tower (``visual``) train whatever ``VLMPolicy.freeze_vision`` says (it is about the tower's base
+    weights).
+
+    Attributes:
+        r: rank of the update.
+        alpha: scaling numerator (``lora_alpha``); the update is scaled by alpha / r.
+        dropout: dropout on the LoRA input. None: the family's default, 0.05 on a VLM, 0 on a flow transformer (as
+            Flow-GRPO's SD3 recipe).
+        target_modules: a regex that must match a whole module name (PEFT's ``re.fullmatch``), or a list of names,
+            each the name of a module or its last dotted parts (``["qkv"]`` selects every ``...attn.qkv``). A regex, or
+            a list entry, that matches no module of the model is an error naming it (:mod:`app.models.lora_targets`).
+            None: the family's default, :data:`LANGUAGE_MODEL_PROJECTIONS` on a VLM (nothing in the vision tower; for
+            its blocks add e.g. ``|.*visual.blocks.*(qkv|proj|fc1|fc2)``), :data:`FLOW_ATTENTION_PROJECTIONS` on a
+            flow transformer.
+    """
+
+    r: int = 32
+    alpha: int = 64
+    dropout: float | None = None
+    target_modules: str | list[str] | None = None
+
+    def __post_init__(self):
+        if self.r < 1 or self.alpha <= 0:
+            raise ValueError(f"LoRA needs r >= 1 and alpha > 0, got r={self.r}, alpha={self.alpha}")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+
+
+# -------------------------------------------------------------------------------------------------- evaluation
+@dataclass
+class PassAtK:
+    """pass@k in evaluation: ``num_samples`` completions sampled per prompt (besides the greedy one).
+
+    Attributes:
+        num_samples: n, completions sampled per prompt.
+        k: the k values to report (each <= n); logged as ``<stage>/pass@<k>``.
+        temperature: sampling temperature of those completions.
+        reward: the evaluation reward whose value decides correctness (``eval_rewards`` name).
+        threshold: a completion is correct when that reward is >= this.
+    """
+
+    num_samples: int = 8
+    k: tuple[int, ...] = (1, 4, 8)
+    temperature: float = 1.0
+    reward: str = "accuracy"
+    threshold: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.k = tuple(self.k)
+        if self.num_samples < 1 or not self.k or not all(1 <= k <= self.num_samples for k in self.k):
+            raise ValueError(f"pass@k needs num_samples >= 1 and every k in [1, num_samples], got {self}")
