@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         text = str(error)
         if "reward" in text and "max_nonfinite_steps" not in text:  # what to change, where the message has none
-            text += "\n  check the rewards (model.init_args.rewards), or raise model.init_args.max_nonfinite_steps"
+            text += "\n  check the rewards (model.init_args.rewards), or raise model.init_args.optimizer.max_nonfinite_steps"
         _report(f"error: training stopped: {text}\n{DEBUG_HINT}")
         raise SystemExit(1) from None
     finally:

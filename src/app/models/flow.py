@@ -448,17 +448,9 @@ class FlowPolicy(SwitchableReference, nn.Module):
         return ShardingPlan(units=units, roots=networks, replicated=frozen)
 
     @property
-    def base_network(self) -> nn.Module:
-        return self.transformer
-
-    @property
     def transformer(self) -> nn.Module:
-        """The diffusers transformer (LoRA layers are injected into it in place)."""
-        return self.model.get_base_model() if self.uses_lora else self.model
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.transformer.parameters()).device
+        """The diffusers transformer (:attr:`base_network`)."""
+        return self.base_network
 
 
 def _pipeline_class(transformer: nn.Module) -> str:

@@ -16,9 +16,7 @@ def lora_adapter(network: nn.Module, lora: LoRASettings, model_name: str) -> nn.
     from peft import LoraConfig, get_peft_model
 
     check_lora_targets(network, lora.target_modules, model_name)
-    config = LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules
-    )
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules)
     network.requires_grad_(False)
     return get_peft_model(network, config)
 

@@ -48,12 +48,21 @@ class Policy(Protocol):
 
 
 class SwitchableReference:
-    """:meth:`enable_reference` and :meth:`reference` for an ``nn.Module`` policy whose ``model`` is a PEFT model
-    (LoRA) or the plain network, and whose ``base_network`` is the network without the PEFT wrapper.
+    """:meth:`enable_reference`, :meth:`reference`, :attr:`base_network` and :attr:`device` for an ``nn.Module`` policy
+    whose ``model`` is a PEFT model (LoRA) or the plain network.
 
     The policy sets ``uses_lora``, ``frozen_reference = None`` and ``_use_reference = False`` in its ``__init__`` and
     runs its forward passes on ``frozen_reference`` while ``_use_reference`` is True.
     """
+
+    @property
+    def base_network(self) -> nn.Module:
+        """The trained network without the PEFT wrapper (LoRA layers are injected into it in place)."""
+        return self.model.get_base_model() if self.uses_lora else self.model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.base_network.parameters()).device
 
     def enable_reference(self) -> None:
         """Prepare the KL reference. With LoRA it is the adapter-disabled model (free); with full fine-tuning a frozen

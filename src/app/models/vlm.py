@@ -333,17 +333,9 @@ class VLMPolicy(SwitchableReference, nn.Module):
 
     # ---------------------------------------------------------------------------------------------------- utils
     @property
-    def base_network(self) -> nn.Module:
-        return self.hf_model
-
-    @property
     def hf_model(self) -> nn.Module:
-        """The transformers model (LoRA layers are injected into it in place)."""
-        return self.model.get_base_model() if self.uses_lora else self.model
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.hf_model.parameters()).device
+        """The transformers model (:attr:`base_network`)."""
+        return self.base_network
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

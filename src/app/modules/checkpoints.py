@@ -155,8 +155,11 @@ def saved_rank_state(checkpoint: dict, rank: int, world_size: int) -> tuple[dict
         log.warning(
             "the checkpoint holds the random states of %d processes, this run has %d: those of ranks %d..%d are not "
             "used, so the resumed run draws differently from the saved one",
-            len(states), world_size, world_size, len(states) - 1,
-        )  # fmt: skip
+            len(states),
+            world_size,
+            world_size,
+            len(states) - 1,
+        )
     if rank < len(states):
         return states[rank], None
     if legacy:
@@ -168,8 +171,9 @@ def saved_rank_state(checkpoint: dict, rank: int, world_size: int) -> tuple[dict
         "the checkpoint holds %s: rank %d has none of its own and does not take rank 0's; it draws from fresh states "
         "seeded from the checkpoint and its rank instead (distinct from every other rank's), so the resumed run "
         "samples differently from an uninterrupted one",
-        saved, rank,
-    )  # fmt: skip
+        saved,
+        rank,
+    )
     return {}, derived_seed(_digest(states[0]), rank)
 
 

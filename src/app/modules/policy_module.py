@@ -30,7 +30,6 @@ from app.settings import OptimizerSettings, as_settings, plain, with_defaults
 log = logging.getLogger(__name__)
 
 
-
 class NonFiniteTrainingError(RuntimeError):
     """Training cannot go on: updates or rewards stayed non-finite for ``max_nonfinite_steps`` steps in a row (or an
     optimizer step went non-finite with ``restore_nonfinite_steps`` off)."""
@@ -259,4 +258,3 @@ def check_finite_checkpoint(checkpoint: dict) -> None:
 def _trains_own_weights(module: torch.nn.Module) -> bool:
     """Whether ``module`` itself (not a child) holds a parameter that requires gradients."""
     return any(p.requires_grad for p in module.parameters(recurse=False))
-

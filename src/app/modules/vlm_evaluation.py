@@ -85,7 +85,9 @@ class VLMEvaluation(GroupedEvaluation):
         if reward is None:
             names = [r.name for r in self.eval_rewards]
             raise ValueError(f"pass_at_k.reward {settings.reward!r} is not one of the evaluation rewards {names}")
-        sampling = SamplingSettings(group_size=n, temperature=settings.temperature, max_new_tokens=self.eval_max_new_tokens)
+        sampling = SamplingSettings(
+            group_size=n, temperature=settings.temperature, max_new_tokens=self.eval_max_new_tokens
+        )
         sampled = self.policy.generate(self.policy.encode_prompts(samples, group_size=n), sampling, group_size=n)
         scores = reward.score(sampled.texts, [s for s in samples for _ in range(n)])  # [B * n], group-major
         correct = (scores.float() >= settings.threshold).view(len(samples), n).sum(dim=1)  # [B]

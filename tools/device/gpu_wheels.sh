@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wheels a lent GPU machine lacks for benchmarks/gpu_check.sh, fetched here (where PyPI is reachable) into .whl/
+# The wheels a lent GPU machine lacks for tools/device/gpu_check.sh, fetched here (where PyPI is reachable) into .whl/
 # for the device's Python 3.12 on x86-64; the device tool carries them (carry: [".whl"]). About 23 MB.
 #
 # That image has torch 2.11, transformers 5.17, huggingface-hub 1.33, tokenizers 0.23.2, pytorch-lightning 2.6.6,
@@ -9,7 +9,7 @@
 # torch (GBs; the image's 2.11 is used), flash-attn (a ~200 MB build; the flash_attention_2 variants report it
 # missing), POT (33 MB, imported only by the OT pairing reward, which no GPU check runs).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 mkdir -p .whl
 platforms=()

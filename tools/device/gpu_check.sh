@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check the open issues need, in one run on a lent device (one H200; 10 minutes per command, 15 a session).
 #
-#   here, once:  bash benchmarks/gpu_wheels.sh                  # the wheels the device image lacks, into .whl/
-#   device:      run  command "bash benchmarks/gpu_check.sh"  carry [".whl"]  timeout_s 600
+#   here, once:  bash tools/device/gpu_wheels.sh                  # the wheels the device image lacks, into .whl/
+#   device:      run  command "bash tools/device/gpu_check.sh"  carry [".whl"]  timeout_s 600
 #
 # Installs nothing from the network (the carried wheels go to /tmp/site, the package is used from src/). Each part has
 # its own time limit, and one that fails or times out does not stop the others; the logs and the JSON rows go to $OUT,
@@ -16,9 +16,9 @@
 #   fsdp_1gpu    issues 32/33: the CLI's FSDP2Strategy on one GPU (NCCL) with bf16-mixed over float32 weights, 2 steps
 #                with a checkpoint each step, then a resume to step 3; the precision line every fit prints is kept
 #                (ACCEL=cpu runs the same part on CPU, which is how it was tested:
-#                PARTS=fsdp_1gpu ACCEL=cpu PY=.venv/bin/python bash benchmarks/gpu_check.sh)
+#                PARTS=fsdp_1gpu ACCEL=cpu PY=.venv/bin/python bash tools/device/gpu_check.sh)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/gpu_check}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
