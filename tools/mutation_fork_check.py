@@ -11,7 +11,7 @@ the parent but fail in the fork; it exits 1 if there are any:
     OMP_NUM_THREADS=1 python tools/mutation_fork_check.py tests/rewards/test_async_rewards.py
 
 The selection and the per-session arguments are those of ``[tool.mutmut]`` in pyproject.toml (without a path, the whole
-selection); ``tests/conftest.py`` treats the child's session as a mutant run.
+selection); ``tools/mutant_run_plugin.py`` treats the child's session as a mutant run.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-NO_MUTANT = "app.none.x_nothing__mutmut_1"  # the form of a mutant name: tests/conftest.py sees a mutant run
+sys.path.insert(0, str(ROOT))  # for `-p tools.mutant_run_plugin` (mutmut's arguments), as from mutants/
+NO_MUTANT = "app.none.x_nothing__mutmut_1"  # the form of a mutant name: the plugin sees a mutant run
 MUTMUT_FIXED_ARGS = ["--rootdir=.", "--tb=line", "-q", "-p", "no:randomly", "-p", "no:random-order"]
 
 
@@ -85,7 +86,7 @@ def main() -> None:
     os.chdir(ROOT)
     import torch  # noqa: F401  (imported before the parent's session, as in mutmut's process)
 
-    kills = ROOT / "mutmut-kills"  # where tests/conftest.py records a mutant session's failing test
+    kills = ROOT / "mutmut-kills"  # where tools/mutant_run_plugin.py records a mutant session's failing test
     if kills.exists():
         raise SystemExit(f"{kills} exists: move it away first (this check would add to it)")
     args = [*MUTMUT_FIXED_ARGS, *session_args, *selection]

@@ -1,5 +1,5 @@
 """What mutmut's trampoline adds to each call of a mutated function, with the active mutant looked up in ``os.environ``
-on every call (mutmut's default) and fixed for the session (what ``tests/conftest.py`` does in mutant runs).
+on every call (mutmut's default) and fixed for the session (what ``tools/mutant_run_plugin.py`` does in mutant runs).
 
 mutmut 3 replaces every function of a mutated module by a trampoline that decides, per call, whether to run the
 original or the active mutant. A mutant run's tests call such functions millions of times in total (the number parser

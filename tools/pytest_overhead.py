@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import io
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # for `-p tools.mutant_run_plugin` (mutmut's arguments), as from mutants/
 DEFAULT_TEST = "tests/rewards/test_numeric_reward.py::test_ramp_is_monotone_and_continuous"
 MUTMUT_FIXED_ARGS = ["--rootdir=.", "--tb=native", "-x", "-q", "-p", "no:randomly", "-p", "no:random-order"]
 

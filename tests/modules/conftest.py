@@ -1,9 +1,11 @@
-"""Fixtures the module tests share."""
+"""Fixtures the module tests share (the test doubles themselves are in ``doubles.py``)."""
 
 import pytest
 import torch
+from doubles import Clock
 from torch.distributed.device_mesh import init_device_mesh
 
+from app.modules import grpo
 from app.parallel import FSDP2Strategy
 from app.parallel.fsdp import MESH_DIMS
 
@@ -18,3 +20,11 @@ def fsdp2():
         yield strategy
     finally:
         torch.distributed.destroy_process_group()
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    """The GRPO skeleton's ``time.perf_counter`` replaced by a :class:`~doubles.Clock`."""
+    fake = Clock()
+    monkeypatch.setattr(grpo, "time", fake)
+    return fake

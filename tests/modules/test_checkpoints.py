@@ -1,18 +1,32 @@
-"""Lean checkpoints (app.modules.checkpoints): only what the optimizer updates is saved, and resuming, exporting and
-strict loading still work from the config's base weights."""
+"""Checkpoints (app.modules.checkpoints): lean ones keep only what the optimizer updates, and resuming, exporting and
+strict loading still work from the config's base weights (in fits, and with the hooks called directly on tiny modules
+with plain dict checkpoints); the global generators' states come back, each rank its own (or, where the checkpoint holds
+none for it, fresh ones of its own). The rollout pipeline's checkpoint state is in test_rollout_queue.py."""
 
+import io
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
 from torch.utils.data import DataLoader
 
 from app.export import export_from_checkpoint
 from app.models.flow import FlowPolicy
 from app.modules import FlowGRPOModule, FlowMatchingModule
-from app.modules.checkpoints import OMITTED
+from app.modules.checkpoints import (
+    OMITTED,
+    RANK_STATES,
+    omit_frozen_parameters,
+    restore_rng_states,
+    rng_states,
+    saved_rank_state,
+    seed_rng_states,
+)
+from app.modules.policy_module import PolicyModule
 from app.rewards.color_region import ColorRegionReward
 from app.settings import FlowSamplingSettings, GRPOSettings, LoRASettings, OptimizerSettings
 from app.types import VisualSample
@@ -20,10 +34,14 @@ from app.types import VisualSample
 
 def prompts(n: int = 2) -> DataLoader:
     samples = [
-        VisualSample(images=[], question="a red circle on the left", task="shape_prompts",
-                     meta={"color": "red", "shape": "circle", "position": "left"})
+        VisualSample(
+            images=[],
+            question="a red circle on the left",
+            task="shape_prompts",
+            meta={"color": "red", "shape": "circle", "position": "left"},
+        )
         for _ in range(n)
-    ]  # fmt: skip
+    ]
     # its own generator, as the app's data modules have: an iterator's worker seed must not come from the global one
     return DataLoader(samples, batch_size=1, collate_fn=list, generator=torch.Generator().manual_seed(0))
 
@@ -32,7 +50,13 @@ def grpo(lora: LoRASettings | None, beta: float = 0.0) -> FlowGRPOModule:
     torch.manual_seed(0)
     policy = FlowPolicy("tiny-sd3", lora=lora)
     sampling = FlowSamplingSettings(group_size=2, num_steps=3)
-    return FlowGRPOModule(policy, [ColorRegionReward()], sampling, grpo=GRPOSettings(beta=beta), optimizer=OptimizerSettings(learning_rate=1e-3))
+    return FlowGRPOModule(
+        policy,
+        [ColorRegionReward()],
+        sampling,
+        grpo=GRPOSettings(beta=beta),
+        optimizer=OptimizerSettings(learning_rate=1e-3),
+    )
 
 
 def fit_and_save(fit, module, data, tmp_path, max_steps=1) -> dict:
@@ -184,9 +208,17 @@ def test_omit_drops_frozen_parameters_and_the_buffers_of_modules_without_a_train
     # their module (the root, deep, deep.0, deep.0.0, partly, and tied through its tied weight)
     assert checkpoint[OMITTED] == ["frozen.weight", "frozen.stat", "partly.bias"]
     assert list(checkpoint["state_dict"]) == [
-        "root_stat", "deep.stat", "deep.0.stat", "deep.0.0.weight", "deep.0.0.bias", "deep.0.0.stat",
-        "partly.weight", "partly.stat", "tied.weight", "tied.stat",
-    ]  # fmt: skip
+        "root_stat",
+        "deep.stat",
+        "deep.0.stat",
+        "deep.0.0.weight",
+        "deep.0.0.bias",
+        "deep.0.0.stat",
+        "partly.weight",
+        "partly.stat",
+        "tied.weight",
+        "tied.stat",
+    ]
     assert all(checkpoint["state_dict"][k] is state[k] for k in checkpoint["state_dict"])
 
 
@@ -247,3 +279,220 @@ def test_restore_without_a_list_changes_nothing_and_names_unknown_keys():
     with pytest.raises(ValueError, match=r"does not have \(\['a', 'b', 'c'\], 4 in all\); resume or export it"):
         restore_frozen_parameters(net, checkpoint)
     assert checkpoint["state_dict"] == {}
+
+
+# ---------------------------------------------------------------------------- the hooks on a tiny module (no trainer)
+
+
+def through_a_file(checkpoint: dict) -> dict:
+    """``checkpoint`` as Lightning writes and reads it back (``weights_only=True``)."""
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+class Adapted(nn.Module):
+    """A LoRA-like policy: ``block.adapter.weight`` is trained, its bias, ``block.base`` and ``frozen`` are not. A
+    buffer at every depth: ``scale`` and ``block.stat`` sit above the trained weight, ``block.base.stat`` and
+    ``frozen.stat`` do not. The frozen values come from a fixed seed, as a config builds its base model again."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.register_buffer("scale", torch.rand(2, generator=generator))
+        self.block = nn.Module()
+        self.block.register_buffer("stat", torch.rand(2, generator=generator))
+        self.block.adapter = nn.Linear(2, 2)
+        self.block.base = nn.Linear(2, 2, bias=False)
+        self.block.base.register_buffer("stat", torch.rand(2, generator=generator))
+        self.frozen = nn.Linear(2, 2, bias=False)
+        self.frozen.register_buffer("stat", torch.rand(2, generator=generator))
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.copy_(torch.rand(parameter.shape, generator=generator))
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [self.block.adapter.weight]
+
+
+FROZEN = [
+    "policy.block.adapter.bias",
+    "policy.block.base.weight",
+    "policy.block.base.stat",
+    "policy.frozen.weight",
+    "policy.frozen.stat",
+]
+
+
+KEPT = ["policy.scale", "policy.block.stat", "policy.block.adapter.weight"]
+
+
+def trained_module() -> PolicyModule:
+    """A module whose adapter moved away from its initial values, attached to a stand-in trainer with its optimizer."""
+    module = PolicyModule(Adapted(), OptimizerSettings(learning_rate=0.1), default_learning_rate=1e-3)
+    optimizer = torch.optim.SGD(module.policy.trainable_parameters(), lr=0.1)
+    with torch.no_grad():
+        module.policy.block.adapter.weight.add_(1.0)
+    module._trainer = SimpleNamespace(optimizers=[optimizer])
+    return module
+
+
+def test_a_saved_checkpoint_keeps_the_trained_weight_and_the_buffers_above_it_and_names_the_rest():
+    module = trained_module()
+    checkpoint = {"state_dict": module.state_dict()}
+    module.on_save_checkpoint(checkpoint)
+    # a frozen parameter goes even beside a trained one (the adapter's bias); a buffer stays only where a trained
+    # parameter lies below its module (the policy's root, block), at any depth
+    assert checkpoint[OMITTED] == FROZEN
+    assert list(checkpoint["state_dict"]) == KEPT
+    for key in KEPT:
+        assert torch.equal(checkpoint["state_dict"][key], module.state_dict()[key]), key
+
+
+def test_a_lean_checkpoint_loads_strictly_into_a_fresh_module_with_the_trained_weight():
+    module = trained_module()
+    checkpoint = {"state_dict": module.state_dict()}
+    module.on_save_checkpoint(checkpoint)
+    checkpoint = through_a_file(checkpoint)
+    fresh = PolicyModule(Adapted(), OptimizerSettings(learning_rate=0.1), default_learning_rate=1e-3)
+    assert not torch.equal(fresh.policy.block.adapter.weight, module.policy.block.adapter.weight)
+    fresh.on_load_checkpoint(checkpoint)
+    assert list(checkpoint["state_dict"]) == KEPT + FROZEN  # the left-out values put back, from fresh's own
+    fresh.load_state_dict(checkpoint["state_dict"], strict=True)
+    for key, value in module.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+
+
+def test_root_buffers_stay_even_when_the_optimizer_trains_none_of_the_module():
+    net = nn.Linear(2, 2)
+    net.register_buffer("stat", torch.ones(2))
+    checkpoint = {"state_dict": net.state_dict()}
+    omit_frozen_parameters(net, checkpoint, [torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)])
+    assert checkpoint[OMITTED] == ["weight", "bias"]
+    assert list(checkpoint["state_dict"]) == ["stat"]
+
+
+def test_the_global_generators_resume_where_the_checkpoint_was_saved():
+    module = trained_module()
+    checkpoint = {"state_dict": module.state_dict()}
+    module.on_save_checkpoint(checkpoint)
+    expected = (torch.rand(3), random.random(), np.random.rand(3))
+    checkpoint = through_a_file(checkpoint)
+    torch.manual_seed(1)  # elsewhere, as a new process would be
+    random.seed(1)
+    np.random.seed(1)
+    PolicyModule(Adapted(), OptimizerSettings(learning_rate=0.1), default_learning_rate=1e-3).on_load_checkpoint(
+        checkpoint
+    )
+    drawn = (torch.rand(3), random.random(), np.random.rand(3))
+    assert torch.equal(drawn[0], expected[0]) and drawn[1] == expected[1]
+    np.testing.assert_array_equal(drawn[2], expected[2])
+
+
+# ---------------------------------------------------------------------------------------------------- per-rank states
+
+
+def seeded_states(seed: int) -> dict:
+    """A rank's saved state (:meth:`PolicyModule.rank_state`) after seeding the global generators with ``seed``."""
+    seed_rng_states(seed)
+    return {"rng": rng_states()}
+
+
+def draws() -> tuple:
+    """A draw from each global generator (torch, python, numpy), comparable with ``==``."""
+    return tuple(torch.rand(3).tolist()), random.random(), tuple(np.random.rand(3).tolist())
+
+
+def draws_after(seed: int) -> tuple:
+    seed_rng_states(seed)
+    return draws()
+
+
+def module_on_rank(rank: int, world_size: int) -> PolicyModule:
+    module = PolicyModule(Adapted(), OptimizerSettings(learning_rate=0.1), default_learning_rate=1e-3)
+    module._trainer = SimpleNamespace(world_size=world_size, global_rank=rank, optimizers=[])
+    return module
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "app.modules.checkpoints" and r.levelname == "WARNING"]
+
+
+def test_each_rank_takes_its_own_global_generators_back():
+    checkpoint = through_a_file({RANK_STATES: [seeded_states(10), seeded_states(11)]})
+    for rank in (0, 1):
+        module = module_on_rank(rank, 2)
+        seed_rng_states(99)  # elsewhere, as a new process would be
+        module.on_load_checkpoint(checkpoint)
+        assert draws() == draws_after(10 + rank), f"rank {rank}"
+
+
+def test_a_checkpoint_from_before_per_rank_states_gives_rank_0_its_states_and_every_other_rank_a_seed_of_its_own(
+    caplog,
+):
+    legacy = {"rng_states": seeded_states(10)["rng"], "rollout_generator": torch.Generator().manual_seed(3).get_state()}
+    state, seed = saved_rank_state(legacy, 0, 3)
+    assert seed is None and set(state) == {"rng", "rollout_generator"} and not warnings_of(caplog)
+    assert state["rng"] is legacy["rng_states"] and state["rollout_generator"] is legacy["rollout_generator"]
+    seeds = []
+    for rank in (1, 2):
+        caplog.clear()
+        state, seed = saved_rank_state(legacy, rank, 3)
+        assert state == {} and isinstance(seed, int) and 0 <= seed < 2**63
+        (warning,) = warnings_of(caplog)
+        assert "only rank 0's random states" in warning and f"rank {rank} has none of its own" in warning
+        assert saved_rank_state(legacy, rank, 3)[1] == seed, "the same seed on every resume"
+        seeds.append(seed)
+    other = {**legacy, "rng_states": seeded_states(12)["rng"]}
+    assert len({*seeds, saved_rank_state(other, 1, 3)[1]}) == 3, "a seed per rank and per checkpoint"
+
+
+def test_ranks_missing_from_the_checkpoint_draw_from_distinct_derived_seeds_not_rank_0s_states(caplog):
+    checkpoint = through_a_file({RANK_STATES: [seeded_states(10)]})  # saved from one process, resumed on three
+    assert saved_rank_state(checkpoint, 0, 3) == (checkpoint[RANK_STATES][0], None) and not warnings_of(caplog)
+    resumed = {}
+    for rank in (1, 2):
+        caplog.clear()
+        module = module_on_rank(rank, 3)
+        seed_rng_states(99)
+        module.on_load_checkpoint(checkpoint)
+        resumed[rank] = draws()
+        (warning,) = warnings_of(caplog)
+        assert "the random states of 1 process, this run has 3" in warning and f"rank {rank}" in warning
+        module = module_on_rank(rank, 3)
+        seed_rng_states(98)
+        module.on_load_checkpoint(checkpoint)
+        assert draws() == resumed[rank], "the same fresh states on every resume"
+    assert len({resumed[1], resumed[2], draws_after(10), draws_after(99)}) == 4
+
+
+def test_states_of_more_ranks_than_running_give_each_rank_its_own_and_warn_once(caplog):
+    checkpoint = {RANK_STATES: [seeded_states(10), seeded_states(11), seeded_states(12)]}
+    state, seed = saved_rank_state(checkpoint, 0, 2)
+    assert state is checkpoint[RANK_STATES][0] and seed is None
+    (warning,) = warnings_of(caplog)
+    assert "the random states of 3 processes, this run has 2: those of ranks 2..2 are not used" in warning
+    caplog.clear()
+    state, seed = saved_rank_state(checkpoint, 1, 2)
+    assert state is checkpoint[RANK_STATES][1] and seed is None and not warnings_of(caplog)
+
+
+def test_a_checkpoint_without_random_states_leaves_the_generators_alone(caplog):
+    assert saved_rank_state({}, 1, 2) == ({}, None)
+    assert saved_rank_state({RANK_STATES: []}, 0, 1) == ({}, None)
+    module = module_on_rank(1, 2)  # its linear layers draw their initial weights from the global generator
+    seed_rng_states(5)
+    module.on_load_checkpoint({})
+    assert draws() == draws_after(5) and not warnings_of(caplog)
+
+
+def test_one_process_saves_its_states_as_the_only_ranks():
+    module = module_on_rank(0, 1)
+    seed_rng_states(4)
+    checkpoint = {"state_dict": module.state_dict()}
+    module.on_save_checkpoint(checkpoint)
+    (state,) = through_a_file(checkpoint)[RANK_STATES]
+    assert "rng_states" not in checkpoint
+    restore_rng_states(state["rng"])
+    assert draws() == draws_after(4)

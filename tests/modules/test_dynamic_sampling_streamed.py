@@ -18,7 +18,7 @@ from app.modules import VLMGRPOModule
 from app.modules.prompt_drawers import IndexDrawer, StreamDrawer
 from app.modules.rollout_queue import RolloutQueue
 from app.rewards import RewardComponent
-from app.settings import PipelineSettings, SamplingSettings
+from app.settings import OptimizerSettings, PipelineSettings, SamplingSettings
 from app.tasks.dots import DotsDataset
 
 NUM_SHARDS, PER_SHARD, B, CAP = 4, 4, 2, 2
@@ -79,10 +79,13 @@ class Recording(VLMGRPOModule):
 def grpo(new_policy, dynamic_sampling: bool = True) -> Recording:
     L.seed_everything(0)
     return Recording(
-        new_policy("tiny-qwen2-vl", lora_r=4), rewards=[Flat()], learning_rate=1e-2, eval_max_new_tokens=4,
+        new_policy("tiny-qwen2-vl", lora_r=4),
+        rewards=[Flat()],
         sampling=SamplingSettings(group_size=2, max_new_tokens=4),
+        optimizer=OptimizerSettings(learning_rate=1e-2),
         pipeline=PipelineSettings(dynamic_sampling=dynamic_sampling, max_extra_rollouts=CAP, seed=5),
-    )  # fmt: skip
+        eval_max_new_tokens=4,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +165,7 @@ def test_two_ranks_draw_disjoint_prompts_from_their_own_shards(shards):
 
 
 def through_a_file(state):
+    """``state`` as a checkpoint writes and reads it back (``weights_only=True``)."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     buffer.seek(0)

@@ -14,7 +14,7 @@ from app.modules.checkpoints import RANK_STATES, rng_states
 from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RewardComponent
 from app.sampling.flow import flow_sigmas
-from app.settings import FlowSamplingSettings
+from app.settings import FlowSamplingSettings, GRPOSettings, OptimizerSettings
 from app.types import VisualSample
 
 K = 4
@@ -43,6 +43,10 @@ class StandInPolicy(nn.Module):
             self.lora_A = nn.Parameter(torch.randn(2, 4) * 0.3)  # non-zero, so both get gradients
             self.lora_B = nn.Parameter(torch.randn(4, 2) * 0.3)
         self.adapter = True
+
+    @property
+    def device(self):
+        return self.base.weight.device
 
     def sigmas(self, num_steps):
         return flow_sigmas(num_steps, shift=3.0)
@@ -93,15 +97,22 @@ def loader(n: int = 4, batch_size: int = 2) -> DataLoader:
 
 
 SAMPLING_FIELDS = {"sampler", "eta", "timestep_fraction", "sde_window", "shared_initial_noise", "guidance_scale"}
+GRPO_FIELDS = {field.name for field in dataclasses.fields(GRPOSettings)}
+OPTIMIZER_FIELDS = {field.name for field in dataclasses.fields(OptimizerSettings)}
 
 
-def flow_module(policy=None, **kwargs) -> FlowGRPOModule:
-    """A module on the stand-in policy with K trajectories of T steps; sampling settings may be passed flat."""
-    kwargs.setdefault("learning_rate", 1e-2)
-    sampling = FlowSamplingSettings(
-        group_size=K, num_steps=T, **{key: kwargs.pop(key) for key in SAMPLING_FIELDS & set(kwargs)}
-    )
-    return FlowGRPOModule(policy if policy is not None else StandInPolicy(), [RednessReward()], sampling, **kwargs)
+def flow_module(policy=None, **options) -> FlowGRPOModule:
+    """A module on the stand-in policy with K trajectories of T steps at learning rate 1e-2; sampling, GRPO and
+    optimizer settings may be passed flat (gathered into their blocks), the module's own arguments as they are."""
+    options.setdefault("learning_rate", 1e-2)
+
+    def block(fields):
+        return {key: options.pop(key) for key in fields & options.keys()}
+
+    sampling = FlowSamplingSettings(group_size=K, num_steps=T, **block(SAMPLING_FIELDS))
+    grpo, optimizer = GRPOSettings(**block(GRPO_FIELDS)), OptimizerSettings(**block(OPTIMIZER_FIELDS))
+    policy = policy if policy is not None else StandInPolicy()
+    return FlowGRPOModule(policy, [RednessReward()], sampling, grpo=grpo, optimizer=optimizer, **options)
 
 
 def trained_sigmas(module: FlowGRPOModule) -> list[list[float]]:
@@ -128,9 +139,14 @@ def trained_sigmas(module: FlowGRPOModule) -> list[list[float]]:
 # ---------------------------------------------------------------------------------------------- settings
 @pytest.mark.parametrize(
     "kwargs",
-    [{"eta": 0.0}, {"sampler": "cps", "eta": 1.5}, {"timestep_fraction": 0.0}, {"sde_window": (3, 4)},
-     {"micro_batch_size": 0}],
-)  # fmt: skip
+    [
+        {"eta": 0.0},
+        {"sampler": "cps", "eta": 1.5},
+        {"timestep_fraction": 0.0},
+        {"sde_window": (3, 4)},
+        {"micro_batch_size": 0},
+    ],
+)
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         flow_module(**kwargs)
@@ -140,13 +156,14 @@ def test_bad_settings_are_refused(kwargs):
 @pytest.mark.parametrize("sampler", ["cps", "sde"])
 def test_rescoring_a_stored_transition_reproduces_its_log_prob_exactly(sampler):
     module = flow_module(sampler=sampler)
-    trajectory = module.rollout(prompts())
+    rollout = module.rollout(prompts())
+    trajectory = rollout.sampled
     n = 2 * K
     assert trajectory.step_indices == [0, 1, 2]
     assert trajectory.latents.shape == trajectory.next_latents.shape == (n, 3, 4, 8, 8)
     assert trajectory.old_logprobs.shape == (n, 3) and trajectory.old_logprobs.dtype == torch.float32
     assert trajectory.images.shape == (n, 3, 16, 16) and trajectory.ref_logprobs is None
-    torch.testing.assert_close(trajectory.advantages, group_advantages(trajectory.rewards.total, K))
+    torch.testing.assert_close(rollout.advantages, group_advantages(rollout.rewards.total, K))
     sigmas = trajectory.sigmas
     for j, i in enumerate(trajectory.step_indices):
         x = trajectory.latents[:, j]
@@ -161,12 +178,12 @@ def test_rescoring_a_stored_transition_reproduces_its_log_prob_exactly(sampler):
 
 def test_rollouts_are_reproducible_from_the_seed():
     first, second = flow_module(seed=3).rollout(prompts()), flow_module(seed=3).rollout(prompts())
-    assert torch.equal(first.next_latents, second.next_latents)
-    assert not torch.equal(first.next_latents, flow_module(seed=4).rollout(prompts()).next_latents)
+    assert torch.equal(first.sampled.next_latents, second.sampled.next_latents)
+    assert not torch.equal(first.sampled.next_latents, flow_module(seed=4).rollout(prompts()).sampled.next_latents)
 
 
 def test_beta_scores_the_transitions_under_the_reference():
-    trajectory = flow_module(beta=0.01).rollout(prompts())
+    trajectory = flow_module(beta=0.01).rollout(prompts()).sampled
     assert trajectory.ref_logprobs.shape == trajectory.old_logprobs.shape
     assert not torch.equal(trajectory.ref_logprobs, trajectory.old_logprobs)  # the adapter was off
 
@@ -187,8 +204,14 @@ def test_two_step_fit_moves_every_adapter_weight_with_ratio_one(fit):
     sigmas = flow_sigmas(T, shift=3.0)
     assert seen == [[float(s) for s in sigmas[:3]]] * 2  # steps 0..T-2, never the step onto 0
     metrics = recorder.steps[-1]["metrics"]
-    for key in ("train/reward/total", "train/reward/redness", "train/loss/policy", "train/frac_zero_std",
-                "train/grad_norm", "train/num_trained_steps"):  # fmt: skip
+    for key in (
+        "train/reward/total",
+        "train/reward/redness",
+        "train/loss/policy",
+        "train/frac_zero_std",
+        "train/grad_norm",
+        "train/num_trained_steps",
+    ):
         assert key in metrics, key
     records = recorder.steps[0]["outputs"]["records"]
     assert len(records) == 2 * K and {r.completion for r in records} == {"<image>"}
@@ -274,7 +297,7 @@ def test_tiny_sd3_fit_moves_every_lora_weight_with_ratio_one(sd3_fit):
 
 def test_tiny_sd3_rescored_log_probs_match_the_rollout(sd3_fit):
     module = sd3_fit[0]
-    trajectory = module.rollout(prompts(1))
+    trajectory = module.rollout(prompts(1)).sampled
     sigmas = trajectory.sigmas
     for j, i in enumerate(trajectory.step_indices):
         x = trajectory.latents[:, j]
@@ -290,10 +313,10 @@ def test_checkpoints_carry_the_rollout_generator():
     module.rollout(prompts())
     checkpoint = {}
     module.on_save_checkpoint(checkpoint)
-    expected = module.rollout(prompts()).next_latents
+    expected = module.rollout(prompts()).sampled.next_latents
     resumed = flow_module(seed=0)
     resumed.on_load_checkpoint(checkpoint)
-    assert torch.equal(resumed.rollout(prompts()).next_latents, expected)
+    assert torch.equal(resumed.rollout(prompts()).sampled.next_latents, expected)
 
 
 def on_rank(module: FlowGRPOModule, rank: int, world_size: int, checkpoint: dict) -> FlowGRPOModule:
@@ -309,10 +332,10 @@ def test_each_rank_takes_its_own_rollout_generator_back():
     for module in saved:
         module.rollout(prompts())
     checkpoint = {RANK_STATES: [module.rank_state() for module in saved]}
-    expected = [module.rollout(prompts()).next_latents for module in saved]
+    expected = [module.rollout(prompts()).sampled.next_latents for module in saved]
     for rank in (0, 1):
         resumed = on_rank(flow_module(seed=0), rank, 2, checkpoint)
-        assert torch.equal(resumed.rollout(prompts()).next_latents, expected[rank]), f"rank {rank}"
+        assert torch.equal(resumed.rollout(prompts()).sampled.next_latents, expected[rank]), f"rank {rank}"
 
 
 def test_a_rank_the_checkpoint_holds_no_generator_for_draws_noise_of_its_own(caplog):
@@ -321,14 +344,16 @@ def test_a_rank_the_checkpoint_holds_no_generator_for_draws_noise_of_its_own(cap
     saved = flow_module(seed=5)
     saved.rollout(prompts())
     legacy = {"rng_states": rng_states(), "rollout_generator": saved.generator.get_state()}
-    continued = saved.rollout(prompts()).next_latents
-    latents = [on_rank(flow_module(seed=5), rank, 3, legacy).rollout(prompts()).next_latents for rank in range(3)]
+    continued = saved.rollout(prompts()).sampled.next_latents
+    latents = [
+        on_rank(flow_module(seed=5), rank, 3, legacy).rollout(prompts()).sampled.next_latents for rank in range(3)
+    ]
     assert torch.equal(latents[0], continued)
     assert not torch.equal(latents[1], continued) and not torch.equal(latents[2], continued)
     assert not torch.equal(latents[1], latents[2])
-    unresumed = flow_module(seed=6).rollout(prompts()).next_latents  # rank 1's generator seed: seed + rank
+    unresumed = flow_module(seed=6).rollout(prompts()).sampled.next_latents  # rank 1's generator seed: seed + rank
     assert not torch.equal(latents[1], unresumed), "not the noise rank 1 starts a fresh run with"
-    again = on_rank(flow_module(seed=5), 1, 3, legacy).rollout(prompts()).next_latents
+    again = on_rank(flow_module(seed=5), 1, 3, legacy).rollout(prompts()).sampled.next_latents
     assert torch.equal(again, latents[1])
     assert any("rank 1 has none of its own" in record.getMessage() for record in caplog.records)
 
@@ -337,16 +362,26 @@ def test_a_small_step_along_the_loss_gradient_favours_above_average_trajectories
     """Direction of the update: after a small step against the loss gradient, the stored transitions of trajectories
     with a positive advantage became more likely and those with a negative one less (sum_i A_i dlogp_i > 0)."""
     module = flow_module(seed=11)
-    trajectory = module.rollout(prompts(4))
+    rollout = module.rollout(prompts(4))
+    trajectory = rollout.sampled
 
     def logprobs():
         with torch.no_grad():
-            return torch.stack([
-                module.sampler.step(trajectory.latents[:, j], module.sampler.velocity(trajectory.latents[:, j], trajectory.sigmas[i],
-                             trajectory.conditioning), float(trajectory.sigmas[i]), float(trajectory.sigmas[i + 1]),
-                             prev_sample=trajectory.next_latents[:, j]).log_prob
-                for j, i in enumerate(trajectory.step_indices)
-            ], dim=1).mean(dim=1)  # [N]  # fmt: skip
+            return torch.stack(
+                [
+                    module.sampler.step(
+                        trajectory.latents[:, j],
+                        module.sampler.velocity(
+                            trajectory.latents[:, j], trajectory.sigmas[i], trajectory.conditioning
+                        ),
+                        float(trajectory.sigmas[i]),
+                        float(trajectory.sigmas[i + 1]),
+                        prev_sample=trajectory.next_latents[:, j],
+                    ).log_prob
+                    for j, i in enumerate(trajectory.step_indices)
+                ],
+                dim=1,
+            ).mean(dim=1)  # [N]
 
     class NoStep:
         def step(self):
@@ -356,24 +391,26 @@ def test_a_small_step_along_the_loss_gradient_favours_above_average_trajectories
             pass
 
     module.manual_backward = lambda loss: loss.backward()
-    module.hparams.gradient_clip_val = 0.0
+    module.grpo = dataclasses.replace(module.grpo, gradient_clip_val=0.0)
     before = logprobs()
-    module._update(trajectory, NoStep())
+    module._update([rollout], NoStep())
     parameters = module.policy.trainable_parameters()
     norm = torch.cat([p.grad.flatten() for p in parameters]).norm()
     with torch.no_grad():
         for p in parameters:
             p -= 1e-3 * p.grad / norm
     change = logprobs() - before  # [N]
-    assert float((trajectory.advantages * change).sum()) > 0
-    assert torch.corrcoef(torch.stack([trajectory.advantages, change]))[0, 1] > 0.3
+    assert float((rollout.advantages * change).sum()) > 0
+    assert torch.corrcoef(torch.stack([rollout.advantages, change]))[0, 1] > 0.3
 
 
 @pytest.mark.parametrize(
     ("num_iterations", "keep"),
-    [(2, [True, True, False, True]),  # the stored log-probs give the ratio; both clip bounds are hit
-     (1, [False, False, False, True])],  # ratio exactly 1 whatever was stored; one kept row carries the whole weight
-)  # fmt: skip
+    [
+        (2, [True, True, False, True]),  # the stored log-probs give the ratio; both clip bounds are hit
+        (1, [False, False, False, True]),
+    ],  # ratio exactly 1 whatever was stored; one kept row carries the whole weight
+)
 def test_weighted_losses_are_the_clipped_surrogate_plus_k3_kl_averaged_over_kept_rows_and_steps(num_iterations, keep):
     """4 trajectories of 3 trained steps in micro-batches of 3 rows (3 + 1): two weighted parts per step, whose
     weighted sum is the mean over kept rows and trained steps of -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
@@ -383,13 +420,15 @@ def test_weighted_losses_are_the_clipped_surrogate_plus_k3_kl_averaged_over_kept
         seed=2, micro_batch_size=3, num_iterations=num_iterations, eps_low=eps_low, eps_high=eps_high, beta=beta
     )
     rollout = module.rollout(prompts(1))
-    logp = rollout.old_logprobs  # [4, 3], what rescoring reproduces exactly under the unchanged policy
+    logp = rollout.sampled.old_logprobs  # [4, 3], what rescoring reproduces exactly under the unchanged policy
     stored_ratio = torch.tensor([1.5, 0.5, 2.0, 0.5])[:, None]  # [4, 1], far outside both clip bounds
     advantages, mask = torch.tensor([1.0, -1.0, 0.5, 2.0]), torch.tensor(keep)
-    trajectory = dataclasses.replace(
-        rollout, old_logprobs=logp - stored_ratio.log(), ref_logprobs=logp + torch.tensor([0.2, -0.3, 0.1])[None],
-        advantages=advantages, loss_mask=mask,
-    )  # fmt: skip
+    stored = dataclasses.replace(
+        rollout.sampled,
+        old_logprobs=logp - stored_ratio.log(),
+        ref_logprobs=logp + torch.tensor([0.2, -0.3, 0.1])[None],
+    )
+    trajectory = dataclasses.replace(rollout, sampled=stored, advantages=advantages, loss_mask=mask)
     parts = list(module.weighted_losses(trajectory))
     assert len(parts) == 3 * 2
     weights = torch.stack([weight for _, weight in parts]).view(3, 2)  # [step, micro-batch]
@@ -398,7 +437,7 @@ def test_weighted_losses_are_the_clipped_surrogate_plus_k3_kl_averaged_over_kept
     ratio = stored_ratio if module.stores_behaviour_logprobs else torch.ones(4, 1)  # [4, 1]
     adv = advantages[:, None]  # [4, 1]
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)  # [4, 1]
-    d = trajectory.ref_logprobs - logp  # [4, 3]
+    d = stored.ref_logprobs - logp  # [4, 3]
     per_entry = -surrogate + beta * (d.exp() - d - 1)  # [4, 3]
     expected = per_entry[mask].mean()
     total = sum(weight * out.loss for out, weight in parts)
@@ -407,7 +446,7 @@ def test_weighted_losses_are_the_clipped_surrogate_plus_k3_kl_averaged_over_kept
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_shared_initial_noise_starts_a_group_from_one_noise(shared):
-    trajectory = flow_module(seed=3, shared_initial_noise=shared).rollout(prompts(2))
+    trajectory = flow_module(seed=3, shared_initial_noise=shared).rollout(prompts(2)).sampled
     start = trajectory.latents[:, 0].reshape(2, K, -1)  # x at step 0, grouped by prompt
     assert not torch.equal(start[0, 0], start[1, 0]), "groups start from different noise"
     assert torch.equal(start[0, 0], start[0, 1]) == shared

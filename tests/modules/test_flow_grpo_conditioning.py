@@ -30,9 +30,13 @@ class RednessReward(RewardComponent):
 
 def vbvr_samples(n, image_size, split="in_domain", with_solution=False):
     dataset = VBVRPromptDataset(
-        n, seed=0, image_size=image_size, tasks=["color_mixing", "object_counting"], split=split,
+        n,
+        seed=0,
+        image_size=image_size,
+        tasks=["color_mixing", "object_counting"],
+        split=split,
         with_solution=with_solution,
-    )  # fmt: skip
+    )
     return [dataset[i] for i in range(n)]
 
 
@@ -41,7 +45,12 @@ def test_grpo_fit_moves_every_lora_weight_of_a_conditioned_model(name, fit):
     torch.manual_seed(0)
     policy = FlowPolicy(name, lora=LoRASettings(r=4, alpha=8), max_sequence_length=text_length(name))
     size = policy.frame_size[0]
-    module = FlowGRPOModule(policy, [RednessReward()], sampling=FlowSamplingSettings(group_size=2, num_steps=3), optimizer=OptimizerSettings(learning_rate=1e-3))
+    module = FlowGRPOModule(
+        policy,
+        [RednessReward()],
+        sampling=FlowSamplingSettings(group_size=2, num_steps=3),
+        optimizer=OptimizerSettings(learning_rate=1e-3),
+    )
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
     data = DataLoader(vbvr_samples(2, max(size, 32)), batch_size=2, collate_fn=list)
     trainer, recorder = fit(module, data, max_steps=2)
@@ -49,7 +58,7 @@ def test_grpo_fit_moves_every_lora_weight_of_a_conditioned_model(name, fit):
     assert trainer.global_step == 2 and before and all("lora" in n for n in before)
     unchanged = sorted(n for n in before if torch.equal(before[n], after[n]))
     assert not unchanged, unchanged
-    trajectory = module.rollout(vbvr_samples(2, max(size, 32)))
+    trajectory = module.rollout(vbvr_samples(2, max(size, 32))).sampled
     assert set(policy.encode_conditions(module.policy.condition_images(vbvr_samples(2, max(size, 32))))) <= set(
         trajectory.conditioning
     )

@@ -21,7 +21,12 @@ def test_two_grpo_steps_on_the_tiny_video_model_move_every_adapter(fit):
     torch.manual_seed(0)
     policy = FlowPolicy("tiny-wan", lora=LoRASettings(r=4, alpha=8))
     assert policy.is_video
-    module = FlowGRPOModule(policy, [FrameRednessReward()], sampling=FlowSamplingSettings(group_size=2, num_steps=3), optimizer=OptimizerSettings(learning_rate=1e-3))
+    module = FlowGRPOModule(
+        policy,
+        [FrameRednessReward()],
+        sampling=FlowSamplingSettings(group_size=2, num_steps=3),
+        optimizer=OptimizerSettings(learning_rate=1e-3),
+    )
     prompts = [VisualSample([], f"a red ball moving right, clip {i}", "video") for i in range(2)]
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
 

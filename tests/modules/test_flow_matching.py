@@ -18,11 +18,19 @@ def test_two_steps_train_transformer_and_vae(tmp_path):
     before = {k: v.detach().clone() for k, v in policy.model.named_parameters()}
     vae_before = {k: v.detach().clone() for k, v in policy.vae.named_parameters()}
     module = FlowMatchingModule(policy, eval_rewards=[ColorRegionReward()], num_steps=2)
-    data = VisualTaskDataModule(ShapePromptDataset, train_size=8, val_size=4, batch_size=4, val_batch_size=4,
-                                image_size=64)  # fmt: skip
-    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        default_root_dir=tmp_path)  # fmt: skip
+    data = VisualTaskDataModule(
+        ShapePromptDataset, train_size=8, val_size=4, batch_size=4, val_batch_size=4, image_size=64
+    )
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(module, datamodule=data)
     assert trainer.global_step == 2
     for key in ("train/loss", "train/loss/flow", "train/loss/vae"):
@@ -111,9 +119,18 @@ def test_the_vae_trains_in_train_mode_then_freezes_after_vae_train_steps(tmp_pat
             modes.append(policy.vae.training)
 
     data = VisualTaskDataModule(ShapePromptDataset, train_size=8, val_size=2, batch_size=2, image_size=64)
-    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        limit_val_batches=0, callbacks=[Snapshot()], default_root_dir=tmp_path)  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[Snapshot()],
+        default_root_dir=tmp_path,
+    )
     start = torch.cat([p.detach().flatten().clone() for p in policy.vae.parameters()])
     trainer.fit(module, datamodule=data)
     assert not torch.equal(start, snapshots[0])  # step 0 trained the VAE

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from doubles import LinearPolicy, ToyGRPO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from test_grpo_skeleton import LinearPolicy, ToyGRPO  # the skeleton tests' toy module
 from torch.distributed.tensor import DTensor
 
 from app.modules import NonFiniteCheckpointError, NonFiniteTrainingError, VLMGRPOModule, VLMSFTModule
@@ -25,12 +25,24 @@ class LengthReward(RewardComponent):
         return torch.tensor([min(len(c) / 20, 1.0) for c in completions])
 
 
-def grpo(new_policy, **kwargs):
-    return VLMGRPOModule(new_policy("tiny-qwen2-vl", lora_r=4), [LengthReward()], SamplingSettings(group_size=2, max_new_tokens=6), eval_max_new_tokens=4, **kwargs, optimizer=OptimizerSettings(learning_rate=1e-2))  # fmt: skip
+def grpo(new_policy, **optimizer):
+    """A VLM GRPO module (manual optimisation); ``optimizer`` sets :class:`OptimizerSettings` fields."""
+    return VLMGRPOModule(
+        new_policy("tiny-qwen2-vl", lora_r=4),
+        [LengthReward()],
+        SamplingSettings(group_size=2, max_new_tokens=6),
+        optimizer=OptimizerSettings(learning_rate=1e-2, **optimizer),
+        eval_max_new_tokens=4,
+    )
 
 
-def sft(new_policy, **kwargs):
-    return VLMSFTModule(new_policy("tiny-qwen2-vl", lora_r=4), eval_max_new_tokens=4, **kwargs, optimizer=OptimizerSettings(learning_rate=1e-2))
+def sft(new_policy, **optimizer):
+    """A VLM SFT module (automatic optimisation); ``optimizer`` sets :class:`OptimizerSettings` fields."""
+    return VLMSFTModule(
+        new_policy("tiny-qwen2-vl", lora_r=4),
+        optimizer=OptimizerSettings(learning_rate=1e-2, **optimizer),
+        eval_max_new_tokens=4,
+    )
 
 
 MODULES = {"grpo": grpo, "sft": sft}  # manual and automatic optimisation
@@ -150,9 +162,12 @@ def test_a_gradient_poisoned_in_on_before_optimizer_step_is_skipped_counted_and_
     module = MODULES[kind](new_policy)
     watch = Watch(at=1)
     trainer, recorder = fit(
-        module, new_datamodule(), max_steps=3, callbacks=[PoisonBeforeStep(at=1), watch, every_step(tmp_path)],
+        module,
+        new_datamodule(),
+        max_steps=3,
+        callbacks=[PoisonBeforeStep(at=1), watch, every_step(tmp_path)],
         enable_checkpointing=True,
-    )  # fmt: skip
+    )
     assert module.skipped_updates == 1 and recorder.metric("train/skipped_updates")[-1] == 1.0
     assert watch.unchanged is True, "the poisoned step changed the weights or the optimizer state"
     optimizer = trainer.optimizers[0]
@@ -171,9 +186,12 @@ def test_a_nan_the_optimizer_step_itself_writes_is_undone_bit_for_bit_and_counte
     module = MODULES[kind](new_policy)
     poison, watch = PoisonInsideStep(at=1), Watch(at=1)
     trainer, recorder = fit(
-        module, new_datamodule(), max_steps=3, callbacks=[poison, watch, every_step(tmp_path)],
+        module,
+        new_datamodule(),
+        max_steps=3,
+        callbacks=[poison, watch, every_step(tmp_path)],
         enable_checkpointing=True,
-    )  # fmt: skip
+    )
     assert poison.fired
     assert watch.unchanged is True, "the weights and AdamW's state (step counter included) must be the pre-step ones"
     assert module.skipped_updates == 1 and recorder.metric("train/skipped_updates")[-1] == 1.0
@@ -191,8 +209,13 @@ def test_without_restore_a_nonfinite_step_stops_the_run_naming_the_option_and_no
     module = MODULES[kind](new_policy, restore_nonfinite_steps=False)
     checkpoints = tmp_path / "checkpoints"
     with pytest.raises(NonFiniteTrainingError, match="restore_nonfinite_steps"):
-        fit(module, new_datamodule(), max_steps=4, callbacks=[PoisonInsideStep(at=1), every_step(checkpoints)],
-            enable_checkpointing=True)  # fmt: skip
+        fit(
+            module,
+            new_datamodule(),
+            max_steps=4,
+            callbacks=[PoisonInsideStep(at=1), every_step(checkpoints)],
+            enable_checkpointing=True,
+        )
     saved = sorted(p.name for p in checkpoints.iterdir())
     assert saved == ["epoch=0-step=1.ckpt", "last.ckpt"], "the run stops in the step that went non-finite"
     for name in saved:
@@ -312,7 +335,7 @@ def test_a_step_that_went_nonfinite_on_another_rank_is_undone_on_this_one_too():
 
 def test_without_restore_the_guard_keeps_no_copy_and_raises_naming_the_option():
     module = ToyGRPO(LinearPolicy())
-    module.restore_nonfinite_steps = False
+    module.optimizer_settings.restore_nonfinite_steps = False
     optimizer = adamw_after_one_step(module)
     poison_inside(optimizer, module.policy.weight)
     with pytest.raises(NonFiniteTrainingError, match="restore_nonfinite_steps"):
@@ -320,11 +343,10 @@ def test_without_restore_the_guard_keeps_no_copy_and_raises_naming_the_option():
 
 
 def test_the_restore_option_is_a_hyperparameter_on_by_default(new_policy):
-    assert sft(new_policy).hparams.restore_nonfinite_steps is True
-    off = sft(new_policy, restore_nonfinite_steps=False)
-    assert off.restore_nonfinite_steps is False and off.hparams.restore_nonfinite_steps is False
-    grpo_off = grpo(new_policy, restore_nonfinite_steps=False)
-    assert grpo_off.restore_nonfinite_steps is False and grpo_off.hparams.restore_nonfinite_steps is False
+    assert sft(new_policy).hparams["optimizer"]["restore_nonfinite_steps"] is True
+    for off in (sft(new_policy, restore_nonfinite_steps=False), grpo(new_policy, restore_nonfinite_steps=False)):
+        assert off.optimizer_settings.restore_nonfinite_steps is False
+        assert off.hparams["optimizer"]["restore_nonfinite_steps"] is False
 
 
 def test_under_fsdp2_the_guard_restores_each_rank_s_shards_of_the_parameters_and_their_state(fsdp2):

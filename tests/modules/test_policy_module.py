@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from doubles import LinearPolicy, ToyGRPO
 from lightning.pytorch.strategies import DDPStrategy
-from test_grpo_skeleton import LinearPolicy, ToyGRPO  # the skeleton tests' toy module
 from torch.distributed.tensor import DTensor
 
 from app.modules import NonFiniteTrainingError
@@ -147,7 +147,7 @@ def test_skips_are_counted_and_warned_and_the_run_stops_after_max_nonfinite_step
     message = (
         "3 consecutive updates had a non-finite loss or gradient and were skipped; stopping (the weights are unchanged "
         "since the last finite update). Lower the learning rate, check the rewards and the model's dtype, or raise "
-        "model.init_args.max_nonfinite_steps"
+        "model.init_args.optimizer.max_nonfinite_steps"
     )
     with pytest.raises(NonFiniteTrainingError) as raised:
         module._count_skip(True)

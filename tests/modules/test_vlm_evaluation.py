@@ -84,5 +84,10 @@ def test_pass_at_k_and_sets_are_logged_overall_per_set_and_per_task(tiny_policy)
 def test_the_grpo_module_takes_pass_at_k_as_plain_hyperparameters(tiny_policy):
     module = VLMGRPOModule(tiny_policy, [InSetA()], pass_at_k=PassAtK(num_samples=4, k=(1, 4)))
     assert module.pass_at_k.k == (1, 4)
-    assert module.hparams["pass_at_k"] == {"num_samples": 4, "k": (1, 4), "temperature": 1.0, "reward": "accuracy",
-                                           "threshold": 1.0}  # fmt: skip
+    assert module.hparams["pass_at_k"] == {
+        "num_samples": 4,
+        "k": (1, 4),
+        "temperature": 1.0,
+        "reward": "accuracy",
+        "threshold": 1.0,
+    }

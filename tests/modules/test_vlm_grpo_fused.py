@@ -32,8 +32,17 @@ class LengthReward(RewardComponent):
         return torch.tensor([len(c) / 32 for c in completions])
 
 
-def grpo_module(policy, fused: bool, **kwargs) -> VLMGRPOModule:
-    return VLMGRPOModule(policy, rewards=[LengthReward()], sampling=SamplingSettings(group_size=K, max_new_tokens=8, temperature=0.7), fused_linear_loss=fused, fused_loss_compiled=False, **kwargs, grpo=GRPOSettings(micro_batch_size=3, eps_low=0.1, eps_high=0.15))  # fmt: skip
+def grpo_module(policy, fused: bool, loss_aggregation="token_mean", **grpo) -> VLMGRPOModule:
+    """Micro-batches of 3, clip range (0.1, 0.15); ``grpo`` sets the other :class:`GRPOSettings` fields."""
+    return VLMGRPOModule(
+        policy,
+        rewards=[LengthReward()],
+        sampling=SamplingSettings(group_size=K, max_new_tokens=8, temperature=0.7),
+        grpo=GRPOSettings(micro_batch_size=3, eps_low=0.1, eps_high=0.15, **grpo),
+        loss_aggregation=loss_aggregation,
+        fused_linear_loss=fused,
+        fused_loss_compiled=False,
+    )
 
 
 def perturbed_rollout(policy, samples):
@@ -76,11 +85,12 @@ def update(module, rollout):
 
 def check_same_update(policy, rollout, aggregation, beta, with_old):
     kwargs = dict(loss_aggregation=aggregation, beta=beta, num_iterations=2 if with_old else 1)
-    rollout = dataclasses.replace(
-        rollout,
-        old_logprobs=rollout.old_logprobs if with_old else None,
-        ref_logprobs=rollout.ref_logprobs if beta > 0 else None,
+    sampled = dataclasses.replace(
+        rollout.sampled,
+        old_logprobs=rollout.sampled.old_logprobs if with_old else None,
+        ref_logprobs=rollout.sampled.ref_logprobs if beta > 0 else None,
     )
+    rollout = dataclasses.replace(rollout, sampled=sampled)
     expected, expected_grads = update(grpo_module(policy, fused=False, **kwargs), rollout)
     fused = grpo_module(policy, fused=True, **kwargs)
     actual, grads = update(fused, rollout)
@@ -114,11 +124,23 @@ def test_fused_loss_matches_the_chunked_path_in_full_fine_tuning(full_case, aggr
 def test_the_fused_loss_takes_the_module_settings(tiny_policy, compiled):
     """The clip range, beta and aggregation of the module, ``constant``'s L_max = max_new_tokens (not the length of the
     longest completion), and ``fused_loss_compiled``, None meaning compiled on CUDA only."""
-    module = VLMGRPOModule(tiny_policy, rewards=[LengthReward()], sampling=SamplingSettings(group_size=K, max_new_tokens=8), loss_aggregation="constant", fused_linear_loss=True, fused_loss_compiled=compiled, grpo=GRPOSettings(eps_low=0.1, eps_high=0.15, beta=0.05))  # fmt: skip
+    module = VLMGRPOModule(
+        tiny_policy,
+        rewards=[LengthReward()],
+        sampling=SamplingSettings(group_size=K, max_new_tokens=8),
+        grpo=GRPOSettings(eps_low=0.1, eps_high=0.15, beta=0.05),
+        loss_aggregation="constant",
+        fused_linear_loss=True,
+        fused_loss_compiled=compiled,
+    )
     assert module.fused_loss == FusedLinearGRPOLoss(
-        eps_low=0.1, eps_high=0.15, beta=0.05, aggregation="constant", max_length=8,
+        eps_low=0.1,
+        eps_high=0.15,
+        beta=0.05,
+        aggregation="constant",
+        max_length=8,
         compiled=torch.cuda.is_available() if compiled is None else compiled,
-    )  # fmt: skip
+    )
 
 
 def test_statistics_liger_does_not_return_are_not_logged(new_policy, new_datamodule, fit):

@@ -1,6 +1,7 @@
 """``VLMGRPOModule``'s loss path called directly on a hand-made rollout (no Trainer): each micro batch's loss weighted
 by its share of the aggregation's normaliser sums to the loss of the whole batch, with the module's clip range, beta,
-aggregation, generation budget and sampling temperature; the rollout logs; and the loss mask ``finish_rollout`` builds.
+aggregation, generation budget and sampling temperature; the rollout logs; the loss mask ``loss_mask`` builds (through
+the skeleton's ``finish_rollout``); and ``loss_mass``, each rollout's weight when several make one update.
 
 The rollout: 2 prompts x K = 2 completions of L = 5 tokens (budget 6, so ``constant`` divides by 6, not L), one row
 left out of the loss entirely and one with a single token, stored old log-probs whose ratios reach both clip bounds on
@@ -19,7 +20,7 @@ from app.modules import VLMGRPOModule
 from app.modules.grpo import ScoredGroups
 from app.rewards import AccuracyReward
 from app.settings import GRPOSettings, SamplingSettings
-from app.types import CompletionBatch, Generation, RewardOutput
+from app.types import CompletionBatch, Generation, RewardOutput, Rollout, SampledCompletions
 
 K, L, MAX_NEW_TOKENS, TEMPERATURE = 2, 5, 6, 0.7
 EPS_LOW, EPS_HIGH, BETA = 0.1, 0.3, 0.1
@@ -40,34 +41,64 @@ SHARES = {  # micro_batch_size 1: kept tokens / 8, rows with a token / 3, rows /
 AGGREGATIONS = sorted(SHARES)
 
 
-def grpo_module(policy, **kwargs) -> VLMGRPOModule:
-    return VLMGRPOModule(policy, [AccuracyReward()], SamplingSettings(group_size=K, max_new_tokens=MAX_NEW_TOKENS,
-        temperature=TEMPERATURE), **kwargs, grpo=GRPOSettings(eps_low=EPS_LOW, eps_high=EPS_HIGH))  # fmt: skip
+GRPO_FIELDS = {field.name for field in dataclasses.fields(GRPOSettings)}
+
+
+def grpo_module(policy, **options) -> VLMGRPOModule:
+    """The module of the hand-made rollout (K, budget, temperature, clip range); ``options`` are :class:`GRPOSettings`
+    fields or the module's own arguments."""
+    grpo = {name: options.pop(name) for name in GRPO_FIELDS & options.keys()}
+    return VLMGRPOModule(
+        policy,
+        [AccuracyReward()],
+        SamplingSettings(group_size=K, max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE),
+        grpo=GRPOSettings(eps_low=EPS_LOW, eps_high=EPS_HIGH, **grpo),
+        **options,
+    )
+
+
+def with_logprobs(rollout: Rollout, old: torch.Tensor | None, ref: torch.Tensor | None) -> Rollout:
+    """``rollout`` with other stored old and reference log-probs."""
+    return dataclasses.replace(
+        rollout, sampled=dataclasses.replace(rollout.sampled, old_logprobs=old, ref_logprobs=ref)
+    )
 
 
 @pytest.fixture(scope="module")
 def case(tiny_policy, new_samples):
     """``(rollout, logprobs)``: the hand-made rollout and the policy's log-probs ``[N, L]`` of its completions at the
     sampling temperature, computed on the whole batch."""
-    prompt_inputs = tiny_policy.encode_prompts(new_samples(2), repeats=K)
+    samples = new_samples(2)
+    prompt_inputs = tiny_policy.encode_prompts(samples, group_size=K)
     tokens = torch.randint(0, 1000, (2 * K, L), generator=torch.Generator().manual_seed(0))
     pad = tiny_policy.processor.tokenizer.pad_token_id
     completion_ids = torch.where(COMPLETION_MASK.bool(), tokens, pad)
     with torch.no_grad():
         logprobs = tiny_policy.sequence_logprobs(prompt_inputs, completion_ids, COMPLETION_MASK, TEMPERATURE)
     completions = CompletionBatch(completion_ids, COMPLETION_MASK, [""] * 4, torch.zeros(4, dtype=torch.bool), K)
-    rollout = GRPOBatch(
-        prompt_inputs, completions, old_logprobs=logprobs - RATIOS.log(), ref_logprobs=logprobs + 0.3,
-        advantages=ADVANTAGES, loss_mask=LOSS_MASK, rewards=RewardOutput(ADVANTAGES, {}), group_size=K,
-    )  # fmt: skip
+    sampled = SampledCompletions(
+        prompt_inputs, completions, old_logprobs=logprobs - RATIOS.log(), ref_logprobs=logprobs + 0.3
+    )
+    rollout = Rollout(
+        samples, sampled, RewardOutput(ADVANTAGES, {}), advantages=ADVANTAGES, loss_mask=LOSS_MASK, group_size=K
+    )
     return rollout, logprobs
 
 
 def expected_loss(logprobs, rollout, aggregation, beta=BETA):
+    sampled = rollout.sampled
     return grpo_loss(
-        logprobs, rollout.old_logprobs, rollout.advantages, rollout.loss_mask, eps_low=EPS_LOW, eps_high=EPS_HIGH,
-        beta=beta, ref_logprobs=rollout.ref_logprobs, aggregation=aggregation, max_length=MAX_NEW_TOKENS,
-    )  # fmt: skip
+        logprobs,
+        sampled.old_logprobs,
+        rollout.advantages,
+        rollout.loss_mask,
+        eps_low=EPS_LOW,
+        eps_high=EPS_HIGH,
+        beta=beta,
+        ref_logprobs=sampled.ref_logprobs,
+        aggregation=aggregation,
+        max_length=MAX_NEW_TOKENS,
+    )
 
 
 def weighted_sum(parts, field="loss"):
@@ -107,7 +138,7 @@ def test_without_stored_log_probs_the_ratio_is_one_and_the_loss_minus_the_mean_a
     """No old log-probs: the current ones detached (ratio exactly 1, nothing clipped); no reference: KL 0. The token
     mean of -A over the kept tokens is -(5 * 1 + 0.5 - 2 * 0.5) / 8."""
     rollout, _ = case
-    rollout = dataclasses.replace(rollout, old_logprobs=None, ref_logprobs=None)
+    rollout = with_logprobs(rollout, old=None, ref=None)
     parts = list(grpo_module(tiny_policy, micro_batch_size=1).weighted_losses(rollout))
     assert [float(out.ratio_mean) for out, _ in parts] == [1.0, 0.0, 1.0, 1.0]  # 0: no token in row 1
     assert [float(out.clip_fraction) for out, _ in parts] == [0.0] * 4
@@ -118,7 +149,7 @@ def test_without_stored_log_probs_the_ratio_is_one_and_the_loss_minus_the_mean_a
 def test_old_log_probs_stored_at_the_sampling_temperature_give_ratio_one(tiny_policy, case):
     """The loss recomputes the log-probs at the sampling temperature, so the ones stored at generation time match."""
     rollout, logprobs = case
-    rollout = dataclasses.replace(rollout, old_logprobs=logprobs, ref_logprobs=None)
+    rollout = with_logprobs(rollout, old=logprobs, ref=None)
     module = grpo_module(tiny_policy, num_iterations=2, micro_batch_size=2)
     for out, _ in module.weighted_losses(rollout):
         torch.testing.assert_close(out.ratio_mean, torch.tensor(1.0))
@@ -151,7 +182,7 @@ TRUNCATING = CompletionBatch(
 
 
 def test_rollout_logs_are_the_mean_completion_length_and_the_truncated_fraction(tiny_policy):
-    logs = grpo_module(tiny_policy).rollout_logs(SimpleNamespace(completions=TRUNCATING))
+    logs = grpo_module(tiny_policy).rollout_logs(SimpleNamespace(sampled=SimpleNamespace(completions=TRUNCATING)))
     assert {key: float(value) for key, value in logs.items()} == {
         "train/completion_length": 2.75,
         "train/frac_truncated": 0.25,
@@ -167,20 +198,22 @@ def test_loss_mask_leaves_out_dropped_groups_and_truncated_rows(tiny_policy, mas
     """Group 1 (rows 2, 3) is dropped; row 0 is truncated, left out only with ``mask_truncated``."""
     module = grpo_module(tiny_policy, mask_truncated=mask_truncated)
     completions = dataclasses.replace(TRUNCATING, completion_mask=TRUNCATING.completion_mask.clone())
-    parts = dict(prompt_inputs=None, completions=completions, old_logprobs=None, ref_logprobs=None)
+    sampled = SampledCompletions(prompt_inputs=None, completions=completions, old_logprobs=None, ref_logprobs=None)
     rewards = RewardOutput(torch.tensor([1.0, 0.0, 1.0, 1.0]), {})
     scored = ScoredGroups(rewards, advantages=torch.tensor([1.0, -1.0, 0.0, 0.0]), keep=torch.tensor([1, 1, 0, 0]) > 0)
-    batch = module.finish_rollout(Generation([], [""] * 4, parts, version=0), scored)
+    batch = module.finish_rollout(Generation([], sampled), scored)
 
     expected = TRUNCATING.completion_mask * torch.tensor(kept_rows)[:, None]
     assert torch.equal(batch.loss_mask, expected)
-    assert torch.equal(batch.completions.completion_mask, TRUNCATING.completion_mask)  # the completions keep theirs
+    assert torch.equal(
+        batch.sampled.completions.completion_mask, TRUNCATING.completion_mask
+    )  # the completions keep theirs
     assert batch.advantages is scored.advantages and batch.rewards is rewards and batch.group_size == K
 
 
 def test_log_probs_of_a_rollout_are_computed_in_micro_batches_at_the_given_temperature(tiny_policy, case):
     """What generation stores (old and reference log-probs) goes through the policy in micro-batches of the module's
-    size, each at the sampling temperature, and comes back in row order."""
+    size (its sampler's), each at the sampling temperature, and comes back in row order."""
     rollout, _ = case
     module = grpo_module(tiny_policy, micro_batch_size=3)
     calls = []
@@ -189,9 +222,44 @@ def test_log_probs_of_a_rollout_are_computed_in_micro_batches_at_the_given_tempe
         calls.append((len(prompt_inputs), completion_ids.shape[0], completion_mask.shape[0], temperature))
         return completion_ids[:, :1].float()
 
-    completions = rollout.completions
-    out = module._in_micro_batches(
-        row_numbers, rollout.prompt_inputs, completions.completion_ids, completions.completion_mask, TEMPERATURE
-    )
+    completions = rollout.sampled.completions
+    out = module.sampler._in_micro_batches(row_numbers, rollout.sampled.prompt_inputs, completions)
     assert calls == [(3, 3, 3, TEMPERATURE), (1, 1, 1, TEMPERATURE)]
     assert torch.equal(out, completions.completion_ids[:, :1].float())
+
+
+# ----------------------------------------------------------------------------------- several rollouts in one update
+MASKS = (
+    torch.tensor([[1, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0]]),
+    torch.tensor([[1, 1, 1, 1, 1, 0], [1, 0, 0, 0, 0, 0]]),
+)
+"""Two rollouts' loss masks of MAX_NEW_TOKENS = 6 tokens: an empty row and single-token rows; 8 : 6 tokens, 3 : 2 rows
+with a token, 4 : 2 rows."""
+MASSES = {"token_mean": (8.0, 6.0), "sequence_mean": (3.0, 2.0), "constant": (4.0, 2.0)}
+
+
+@pytest.mark.parametrize("aggregation", sorted(MASSES))
+def test_mass_weighted_losses_of_rollouts_are_the_loss_of_all_their_rows(tiny_policy, aggregation, random_seed):
+    """When several rollouts make one update (dynamic sampling), each weighs its aggregation's normaliser (kept tokens,
+    rows with a token, or all rows), so the mass-weighted sum of their losses is the loss of all their rows together."""
+    module = VLMGRPOModule(
+        tiny_policy, [AccuracyReward()], SamplingSettings(max_new_tokens=MAX_NEW_TOKENS), loss_aggregation=aggregation
+    )
+    masses = [module.loss_mass(SimpleNamespace(loss_mask=mask)) for mask in MASKS]  # it reads only the loss mask
+    assert [mass.item() for mass in masses] == list(MASSES[aggregation])
+
+    g = torch.Generator().manual_seed(random_seed)
+    mask = torch.cat(MASKS)  # [6, MAX_NEW_TOKENS]
+    logprobs = -torch.rand(mask.shape, generator=g)
+    old = logprobs + 0.3 * torch.randn(mask.shape, generator=g)
+    advantages = torch.randn(mask.shape[0], generator=g)
+
+    def loss(rows):
+        return grpo_loss(
+            logprobs[rows], old[rows], advantages[rows], mask[rows], aggregation=aggregation, max_length=MAX_NEW_TOKENS
+        )
+
+    weighted = sum(
+        mass / sum(masses) * loss(rows).loss for mass, rows in zip(masses, (slice(0, 4), slice(4, 6)), strict=True)
+    )
+    torch.testing.assert_close(weighted, loss(slice(None)).loss)

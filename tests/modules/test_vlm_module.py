@@ -69,7 +69,9 @@ def test_test_logs_every_eval_reward_overall_and_per_task_and_remembers_them(tin
 
 
 def test_fit_remembers_each_validation_with_its_own_figures_but_not_the_sanity_check(new_policy, new_datamodule, fit):
-    module = VLMSFTModule(new_policy("tiny-qwen2-vl", lora_r=4), eval_max_new_tokens=2, optimizer=OptimizerSettings(learning_rate=1e-3))
+    module = VLMSFTModule(
+        new_policy("tiny-qwen2-vl", lora_r=4), eval_max_new_tokens=2, optimizer=OptimizerSettings(learning_rate=1e-3)
+    )
     trainer, recorder = fit(
         module, new_datamodule(), max_steps=2, limit_val_batches=1, val_check_interval=1, num_sanity_val_steps=1
     )

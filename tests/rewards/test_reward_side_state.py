@@ -98,9 +98,9 @@ def score_through_the_pipeline(kind: str, batches: int = 2):
     rewards = rewards_under_test()
     queue = RolloutQueue(PipelineSettings(delay=1, workers=kind, num_workers=2, reward_timeout_s=120), rewards)
     try:
-        generations = [Generation(samples, renderings, {}, 0) for _ in range(batches)]
+        generations = [Generation(samples, SimpleNamespace(outputs=renderings)) for _ in range(batches)]
         for generation in generations:
-            queue.submit(generation, samples, group_size=1)
+            queue.submit(generation, group_size=1)
         outs = [queue.collect(generation) for generation in generations]
     finally:
         queue.close()
@@ -245,9 +245,9 @@ def test_seeded_random_consistency_pairs_a_batch_alike_on_every_kind_of_worker(k
     rewards = WeightedReward([ConsistencyReward(pairing="random", seed=11)])
     queue = RolloutQueue(PipelineSettings(delay=1, workers=kind, num_workers=2, reward_timeout_s=120), rewards)
     try:
-        generations = [Generation([x, twin], completions, {}, 0) for completions in batches]
+        generations = [Generation([x, twin], SimpleNamespace(outputs=completions)) for completions in batches]
         for generation in generations:
-            queue.submit(generation, [x, twin], group_size=8)
+            queue.submit(generation, group_size=8)
         outs = [queue.collect(generation) for generation in generations]
     finally:
         queue.close()

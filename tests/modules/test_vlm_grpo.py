@@ -1,4 +1,5 @@
-"""VLMGRPOModule on a tiny policy: short fits with every option, micro-batching, logging and resuming."""
+"""VLMGRPOModule on a tiny policy: short fits with every option, micro-batching, logging and resuming. Its loss path
+called directly on a hand-made rollout is in test_vlm_grpo_losses.py, the fused loss in test_vlm_grpo_fused.py."""
 
 import dataclasses
 import random
@@ -17,7 +18,7 @@ from app.algorithms import group_advantages
 from app.modules import VLMGRPOModule
 from app.modules.checkpoints import OMITTED
 from app.rewards import RewardComponent
-from app.settings import SamplingSettings
+from app.settings import GRPOSettings, OptimizerSettings, SamplingSettings
 from app.types import CompletionRecord
 
 K = 4
@@ -43,14 +44,26 @@ class FlatForYesReward(RewardComponent):
         )
 
 
-def grpo_module(policy, rewards=None, max_new_tokens: int = 8, temperature: float = 1.0, **kwargs) -> VLMGRPOModule:
-    kwargs.setdefault("learning_rate", 1e-2)
+GRPO_FIELDS = {field.name for field in dataclasses.fields(GRPOSettings)}
+OPTIMIZER_FIELDS = {field.name for field in dataclasses.fields(OptimizerSettings)}
+
+
+def module_options(**options) -> dict:
+    """Module arguments from flat ``options``: :class:`GRPOSettings` fields go into ``grpo``, :class:`OptimizerSettings`
+    fields into ``optimizer``, the module's own arguments stay as they are."""
+    grpo = {name: options.pop(name) for name in GRPO_FIELDS & options.keys()}
+    optimizer = {name: options.pop(name) for name in OPTIMIZER_FIELDS & options.keys()}
+    return {**options, "grpo": GRPOSettings(**grpo), "optimizer": OptimizerSettings(**optimizer)}
+
+
+def grpo_module(policy, rewards=None, max_new_tokens: int = 8, temperature: float = 1.0, **options) -> VLMGRPOModule:
+    """A VLM GRPO module of K completions per prompt at learning rate 1e-2; ``options`` as in :func:`module_options`."""
     return VLMGRPOModule(
         policy,
         rewards=rewards or [LengthReward()],
         sampling=SamplingSettings(group_size=K, max_new_tokens=max_new_tokens, temperature=temperature),
         eval_max_new_tokens=4,
-        **kwargs,
+        **module_options(learning_rate=1e-2, **options),
     )
 
 
@@ -156,8 +169,8 @@ def test_rollout_advantages_follow_the_scale_option(new_policy, samples):
         expected = group_advantages(rollout.rewards.total, K, scale=scale)
         torch.testing.assert_close(rollout.advantages, expected)
         assert rollout.advantages.abs().sum() > 0
-        assert rollout.old_logprobs is None and rollout.ref_logprobs is None
-        assert torch.equal(rollout.loss_mask, rollout.completions.completion_mask)
+        assert rollout.sampled.old_logprobs is None and rollout.sampled.ref_logprobs is None
+        assert torch.equal(rollout.loss_mask, rollout.sampled.completions.completion_mask)
 
 
 def test_drop_zero_std_groups_masks_the_flat_groups_only(new_policy, new_samples):
@@ -172,7 +185,7 @@ def test_drop_zero_std_groups_masks_the_flat_groups_only(new_policy, new_samples
             assert not rollout.loss_mask[rows].any()
             assert not rollout.advantages[rows].any()
         else:
-            assert torch.equal(rollout.loss_mask[rows], rollout.completions.completion_mask[rows])
+            assert torch.equal(rollout.loss_mask[rows], rollout.sampled.completions.completion_mask[rows])
 
 
 def test_mask_truncated_leaves_truncated_completions_out_of_the_loss(new_policy, new_samples):
@@ -181,10 +194,11 @@ def test_mask_truncated_leaves_truncated_completions_out_of_the_loss(new_policy,
     torch.manual_seed(0)
     with likely_eos(policy):
         rollout = module.rollout(new_samples(2))
-    truncated = rollout.completions.truncated
+    completions = rollout.sampled.completions
+    truncated = completions.truncated
     assert truncated.any() and (~truncated).any()
     assert not rollout.loss_mask[truncated].any()
-    assert torch.equal(rollout.loss_mask[~truncated], rollout.completions.completion_mask[~truncated])
+    assert torch.equal(rollout.loss_mask[~truncated], completions.completion_mask[~truncated])
 
 
 def test_rollout_keeps_old_and_reference_logprobs_when_needed(new_policy, new_samples, monkeypatch):
@@ -204,23 +218,16 @@ def test_rollout_keeps_old_and_reference_logprobs_when_needed(new_policy, new_sa
     rollout = module.rollout(new_samples(2))
     monkeypatch.undo()
     assert rows_per_call == [3, 3, 2] * 2  # 2 prompts * K = 8 rows, for the old then the reference log-probs
-    c = rollout.completions
-    assert rollout.old_logprobs.shape == rollout.ref_logprobs.shape == c.completion_ids.shape
+    sampled = rollout.sampled
+    c = sampled.completions
+    assert sampled.old_logprobs.shape == sampled.ref_logprobs.shape == c.completion_ids.shape
     with torch.no_grad():
-        current = policy.sequence_logprobs(rollout.prompt_inputs, c.completion_ids, c.completion_mask, 0.7)
-        at_one = policy.sequence_logprobs(rollout.prompt_inputs, c.completion_ids, c.completion_mask, 1.0)
+        current = policy.sequence_logprobs(sampled.prompt_inputs, c.completion_ids, c.completion_mask, 0.7)
+        at_one = policy.sequence_logprobs(sampled.prompt_inputs, c.completion_ids, c.completion_mask, 1.0)
     mask = c.completion_mask.bool()
     assert (current - at_one)[mask].abs().max() > 1e-2  # the temperature matters
-    torch.testing.assert_close(rollout.old_logprobs[mask], current[mask], atol=1e-5, rtol=0)
-    torch.testing.assert_close(rollout.ref_logprobs[mask], current[mask], atol=1e-5, rtol=0)  # lora_B is still 0
-
-
-def test_invalid_options_are_rejected(new_policy):
-    policy = new_policy("tiny-qwen2-vl", lora_r=4)
-    with pytest.raises(ValueError, match="num_iterations"):
-        grpo_module(policy, num_iterations=0)
-    with pytest.raises(ValueError, match="micro_batch_size"):
-        grpo_module(policy, micro_batch_size=0)
+    torch.testing.assert_close(sampled.old_logprobs[mask], current[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(sampled.ref_logprobs[mask], current[mask], atol=1e-5, rtol=0)  # lora_B is still 0
 
 
 # ------------------------------------------------------------------------------------------------------ options
@@ -306,7 +313,7 @@ class _GradSpy:
 class UpdateProbe(VLMGRPOModule):
     """Records every optimizer update (see above). The reference objective is evaluated with the module's own
     aggregation and beta, with each other aggregation, without the KL term (``no_kl``) and, when ``keep_rows`` is set
-    (``GRPOBatch -> [N] bool``), on those rows alone with their full completion masks (``kept_rows``)."""
+    (``Rollout -> [N] bool``), on those rows alone with their full completion masks (``kept_rows``)."""
 
     keep_rows = None
 
@@ -317,29 +324,38 @@ class UpdateProbe(VLMGRPOModule):
         self.batches.append(batch)
         return super().training_step(batch, batch_idx)
 
-    def _update(self, rollout, optimizer):
-        hp, c = self.hparams, rollout.completions
+    def _update(self, rollouts, optimizer):
+        (rollout,) = rollouts  # no dynamic sampling here: one rollout per update
+        grpo, sampled, agg = self.grpo, rollout.sampled, self.loss_aggregation
+        c = sampled.completions
         named = [(n, p) for n, p in self.policy.model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         assert [id(p) for p in params] == [id(p) for p in self.policy.trainable_parameters()]
         logprobs = self.policy.sequence_logprobs(
-            rollout.prompt_inputs, c.completion_ids, c.completion_mask, self.sampling.temperature
+            sampled.prompt_inputs, c.completion_ids, c.completion_mask, self.sampling.temperature
         )  # [N, L], with gradient
-        old = rollout.old_logprobs if rollout.old_logprobs is not None else logprobs.detach()
-        every, eps, agg = torch.ones(len(c.texts), dtype=torch.bool), (hp.eps_low, hp.eps_high), hp.loss_aggregation
-        variants = {a: (every, rollout.loss_mask, a, hp.beta, eps) for a in AGGREGATIONS}
+        old = sampled.old_logprobs if sampled.old_logprobs is not None else logprobs.detach()
+        every, eps = torch.ones(len(c.texts), dtype=torch.bool), (grpo.eps_low, grpo.eps_high)
+        variants = {a: (every, rollout.loss_mask, a, grpo.beta, eps) for a in AGGREGATIONS}
         variants["no_kl"] = (every, rollout.loss_mask, agg, 0.0, eps)
-        variants["eps_low_default"] = (every, rollout.loss_mask, agg, hp.beta, (EPS, hp.eps_high))
-        variants["eps_high_default"] = (every, rollout.loss_mask, agg, hp.beta, (hp.eps_low, EPS))
+        variants["eps_low_default"] = (every, rollout.loss_mask, agg, grpo.beta, (EPS, grpo.eps_high))
+        variants["eps_high_default"] = (every, rollout.loss_mask, agg, grpo.beta, (grpo.eps_low, EPS))
         if self.keep_rows is not None:
-            variants["kept_rows"] = (self.keep_rows(rollout), c.completion_mask, agg, hp.beta, eps)
+            variants["kept_rows"] = (self.keep_rows(rollout), c.completion_mask, agg, grpo.beta, eps)
         reference, reference_grads = {}, {}
         for name, (rows, mask, aggregation, beta, clip) in variants.items():
-            ref = rollout.ref_logprobs[rows] if rollout.ref_logprobs is not None else None
+            ref = sampled.ref_logprobs[rows] if sampled.ref_logprobs is not None else None
             values = reference_loss(
-                logprobs[rows], old[rows], ref, rollout.advantages[rows], mask[rows], aggregation, beta,
-                self.sampling.max_new_tokens, clip,
-            )  # fmt: skip
+                logprobs[rows],
+                old[rows],
+                ref,
+                rollout.advantages[rows],
+                mask[rows],
+                aggregation,
+                beta,
+                self.sampling.max_new_tokens,
+                clip,
+            )
             grads = torch.autograd.grad(values["loss"], params, retain_graph=True, allow_unused=True)
             reference[name] = {k: float(v.detach()) for k, v in values.items()}
             reference_grads[name] = [
@@ -347,14 +363,19 @@ class UpdateProbe(VLMGRPOModule):
             ]
         before = {n: p.detach().clone() for n, p in named}
         spy = _GradSpy(optimizer, params)
-        stats = super()._update(rollout, spy)
+        stats = super()._update(rollouts, spy)
         self.updates.append(
             dict(
-                rollout=rollout, logprobs=logprobs.detach(), before=before, stats={k: float(v) for k, v in stats.items()},
-                grads=spy.grads, reference=reference, reference_grads=reference_grads,
+                rollout=rollout,
+                logprobs=logprobs.detach(),
+                before=before,
+                stats={k: float(v) for k, v in stats.items()},
+                grads=spy.grads,
+                reference=reference,
+                reference_grads=reference_grads,
                 grads_freed=all(p.grad is None for p in params),
             )
-        )  # fmt: skip
+        )
         return stats
 
 
@@ -421,13 +442,12 @@ def option_run(new_policy, new_datamodule, new_samples, fit, params_snapshot):
             rewards=[FlatForYesReward() if flat_for_yes else LengthReward()],
             sampling=SamplingSettings(group_size=K, max_new_tokens=max_new_tokens, temperature=temperature),
             eval_max_new_tokens=4,
-            learning_rate=1e-2,
-            **options,
+            **module_options(learning_rate=1e-2, **options),
         )
         if flat_for_yes:
             module.keep_rows = lambda rollout: ~flat_rows(rollout.rewards.total)
         elif name == "mask_truncated":
-            module.keep_rows = lambda rollout: ~rollout.completions.truncated
+            module.keep_rows = lambda rollout: ~rollout.sampled.completions.truncated
         # one "yes" and one "no" prompt per batch for the flat-group run, the dots data module otherwise
         data = DataLoader(new_samples(2) * 2, batch_size=2, collate_fn=list) if flat_for_yes else new_datamodule()
         frozen_reference = params_snapshot(policy.frozen_reference) if policy.frozen_reference is not None else None
@@ -436,9 +456,16 @@ def option_run(new_policy, new_datamodule, new_samples, fit, params_snapshot):
             logger = RecordingLogger()
             trainer, recorder = fit(module, data, max_steps=2, logger=logger, log_every_n_steps=1)
         runs[name] = SimpleNamespace(
-            module=module, policy=policy, trainer=trainer, recorder=recorder, updates=module.updates, before=before,
-            after=params_snapshot(policy.model), frozen_reference=frozen_reference, logged=logger.logged,
-        )  # fmt: skip
+            module=module,
+            policy=policy,
+            trainer=trainer,
+            recorder=recorder,
+            updates=module.updates,
+            before=before,
+            after=params_snapshot(policy.model),
+            frozen_reference=frozen_reference,
+            logged=logger.logged,
+        )
         return runs[name]
 
     return run
@@ -465,13 +492,13 @@ def max_grad_difference(a, b) -> float:
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(name, option_run):
     run = option_run(name)
-    hp = run.module.hparams
-    iterations = hp.num_iterations
+    module, grpo = run.module, run.module.grpo
+    iterations = grpo.num_iterations
     assert run.trainer.global_step == 2 and len(run.updates) == 2
     rollouts = rollouts_of(run)
     assert len(rollouts) == len(run.recorder.steps) == len(run.logged) == 2 // iterations
     for rollout, step, logged, batch in zip(rollouts, run.recorder.steps, run.logged, run.module.batches, strict=True):
-        c, grouped = rollout.completions, [s for s in batch for _ in range(K)]  # row b * K + k: prompt b
+        c, grouped = rollout.sampled.completions, [s for s in batch for _ in range(K)]  # row b * K + k: prompt b
         # rewards, advantages and the loss mask, from their definitions
         expected_rewards = [
             1.0 if name == "drop_zero_std_groups" and s.answer == "yes" else len(text) / 32
@@ -479,21 +506,24 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
         ]
         assert rollout.rewards.total.tolist() == pytest.approx(expected_rewards, abs=1e-6)
         torch.testing.assert_close(
-            rollout.advantages.double(), reference_advantages(rollout.rewards.total, hp.advantage_scale), rtol=1e-5,
+            rollout.advantages.double(),
+            reference_advantages(rollout.rewards.total, grpo.advantage_scale),
+            rtol=1e-5,
             atol=1e-6,
-        )  # fmt: skip
+        )
         left_out = torch.zeros(len(c.texts), dtype=torch.bool)
-        if hp.drop_zero_std_groups:
+        if grpo.drop_zero_std_groups:
             left_out |= flat_rows(rollout.rewards.total)
-        if hp.mask_truncated:
+        if module.mask_truncated:
             left_out |= c.truncated
         assert torch.equal(rollout.loss_mask, c.completion_mask * ~left_out[:, None])
         # the rollout's first update starts from the sampling policy (at the sampling temperature): its ratio is 1
         updates = [u for u in run.updates if u["rollout"] is rollout]
         assert len(updates) == iterations
-        if rollout.old_logprobs is not None:
+        if rollout.sampled.old_logprobs is not None:
             mask = c.completion_mask.bool()
-            torch.testing.assert_close(rollout.old_logprobs[mask], updates[0]["logprobs"][mask], atol=1e-5, rtol=0)
+            old = rollout.sampled.old_logprobs
+            torch.testing.assert_close(old[mask], updates[0]["logprobs"][mask], atol=1e-5, rtol=0)
         assert updates[0]["stats"]["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
         assert updates[0]["stats"]["clip_fraction"] == 0
         # what is logged is the rollout's and its last update's, each figure recomputed here
@@ -512,28 +542,40 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
             "train/frac_truncated": float(c.truncated.double().mean()),
             "train/nonfinite_rewards": 0.0,
             "train/skipped_updates": 0.0,
+            "train/policy_lag": 0.0,  # delay 0: every rollout trained by the policy that sampled it
             "epoch": 0.0,
         }
-        if hp.gradient_clip_val > 0:
+        if grpo.gradient_clip_val > 0:
             expected_logged["train/grad_norm"] = last["grad_norm"]
+        logged = dict(logged)
+        assert logged.pop("train/reward_wait_s") >= 0  # seconds, whatever they were
         assert logged.keys() == expected_logged.keys()  # the progress bar's "reward" is not a logger metric
         for key, value in expected_logged.items():
             assert logged[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
         assert metrics["reward"] == pytest.approx(reward_mean, rel=1e-6)
         # the first records_per_step rows, each with its prompt, completion, reward and advantage
-        records, limit = step["outputs"]["records"], min(hp.records_per_step, len(c.texts))
+        records, limit = step["outputs"]["records"], min(module.records_per_step, len(c.texts))
         component = run.module.rewards.names[0]
         expected_records = [
             CompletionRecord(
-                step=step["global_step"], task=s.task, question=s.question, completion=text, answer=s.answer,
-                reward=pytest.approx(reward, abs=1e-6), advantage=pytest.approx(float(advantage), abs=1e-6),
+                step=step["global_step"],
+                task=s.task,
+                question=s.question,
+                completion=text,
+                answer=s.answer,
+                reward=pytest.approx(reward, abs=1e-6),
+                advantage=pytest.approx(float(advantage), abs=1e-6),
                 components={component: pytest.approx(reward, abs=1e-6)},
             )
             for s, text, reward, advantage in zip(grouped, c.texts, expected_rewards, rollout.advantages, strict=True)
-        ][:limit]  # fmt: skip
+        ][:limit]
         assert records == expected_records
-        for key, stat in [("loss/policy", "policy_loss"), ("kl", "kl"), ("clip_fraction", "clip_fraction"),
-                          ("ratio_mean", "ratio_mean")]:  # fmt: skip
+        for key, stat in [
+            ("loss/policy", "policy_loss"),
+            ("kl", "kl"),
+            ("clip_fraction", "clip_fraction"),
+            ("ratio_mean", "ratio_mean"),
+        ]:
             assert metrics[f"train/{key}"] == pytest.approx(last[stat], rel=1e-6, abs=1e-9), key
         assert metrics["train/reward/total"] == pytest.approx(sum(expected_rewards) / len(expected_rewards), abs=1e-6)
         assert metrics["train/frac_zero_std"] == pytest.approx(float(flat_rows(rollout.rewards.total).float().mean()))
@@ -541,27 +583,27 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
         assert metrics["train/completion_length"] == pytest.approx(float(c.completion_mask.sum(dim=1).float().mean()))
     assert run.trainer.progress_bar_metrics == pytest.approx({"reward": reward_mean}, rel=1e-6)  # the last step's
     for update in run.updates:
-        expected = update["reference"][hp.loss_aggregation]
+        expected = update["reference"][module.loss_aggregation]
         for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
             assert update["stats"][key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
-        want = update["reference_grads"][hp.loss_aggregation]
-        if hp.gradient_clip_val > 0:  # scaled to norm gradient_clip_val where it was longer (torch's clip_grad_norm_)
+        want = update["reference_grads"][module.loss_aggregation]
+        if grpo.gradient_clip_val > 0:  # scaled to norm gradient_clip_val where it was longer (torch's clip_grad_norm_)
             norm = float(torch.stack([g.double().norm() for g in want]).norm())
             assert update["stats"]["grad_norm"] == pytest.approx(norm, rel=1e-4)
-            want = [g * min(1.0, hp.gradient_clip_val / (norm + 1e-6)) for g in want]
+            want = [g * min(1.0, grpo.gradient_clip_val / (norm + 1e-6)) for g in want]
         else:
             assert "grad_norm" not in update["stats"]
         assert_grads_close(update["grads"], want)
         assert any(g.abs().sum() > 0 for g in update["grads"])
         assert update["grads_freed"], "the gradients should be freed (set to None) after the step"
-    if (hp.eps_low, hp.eps_high) != (EPS, EPS):  # each clip bound changes this run's objective
+    if (grpo.eps_low, grpo.eps_high) != (EPS, EPS):  # each clip bound changes this run's objective
         for variant in ("eps_low_default", "eps_high_default"):
             losses = [
-                (u["reference"][hp.loss_aggregation]["loss"], u["reference"][variant]["loss"]) for u in run.updates
+                (u["reference"][module.loss_aggregation]["loss"], u["reference"][variant]["loss"]) for u in run.updates
             ]
             assert any(abs(own - other) > 1e-3 * abs(own) + 1e-5 for own, other in losses), variant
-    if hp.gradient_clip_val > 0:
-        assert any(u["stats"]["grad_norm"] > hp.gradient_clip_val for u in run.updates), "the clip should bind"
+    if grpo.gradient_clip_val > 0:
+        assert any(u["stats"]["grad_norm"] > grpo.gradient_clip_val for u in run.updates), "the clip should bind"
 
 
 def test_beta_adds_beta_times_the_k3_kl_to_the_adapter_free_reference(option_run):
@@ -575,12 +617,14 @@ def test_beta_adds_beta_times_the_k3_kl_to_the_adapter_free_reference(option_run
         assert stats["loss"] - without_kl["loss"] == pytest.approx(BETA * stats["kl"], rel=1e-3, abs=1e-7)
         # the reference log-probs are those of the model with its adapter disabled (which training never moves)
         rollout = update["rollout"]
-        c, mask = rollout.completions, rollout.completions.completion_mask.bool()
+        sampled = rollout.sampled
+        c, mask = sampled.completions, sampled.completions.completion_mask.bool()
         with torch.no_grad(), likely_eos(run.policy):
-            adapter_free = run.policy.reference_logprobs(rollout.prompt_inputs, c.completion_ids, c.completion_mask)
-        torch.testing.assert_close(rollout.ref_logprobs[mask], adapter_free[mask], atol=1e-5, rtol=0)
-    mask = second["rollout"].completions.completion_mask.bool()
-    assert (second["rollout"].ref_logprobs - second["logprobs"])[mask].abs().max() > 1e-4  # not the policy's own
+            adapter_free = run.policy.reference_logprobs(sampled.prompt_inputs, c.completion_ids, c.completion_mask)
+        torch.testing.assert_close(sampled.ref_logprobs[mask], adapter_free[mask], atol=1e-5, rtol=0)
+    sampled = second["rollout"].sampled
+    mask = sampled.completions.completion_mask.bool()
+    assert (sampled.ref_logprobs - second["logprobs"])[mask].abs().max() > 1e-4  # not the policy's own
     # the KL term reaches the gradient: the second update's is the full objective's, not the surrogate's alone
     grads, reference = second["grads"], second["reference_grads"]
     assert max_grad_difference(grads, reference["no_kl"]) > 10 * max_grad_difference(grads, reference["token_mean"])
@@ -591,12 +635,12 @@ def test_num_iterations_two_reuses_the_rollout_and_its_ratio_moves(option_run):
     first, second = run.updates
     assert len(run.recorder.steps) == 1 and first["rollout"] is second["rollout"]
     rollout = first["rollout"]
-    mask = rollout.loss_mask.bool()
+    mask, old = rollout.loss_mask.bool(), rollout.sampled.old_logprobs
     # "old" log-probs: the sampling policy's, which the first update starts from
-    torch.testing.assert_close(rollout.old_logprobs[mask], first["logprobs"][mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(old[mask], first["logprobs"][mask], atol=1e-5, rtol=0)
     assert first["stats"]["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and first["stats"]["clip_fraction"] == 0
     # the second update starts from the stepped weights: the ratio moves, and is clipped where it left [0.8, 1.2]
-    ratio = torch.exp(second["logprobs"].double() - rollout.old_logprobs.double())  # [N, L]
+    ratio = torch.exp(second["logprobs"].double() - old.double())  # [N, L]
     adv = rollout.advantages.double()[:, None].expand_as(ratio)
     clipped = ((adv > 0) & (ratio > 1 + EPS)) | ((adv < 0) & (ratio < 1 - EPS))
     assert abs(float(ratio[mask].mean()) - 1) > 1e-3
@@ -615,7 +659,7 @@ def test_rows_left_out_carry_no_loss_and_no_gradient(name, option_run):
     left_out_somewhere = False
     for update in run.updates:
         rollout = update["rollout"]
-        c = rollout.completions
+        c = rollout.sampled.completions
         left_out = flat_rows(rollout.rewards.total) if name == "drop_zero_std_groups" else c.truncated
         assert (~left_out).any()
         left_out_somewhere |= bool(left_out.any())
@@ -630,14 +674,15 @@ def test_rows_left_out_carry_no_loss_and_no_gradient(name, option_run):
 
 def test_micro_batches_make_the_same_updates_as_the_full_batch(option_run):
     full, micro = option_run("token_mean"), option_run("micro_batch")
-    assert micro.module.hparams.micro_batch_size == 3 and full.module.hparams.micro_batch_size is None
+    assert micro.module.grpo.micro_batch_size == 3 and full.module.grpo.micro_batch_size is None
+    assert micro.module.hparams["grpo"]["micro_batch_size"] == 3  # and so it is recorded
     # Micro-batches sum the gradients in another order. From the same weights (the first update) that is float32
     # rounding: rtol 1e-4 (840 eps) and atol 1e-7 (about 1e-6 of the largest element, for elements whose terms
     # cancel) are far above the rounding of sums over the 8 rows' tokens. Adam's normalisation turns the rounding of
     # near-zero gradient elements into up to 2 lr per step, so the weights are checked against AdamW's bounds
     # (tests/tolerances.py); the second update starts from weights that differ that way, so its gradients are
     # checked against the objective at its own weights (test_every_update_matches_the_reference_objective_...).
-    lr, trainable = full.module.hparams.learning_rate, full.updates[0]["before"].keys()
+    lr, trainable = full.module.optimizer_settings.learning_rate, full.updates[0]["before"].keys()
     initial = {n: full.before[n] for n in trainable}
     first_full, first_micro = full.updates[0], micro.updates[0]
     assert all(torch.equal(first_micro["before"][n], initial[n]) for n in trainable)
@@ -645,7 +690,7 @@ def test_micro_batches_make_the_same_updates_as_the_full_batch(option_run):
     for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
         assert first_micro["stats"][key] == pytest.approx(first_full["stats"][key], rel=1e-4, abs=1e-7), key
     for step, (a, b) in enumerate(zip(full.updates, micro.updates, strict=True)):
-        assert a["rollout"].completions.texts == b["rollout"].completions.texts  # the same seed, the same samples
+        assert a["rollout"].sampled.outputs == b["rollout"].sampled.outputs  # the same seed, the same samples
         if step:  # the second update starts from the first one's result
             assert_close_training(b["before"], a["before"], lr=lr, steps=step, initial=initial)
     after = {n: micro.after[n] for n in trainable}
@@ -656,7 +701,7 @@ def test_micro_batches_make_the_same_updates_as_the_full_batch(option_run):
 @pytest.mark.parametrize("name", ["token_mean", "advantage_batch", "advantage_none"])
 def test_the_advantage_scale_option_picks_its_formula(name, option_run):
     run = option_run(name)
-    scale = run.module.hparams.advantage_scale
+    scale = run.module.grpo.advantage_scale
     assert scale == {"token_mean": "group", "advantage_batch": "batch", "advantage_none": "none"}[name]
     for rollout in rollouts_of(run):
         expected = {s: reference_advantages(rollout.rewards.total, s) for s in SCALES}
@@ -669,12 +714,13 @@ def test_the_advantage_scale_option_picks_its_formula(name, option_run):
 def test_the_loss_aggregation_option_picks_its_normaliser(name, option_run):
     """The gradient is the chosen aggregation's, and clearly not another's (completions of unequal lengths)."""
     run = option_run(name)
-    aggregation = run.module.hparams.loss_aggregation
+    aggregation = run.module.loss_aggregation
     assert aggregation == name
     for update in run.updates:
         assert update["rollout"].loss_mask.sum(dim=1).unique().numel() > 1, "completions should differ in length"
         if name == "constant":  # max_new_tokens, not the longest completion, is the normaliser's length
-            assert update["rollout"].completions.completion_ids.shape[1] < run.module.sampling.max_new_tokens
+            length = update["rollout"].sampled.completions.completion_ids.shape[1]
+            assert length < run.module.sampling.max_new_tokens
         grads, reference = update["grads"], update["reference_grads"]
         own = max_grad_difference(grads, reference[aggregation])
         assert all(max_grad_difference(grads, reference[other]) > 100 * own for other in AGGREGATIONS if other != name)
@@ -694,10 +740,11 @@ def test_full_fine_tuning_with_beta_keeps_the_reference_copy_frozen_while_the_po
     assert first["stats"]["kl"] == pytest.approx(0.0, abs=1e-7) and second["stats"]["kl"] > 1e-6
     for update in run.updates:  # the reference log-probs are the frozen copy's, before and after the steps
         rollout = update["rollout"]
-        c, mask = rollout.completions, rollout.completions.completion_mask.bool()
+        sampled = rollout.sampled
+        c, mask = sampled.completions, sampled.completions.completion_mask.bool()
         with torch.no_grad(), likely_eos(policy):
-            frozen = policy.reference_logprobs(rollout.prompt_inputs, c.completion_ids, c.completion_mask)
-        torch.testing.assert_close(rollout.ref_logprobs[mask], frozen[mask], atol=1e-5, rtol=0)
+            frozen = policy.reference_logprobs(sampled.prompt_inputs, c.completion_ids, c.completion_mask)
+        torch.testing.assert_close(sampled.ref_logprobs[mask], frozen[mask], atol=1e-5, rtol=0)
 
 
 def test_lr_warmup_counts_optimizer_steps(new_policy, new_datamodule, fit):
@@ -744,9 +791,9 @@ class MicroBatchProbe(VLMGRPOModule):
         self.policy.sequence_logprobs = counting_forward
         try:
             for size in self.sizes:
-                self.hparams.micro_batch_size = size
+                self.grpo = dataclasses.replace(self.grpo, micro_batch_size=size)
                 recorder, rows = GradRecorder(self.policy.trainable_parameters()), []
-                stats = self._update(rollout, recorder)
+                stats = self._update([rollout], recorder)
                 self.results[size] = (recorder.grads, {k: float(v) for k, v in stats.items()}, rows)
         finally:
             del self.policy.sequence_logprobs
@@ -771,8 +818,7 @@ def test_micro_batching_gives_the_same_gradients(options, new_policy, new_datamo
         policy,
         rewards=[LengthReward()],
         sampling=SamplingSettings(group_size=K, max_new_tokens=8),
-        gradient_clip_val=0.0,
-        **options,
+        **module_options(gradient_clip_val=0.0, **options),
     )
     with likely_eos(policy):  # unequal completion lengths, so the normalisers matter
         fit(module, new_datamodule(), max_epochs=1, max_steps=-1, limit_train_batches=1)
@@ -801,9 +847,9 @@ class SparseMaskProbe(VLMGRPOModule):
         one_token[row, 0] = 1
         self.advantage, self.results = float(rollout.advantages[row]), {}
         for aggregation, mask in (("sequence_mean", one_row), ("token_mean", one_token)):
-            self.hparams.loss_aggregation = aggregation
+            self.loss_aggregation = aggregation
             recorder = GradRecorder(self.policy.trainable_parameters())
-            stats = self._update(dataclasses.replace(rollout, loss_mask=mask), recorder)
+            stats = self._update([dataclasses.replace(rollout, loss_mask=mask)], recorder)
             self.results[aggregation] = {k: float(v) for k, v in stats.items()}
         return None
 
@@ -816,8 +862,7 @@ def test_a_loss_over_one_completion_or_one_token_is_minus_its_advantage(new_poli
         new_policy("tiny-qwen2-vl", lora_r=4),
         rewards=[LengthReward()],
         sampling=SamplingSettings(group_size=K, max_new_tokens=8),
-        micro_batch_size=3,
-        gradient_clip_val=0.0,
+        grpo=GRPOSettings(micro_batch_size=3, gradient_clip_val=0.0),
     )
     fit(module, new_datamodule(), max_epochs=1, max_steps=-1, limit_train_batches=1)
     assert abs(module.advantage) > 0.1

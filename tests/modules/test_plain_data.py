@@ -1,0 +1,71 @@
+"""Pending rollouts as plain data (app.modules.plain_data): what a checkpoint stores of a generation goes through
+``torch.load(weights_only=True)`` and comes back as the same containers, images and tensors; what is not one of the
+package's containers is refused by name."""
+
+import io
+from dataclasses import dataclass
+
+import pytest
+import torch
+from doubles import features_of, toy_draw
+
+from app.modules import VLMGRPOModule
+from app.modules.plain_data import from_plain, to_device, to_plain
+from app.rewards import AccuracyReward
+from app.settings import OptimizerSettings, PipelineSettings, SamplingSettings
+from app.types import Generation, RewardOutput, SampledCompletions, VisualSample
+
+K = 4
+
+
+def through_a_file(value):
+    """``value`` as a checkpoint writes and reads it back (``weights_only=True``)."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def test_a_pending_rollout_round_trips_through_plain_data(new_policy, samples):
+    module = VLMGRPOModule(
+        new_policy("tiny-qwen2-vl", lora_r=4),
+        rewards=[AccuracyReward()],
+        sampling=SamplingSettings(group_size=K, max_new_tokens=8),
+        optimizer=OptimizerSettings(learning_rate=1e-2),
+        pipeline=PipelineSettings(delay=1),
+        eval_max_new_tokens=4,
+    )
+    generation = module.generate_rollout(samples[:2])
+    generation.rewards = module.rewards(generation.outputs, [s for s in samples[:2] for _ in range(K)])
+    restored = from_plain(through_a_file(to_plain(generation)))
+    assert restored.outputs == generation.outputs and restored.samples[0].question == samples[0].question
+    assert list(restored.samples[0].images[0].get_flattened_data()) == list(samples[0].images[0].get_flattened_data())
+    assert torch.equal(restored.sampled.old_logprobs, generation.sampled.old_logprobs)
+    pixels = [g.sampled.prompt_inputs.tensors["pixel_values"] for g in (restored, generation)]
+    assert torch.equal(*pixels)
+    assert restored.rewards.total.tolist() == generation.rewards.total.tolist()
+
+
+def test_a_toy_draw_comes_back_with_its_features_and_moves_to_a_device():
+    features = torch.arange(8.0).reshape(4, 2)
+    rewards = RewardOutput(torch.ones(4), {"value": torch.ones(4)})
+    draw = toy_draw(features, ["1", "2", "3", "4"], group_size=2, old_logprobs=torch.zeros(4, 1))
+    generation = Generation([VisualSample([], "p", "toy", meta={"n": 1})], draw, version=3, rewards=rewards)
+    restored = from_plain(through_a_file(to_plain(generation)))
+    assert isinstance(restored, Generation) and isinstance(restored.sampled, SampledCompletions)
+    assert restored.version == 3 and restored.samples[0].meta == {"n": 1} and restored.outputs == ["1", "2", "3", "4"]
+    assert torch.equal(features_of(restored.sampled), features)
+    moved = to_device(restored, torch.device("meta"))
+    assert features_of(moved.sampled).device.type == "meta" and moved.rewards.total.device.type == "meta"
+
+
+@dataclass
+class Unregistered:
+    value: int = 0
+
+
+def test_a_container_the_codec_does_not_know_is_refused_by_name():
+    with pytest.raises(TypeError, match="cannot store a Unregistered of a pending rollout in a checkpoint"):
+        to_plain({"sampled": Unregistered()})
+    with pytest.raises(TypeError, match="non-string keys"):
+        to_plain({1: torch.zeros(1)})
