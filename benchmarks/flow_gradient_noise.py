@@ -51,19 +51,28 @@ def main() -> None:
             for name, parameter in policy.model.named_parameters():
                 if "lora_B" in name:
                     parameter.normal_(std=1e-3)
-    module = FlowGRPOModule(policy, [ColorRegionReward()], seed=1, sampling=FlowSamplingSettings(
-            group_size=args.group, num_steps=args.steps, eta=args.eta, shared_initial_noise=args.shared_noise,
+    module = FlowGRPOModule(
+        policy,
+        [ColorRegionReward()],
+        seed=1,
+        sampling=FlowSamplingSettings(
+            group_size=args.group,
+            num_steps=args.steps,
+            eta=args.eta,
+            shared_initial_noise=args.shared_noise,
             sde_window=tuple(args.sde_window) if args.sde_window else None,
-        ), grpo=GRPOSettings(advantage_scale=args.advantage_scale, gradient_clip_val=0.0))  # fmt: skip
+        ),
+        grpo=GRPOSettings(advantage_scale=args.advantage_scale, gradient_clip_val=0.0),
+    )
     module.manual_backward = lambda loss: loss.backward()  # outside a Trainer
     data = ShapePromptDataset(num_samples=args.prompts, seed=3, image_size=64)
     samples = [data[i] for i in range(args.prompts)]
     gradients = []
     for repeat in range(args.repeats):
-        trajectory = module.rollout(samples)
+        trajectory = module.rollout(samples)  # a Rollout of SampledTrajectories
         for parameter in policy.trainable_parameters():
             parameter.grad = None
-        module._update(trajectory, _NoStep())
+        module._update([trajectory], _NoStep())  # one rollout
         gradients.append(torch.cat([p.grad.flatten() for p in policy.trainable_parameters()]))
         print(f"rollout {repeat}: mean reward {float(trajectory.rewards.total.mean()):.3f}")
     stacked = torch.stack(gradients)
@@ -71,8 +80,10 @@ def main() -> None:
     off_diagonal = cosines[~torch.eye(len(gradients), dtype=torch.bool)]
     print(f"{args.prompts} prompts x {args.group} samples per estimate; pairwise gradient cosines:")
     print(cosines.numpy().round(3))
-    print(f"mean off-diagonal cosine {float(off_diagonal.mean()):.3f} (min {float(off_diagonal.min()):.3f}, "
-          f"max {float(off_diagonal.max()):.3f})")  # fmt: skip
+    print(
+        f"mean off-diagonal cosine {float(off_diagonal.mean()):.3f} (min {float(off_diagonal.min()):.3f}, "
+        f"max {float(off_diagonal.max()):.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -75,11 +75,23 @@ def build(mode: str, fused: bool, tokens: int, micro_batch_size: int | None):
     lora = LoRASettings(r=8, alpha=16, dropout=0.0) if mode == "lora" else None
     policy = VLMPolicy("tiny-qwen2.5-vl", lora=lora)
     sampling = SamplingSettings(group_size=8, max_new_tokens=tokens)
-    module = VLMGRPOModule(policy, [FormatReward()], sampling, fused_linear_loss=fused, fused_loss_compiled=False, grpo=GRPOSettings(micro_batch_size=micro_batch_size))  # fmt: skip
+    module = VLMGRPOModule(
+        policy,
+        [FormatReward()],
+        sampling,
+        fused_linear_loss=fused,
+        fused_loss_compiled=False,
+        grpo=GRPOSettings(micro_batch_size=micro_batch_size),
+    )
     data = VisualTaskDataModule(
-        functools.partial(DotsDataset, dot_radius=12), train_size=4, val_size=4, test_size=4, batch_size=4, seed=0,
+        functools.partial(DotsDataset, dot_radius=12),
+        train_size=4,
+        val_size=4,
+        test_size=4,
+        batch_size=4,
+        seed=0,
         image_size=64,
-    )  # fmt: skip
+    )
     data.setup("fit")
     samples = next(iter(data.train_dataloader()))
     return module, samples

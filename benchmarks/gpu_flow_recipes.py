@@ -33,27 +33,64 @@ import torch  # noqa: E402
 from app.embedded.flow_models import TOKENIZER_SLOTS, _tokenizer  # noqa: E402
 
 SD3_5_MEDIUM = dict(  # stabilityai/stable-diffusion-3.5-medium transformer/config.json
-    sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64, num_attention_heads=24,
-    joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
-    pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm",
-)  # fmt: skip
+    sample_size=128,
+    patch_size=2,
+    in_channels=16,
+    num_layers=24,
+    attention_head_dim=64,
+    num_attention_heads=24,
+    joint_attention_dim=4096,
+    caption_projection_dim=1536,
+    pooled_projection_dim=2048,
+    out_channels=16,
+    pos_embed_max_size=384,
+    dual_attention_layers=tuple(range(13)),
+    qk_norm="rms_norm",
+)
 SD3_VAE = dict(  # SD3 / SD3.5 vae/config.json
-    in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-    block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=16, norm_num_groups=32,
-    sample_size=1024, scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False,
-)  # fmt: skip
+    in_channels=3,
+    out_channels=3,
+    down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4,
+    block_out_channels=(128, 256, 512, 512),
+    layers_per_block=2,
+    latent_channels=16,
+    norm_num_groups=32,
+    sample_size=1024,
+    scaling_factor=1.5305,
+    shift_factor=0.0609,
+    use_quant_conv=False,
+    use_post_quant_conv=False,
+)
 WAN_1_3B = dict(  # Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json
-    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-    eps=1e-6, rope_max_seq_len=1024,
-)  # fmt: skip
+    patch_size=(1, 2, 2),
+    num_attention_heads=12,
+    attention_head_dim=128,
+    in_channels=16,
+    out_channels=16,
+    text_dim=4096,
+    freq_dim=256,
+    ffn_dim=8960,
+    num_layers=30,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+    rope_max_seq_len=1024,
+)
 TINY_OVERRIDES = {  # --tiny: same classes, widths a CPU runs in seconds
-    "sd3": dict(num_layers=2, attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32,
-                dual_attention_layers=(0,), sample_size=16, pos_embed_max_size=32),
+    "sd3": dict(
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        caption_projection_dim=32,
+        dual_attention_layers=(0,),
+        sample_size=16,
+        pos_embed_max_size=32,
+    ),
     "sd3_vae": dict(block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=8),
     "wan": dict(num_attention_heads=2, attention_head_dim=12, ffn_dim=32, num_layers=2, freq_dim=32),
     "wan_vae": dict(base_dim=8),
-}  # fmt: skip
+}
 
 
 def _tokenizer_for(max_length: int):
@@ -66,11 +103,17 @@ def _clip(width: int, tokenizer):
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection
 
     config = CLIPTextConfig(
-        hidden_size=width, intermediate_size=2 * width, projection_dim=width, num_hidden_layers=2,
-        num_attention_heads=width // 64 if width >= 64 else 4, max_position_embeddings=77, vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.pad_token_id,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        projection_dim=width,
+        num_hidden_layers=2,
+        num_attention_heads=width // 64 if width >= 64 else 4,
+        max_position_embeddings=77,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
-    )  # fmt: skip
+    )
     return CLIPTextModelWithProjection(config)
 
 
@@ -79,10 +122,16 @@ def _t5(width: int, tokenizer, umt5: bool):
 
     config_class, model_class = (UMT5Config, UMT5EncoderModel) if umt5 else (T5Config, T5EncoderModel)
     config = config_class(
-        d_model=width, d_kv=64 if width >= 64 else 8, d_ff=2 * width, num_layers=2, num_heads=max(width // 64, 4),
-        is_encoder_decoder=False, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+        d_model=width,
+        d_kv=64 if width >= 64 else 8,
+        d_ff=2 * width,
+        num_layers=2,
+        num_heads=max(width // 64, 4),
+        is_encoder_decoder=False,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+    )
     return model_class(config)
 
 
@@ -185,9 +234,12 @@ def probe_video_memory(folder: Path, frames: int, height: int, width: int, micro
     from app.settings import LoRASettings
 
     policy = FlowPolicy(
-        str(folder), lora=LoRASettings(r=32, alpha=64), dtype="bfloat16",
-        resolution=dict(height=height, width=width, num_frames=frames), gradient_checkpointing=True,
-    )  # fmt: skip
+        str(folder),
+        lora=LoRASettings(r=32, alpha=64),
+        dtype="bfloat16",
+        resolution=dict(height=height, width=width, num_frames=frames),
+        gradient_checkpointing=True,
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     policy.to(device)
     conditioning = {k: v.to(device) for k, v in policy.encode_prompts(["a probe"] * micro_batch).items()}
@@ -202,9 +254,10 @@ def probe_video_memory(folder: Path, frames: int, height: int, width: int, micro
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return dict(
-        latents=tuple(x.shape), seconds=time.perf_counter() - start,
+        latents=tuple(x.shape),
+        seconds=time.perf_counter() - start,
         peak_gib=torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan"),
-    )  # fmt: skip
+    )
 
 
 RECIPES = {
@@ -216,7 +269,7 @@ RECIPES = {
             "--model.init_args.sampling.group_size=4",
             "--data.init_args.batch_size=1",
         ],
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -240,17 +293,25 @@ def main() -> None:
             params = write_random_pipeline(name, folder, args.tiny, device)
             built = time.perf_counter() - start
             overrides = [
-                f"--model.init_args.policy.init_args.model={folder}", f"--trainer.max_steps={args.steps}",
-                "--trainer.devices=1", "--trainer.strategy=auto", f"--trainer.default_root_dir={work / name}",
-                f"--trainer.logger.init_args.save_dir={work / name}", *overrides,
-            ]  # fmt: skip
+                f"--model.init_args.policy.init_args.model={folder}",
+                f"--trainer.max_steps={args.steps}",
+                "--trainer.devices=1",
+                "--trainer.strategy=auto",
+                f"--trainer.default_root_dir={work / name}",
+                f"--trainer.logger.init_args.save_dir={work / name}",
+                *overrides,
+            ]
             if args.tiny:
                 overrides += [
-                    "--trainer.accelerator=cpu", "--trainer.precision=32-true", "--model.init_args.sampling.num_steps=4",
+                    "--trainer.accelerator=cpu",
+                    "--trainer.precision=32-true",
+                    "--model.init_args.sampling.num_steps=4",
                     "--model.init_args.policy.init_args.resolution.height=64",
-                    "--model.init_args.policy.init_args.resolution.width=64", "--data.init_args.image_size=128",
-                    "--model.init_args.policy.init_args.dtype=float32", "--data.init_args.num_workers=0",
-                ]  # fmt: skip
+                    "--model.init_args.policy.init_args.resolution.width=64",
+                    "--data.init_args.image_size=128",
+                    "--model.init_args.policy.init_args.dtype=float32",
+                    "--data.init_args.num_workers=0",
+                ]
                 if name == "wan":
                     overrides += ["--model.init_args.policy.init_args.resolution.num_frames=5"]
             result = run_recipe(config, overrides)
@@ -259,10 +320,11 @@ def main() -> None:
             export = folder_gib(Path(f"runs/{Path(config).stem}/policy"))
             rows.append(
                 f"{name:<5} {params / 1e9:6.2f}B {result['trainable'] / 1e6:7.1f}M  build {built:5.1f}s  "
-                f"setup {result['setup_s']:5.1f}s  steps " + " ".join(f"{s:6.1f}s" for s in steps) +
-                f"  peak {result['peak_gib']:6.1f} GiB  total {result['total_s']:6.1f}s  "
+                f"setup {result['setup_s']:5.1f}s  steps "
+                + " ".join(f"{s:6.1f}s" for s in steps)
+                + f"  peak {result['peak_gib']:6.1f} GiB  total {result['total_s']:6.1f}s  "
                 f"rewards {[round(r, 3) for r in result['rewards']]}  checkpoints {checkpoints:.2f} GiB  export {export:.2f} GiB"
-            )  # fmt: skip
+            )
             if name == "wan" and args.wan_probe_frames:
                 frames, side = (5, 64) if args.tiny else (args.wan_probe_frames, 512)
                 probe = probe_video_memory(folder, frames, side, side, micro_batch=2)

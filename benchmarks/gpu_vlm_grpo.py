@@ -35,15 +35,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from
 import torch  # noqa: E402
 
 QWEN2_5_VL_3B_TEXT = dict(  # Qwen/Qwen2.5-VL-3B-Instruct config.json (text part)
-    vocab_size=151_936, hidden_size=2048, intermediate_size=11_008, num_hidden_layers=36, num_attention_heads=16,
-    num_key_value_heads=2, max_position_embeddings=128_000, rms_norm_eps=1e-6, hidden_act="silu",
+    vocab_size=151_936,
+    hidden_size=2048,
+    intermediate_size=11_008,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    max_position_embeddings=128_000,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
     rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [16, 24, 24]},
-)  # fmt: skip
+)
 QWEN2_5_VL_3B_VISION = dict(  # ... (vision part)
-    depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048, patch_size=14,
-    spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
-    hidden_act="silu", tokens_per_second=2,
-)  # fmt: skip
+    depth=32,
+    hidden_size=1280,
+    intermediate_size=3420,
+    num_heads=16,
+    out_hidden_size=2048,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    window_size=112,
+    fullatt_block_indexes=[7, 15, 23, 31],
+    hidden_act="silu",
+    tokens_per_second=2,
+)
 VARIANTS = {  # name -> (attn_implementation, use_liger_kernel)
     "eager": ("eager", False),
     "sdpa": ("sdpa", False),
@@ -72,10 +88,15 @@ def build_policy_folder(folder: Path, tiny: bool) -> Path:
         bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
     config = AutoConfig.for_model(
-        "qwen2_5_vl", text_config=text, vision_config=vision, tie_word_embeddings=not tiny,
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
-    )  # fmt: skip
+        "qwen2_5_vl",
+        text_config=text,
+        vision_config=vision,
+        tie_word_embeddings=not tiny,
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32 if tiny else torch.bfloat16)
@@ -141,9 +162,14 @@ def _run_vlm(folder: Path, variant: str, mode: str, shared: bool, args) -> dict:
     lora = LoRASettings(r=32, alpha=64, dropout=0.0) if mode == "lora" else None
     try:
         policy = VLMPolicy(
-            str(folder), lora=lora, dtype=dtype, attn_implementation=attn, use_liger_kernel=liger,
-            gradient_checkpointing=True, shared_prefix=shared,
-        )  # fmt: skip
+            str(folder),
+            lora=lora,
+            dtype=dtype,
+            attn_implementation=attn,
+            use_liger_kernel=liger,
+            gradient_checkpointing=True,
+            shared_prefix=shared,
+        )
     except (RuntimeError, ValueError, ImportError) as error:
         return {**row, "error": str(error)}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -187,12 +213,16 @@ def _run_vlm(folder: Path, variant: str, mode: str, shared: bool, args) -> dict:
     flops = model_flops(policy, tokens, float((lengths.float() ** 2).sum()), lora is not None)
     row.update(
         kernels=policy.kernels.summary() if policy.kernels else "-",
-        prompt_tokens=prompt_length, new_tokens=int(mask.sum()) // n,
-        rollout_s=rollout_s, rollout_tokens_per_s=int(mask.sum()) / rollout_s,
-        train_s=train_s, train_tokens_per_s=tokens / train_s,
+        prompt_tokens=prompt_length,
+        new_tokens=int(mask.sum()) // n,
+        rollout_s=rollout_s,
+        rollout_tokens_per_s=int(mask.sum()) / rollout_s,
+        train_s=train_s,
+        train_tokens_per_s=tokens / train_s,
         mfu=flops / train_s / (args.peak_tflops * 1e12) if device.type == "cuda" else None,
-        rollout_peak_gib=rollout_peak / 2**30, train_peak_gib=train_peak / 2**30,
-    )  # fmt: skip
+        rollout_peak_gib=rollout_peak / 2**30,
+        train_peak_gib=train_peak / 2**30,
+    )
     del policy, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -218,18 +248,20 @@ def run_flow(name: str, args) -> list[dict]:
             model = SD3Transformer2DModel(**config)
             side = 16 if args.tiny else 64  # 512 px / VAE factor 8
             inputs = dict(
-                hidden_states=torch.randn(batch, 16, side, side), timestep=torch.rand(batch) * 1000,
+                hidden_states=torch.randn(batch, 16, side, side),
+                timestep=torch.rand(batch) * 1000,
                 encoder_hidden_states=torch.randn(batch, 333, config["joint_attention_dim"]),
                 pooled_projections=torch.randn(batch, config["pooled_projection_dim"]),
-            )  # fmt: skip
+            )
         else:
             config = {**WAN_1_3B, **(TINY_OVERRIDES["wan"] if args.tiny else {})}
             model = WanTransformer3DModel(**config)
             frames, height, width = (2, 8, 8) if args.tiny else (9, 60, 104)  # 33 frames of 480 x 832 after the VAE
             inputs = dict(
-                hidden_states=torch.randn(batch, 16, frames, height, width), timestep=torch.rand(batch) * 1000,
+                hidden_states=torch.randn(batch, 16, frames, height, width),
+                timestep=torch.rand(batch) * 1000,
                 encoder_hidden_states=torch.randn(batch, 512, config["text_dim"]),
-            )  # fmt: skip
+            )
     model = model.to(dtype).train()
     model.enable_gradient_checkpointing()
     inputs = {k: v.to(dtype) if k != "timestep" else v for k, v in inputs.items()}

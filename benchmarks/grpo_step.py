@@ -59,17 +59,31 @@ def run(mode: str, steps: int, warmup: int, model: str) -> AlternatingStepTimer:
     policy = VLMPolicy(model, lora=lora)
     sampling = SamplingSettings(group_size=8, max_new_tokens=32)
     rewards = [AccuracyReward(weight=1.0), FormatReward(weight=0.5)]
-    module = VLMGRPOModule(policy, rewards, sampling, eval_max_new_tokens=4, optimizer=OptimizerSettings(learning_rate=1e-5))
+    module = VLMGRPOModule(
+        policy, rewards, sampling, eval_max_new_tokens=4, optimizer=OptimizerSettings(learning_rate=1e-5)
+    )
     data = VisualTaskDataModule(
-        functools.partial(DotsDataset, dot_radius=12), train_size=8 * (steps + warmup + 1), val_size=4, test_size=4,
-        batch_size=4, seed=0, image_size=64,
-    )  # fmt: skip
+        functools.partial(DotsDataset, dot_radius=12),
+        train_size=8 * (steps + warmup + 1),
+        val_size=4,
+        test_size=4,
+        batch_size=4,
+        seed=0,
+        image_size=64,
+    )
     timer = AlternatingStepTimer(warmup)
     trainer = L.Trainer(
-        max_steps=2 * (warmup + steps), accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        max_steps=2 * (warmup + steps),
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
         callbacks=[timer],
-    )  # fmt: skip
+    )
     trainer.fit(module, data)
     return timer
 

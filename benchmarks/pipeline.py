@@ -29,10 +29,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from app.rewards import RewardComponent  # noqa: E402
-from app.settings import (
-    OptimizerSettings,
-    PipelineSettings,  # noqa: E402
-)
+from app.settings import OptimizerSettings, PipelineSettings  # noqa: E402
 from app.types import VisualSample  # noqa: E402
 
 WARMUP = 2
@@ -79,7 +76,14 @@ def vlm_module(reward: RewardComponent, pipeline: PipelineSettings):
 
     policy = VLMPolicy("tiny-qwen2-vl", lora=LoRASettings(r=4, alpha=8, dropout=0.0))
     sampling = SamplingSettings(group_size=8, max_new_tokens=32)
-    return VLMGRPOModule(policy, [reward], sampling, eval_max_new_tokens=4, pipeline=pipeline, optimizer=OptimizerSettings(learning_rate=1e-4))
+    return VLMGRPOModule(
+        policy,
+        [reward],
+        sampling,
+        eval_max_new_tokens=4,
+        pipeline=pipeline,
+        optimizer=OptimizerSettings(learning_rate=1e-4),
+    )
 
 
 def vlm_data(num_batches: int):
@@ -87,9 +91,14 @@ def vlm_data(num_batches: int):
     from app.tasks.dots import DotsDataset
 
     return VisualTaskDataModule(
-        functools.partial(DotsDataset, dot_radius=12), train_size=4 * num_batches, val_size=4, test_size=4,
-        batch_size=4, seed=0, image_size=64,
-    )  # fmt: skip
+        functools.partial(DotsDataset, dot_radius=12),
+        train_size=4 * num_batches,
+        val_size=4,
+        test_size=4,
+        batch_size=4,
+        seed=0,
+        image_size=64,
+    )
 
 
 def flow_module(reward: RewardComponent, pipeline: PipelineSettings):
@@ -99,7 +108,9 @@ def flow_module(reward: RewardComponent, pipeline: PipelineSettings):
 
     policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8), resolution={"height": 64, "width": 64})
     sampling = FlowSamplingSettings(group_size=4, num_steps=8)
-    return FlowGRPOModule(policy, [reward], sampling, pipeline=pipeline, optimizer=OptimizerSettings(learning_rate=1e-4))
+    return FlowGRPOModule(
+        policy, [reward], sampling, pipeline=pipeline, optimizer=OptimizerSettings(learning_rate=1e-4)
+    )
 
 
 def flow_data(num_batches: int):
@@ -118,10 +129,17 @@ def run(family: str, seconds: float, delay: int, steps: int) -> StepTimer:
     module = build(CostlyReward(seconds), PipelineSettings(delay=delay, workers="thread"))
     timer = StepTimer()
     trainer = L.Trainer(
-        max_steps=WARMUP + steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        max_steps=WARMUP + steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
         callbacks=[timer],
-    )  # fmt: skip
+    )
     trainer.fit(module, data(WARMUP + steps + 2))
     timer.steps, timer.phases = timer.steps[WARMUP:], timer.phases[WARMUP:]
     return timer

@@ -38,7 +38,6 @@ import torch  # noqa: E402
 from app.rewards import AccuracyReward, FormatReward, WeightedReward  # noqa: E402
 from app.rewards.consistency import ConsistencyReward, parse_answers  # noqa: E402
 from app.rewards.groups import pair_groups  # noqa: E402
-from app.settings import OptimizerSettings
 from app.types import VisualSample  # noqa: E402
 
 K = 8
@@ -130,7 +129,7 @@ def grpo_step_ratio(steps: int, repeats: int) -> None:
     from app.data import VisualTaskDataModule
     from app.models import VLMPolicy
     from app.modules import VLMGRPOModule
-    from app.settings import SamplingSettings
+    from app.settings import OptimizerSettings, SamplingSettings
     from app.tasks.dots import PairedDotsDataset
 
     class StepTimer(L.Callback):
@@ -145,18 +144,35 @@ def grpo_step_ratio(steps: int, repeats: int) -> None:
 
     torch.manual_seed(0)
     policy = VLMPolicy("tiny-qwen3-vl", lora=None, instruction="")  # full fine-tuning, as in the quickstart
-    module = VLMGRPOModule(policy, rewards=[ConsistencyReward(), FormatReward(weight=0.5)], sampling=SamplingSettings(group_size=K, temperature=1.0, max_new_tokens=32), optimizer=OptimizerSettings(learning_rate=2e-4))
+    module = VLMGRPOModule(
+        policy,
+        rewards=[ConsistencyReward(), FormatReward(weight=0.5)],
+        sampling=SamplingSettings(group_size=K, temperature=1.0, max_new_tokens=32),
+        optimizer=OptimizerSettings(learning_rate=2e-4),
+    )
     data = VisualTaskDataModule(
-        functools.partial(PairedDotsDataset, dot_radius=12), train_size=64, val_size=2, test_size=2, batch_size=4,
+        functools.partial(PairedDotsDataset, dot_radius=12),
+        train_size=64,
+        val_size=2,
+        test_size=2,
+        batch_size=4,
         image_size=64,
-    )  # fmt: skip
+    )
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as root:
         trainer = L.Trainer(
-            max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-            callbacks=[timer], default_root_dir=root,
-        )  # fmt: skip
+            max_steps=steps,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            callbacks=[timer],
+            default_root_dir=root,
+        )
         trainer.fit(module, datamodule=data)
     step = statistics.median(timer.times[1:] or timer.times)  # the first step pays one-time costs
 

@@ -53,9 +53,15 @@ SAMPLERS = {
 
 
 def bench(
-    name: str, config: dict, text_tokens: int, repeats: int, math_calls: int, device: str = "cpu",
-    dtype: torch.dtype = torch.float32, batch: int = 1,
-) -> None:  # fmt: skip
+    name: str,
+    config: dict,
+    text_tokens: int,
+    repeats: int,
+    math_calls: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    batch: int = 1,
+) -> None:
     torch.manual_seed(0)
     model = SD3Transformer2DModel(**config).eval().to(device, dtype)
     params = sum(p.numel() for p in model.parameters())

@@ -187,9 +187,24 @@ def main() -> None:
     for _ in range(args.repeats):
         for strategy, world in runs:
             out = Path(f"/tmp/sharding_memory_{strategy}_{world}.json")
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
-                       __file__, "--strategy", strategy, "--out", str(out), "--checkpoint", args.checkpoint, *sizes,
-                       "--steps", str(args.steps)]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                str(world),
+                __file__,
+                "--strategy",
+                strategy,
+                "--out",
+                str(out),
+                "--checkpoint",
+                args.checkpoint,
+                *sizes,
+                "--steps",
+                str(args.steps),
+            ]
             subprocess.run(command, check=True, env=env)
             runs[(strategy, world)].append(json.loads(out.read_text()))
     report(runs, args)
@@ -215,8 +230,10 @@ def report(runs: dict[tuple[str, int], list], args) -> None:
     """Print the training-state table (world 4) and the set-up table (every world, whole vs lean loading)."""
     trained = {strategy: runs[(strategy, WORLD)] for strategy in STRATEGIES}
     ddp_state = max(r["state"] for r in trained["ddp"][0])
-    print(f"\nhidden {args.hidden}, {args.blocks} blocks, vocab {args.vocab}, float32 + AdamW, gloo on CPU, "
-          f"{args.repeats} run(s) each (min / median / max over runs of the largest rank)")  # fmt: skip
+    print(
+        f"\nhidden {args.hidden}, {args.blocks} blocks, vocab {args.vocab}, float32 + AdamW, gloo on CPU, "
+        f"{args.repeats} run(s) each (min / median / max over runs of the largest rank)"
+    )
     print(f"\n{WORLD} processes: training state")
     print(f"{'strategy':10} {'state / rank (MB)':>18} {'vs DDP':>8} {'target':>8} {'peak RSS / rank (MB)':>21}")
     for strategy, strategy_runs in trained.items():
@@ -224,11 +241,15 @@ def report(runs: dict[tuple[str, int], list], args) -> None:
         shards = 1 if strategy == "ddp" else mesh_shape(strategy.removesuffix("-lean"), WORLD)[1]
         target = 1 / shards + 0.10 if strategy != "ddp" else 1.0
         verdict = "ok" if state / ddp_state <= target else "MISSED"
-        print(f"{strategy:10} {state / 1e6:18.1f} {state / ddp_state:8.3f} {'<= ' + format(target, '.2f'):>8} "
-              f"{spread(largest(strategy_runs, 'peak_rss')):>21}  {verdict}")  # fmt: skip
+        print(
+            f"{strategy:10} {state / 1e6:18.1f} {state / ddp_state:8.3f} {'<= ' + format(target, '.2f'):>8} "
+            f"{spread(largest(strategy_runs, 'peak_rss')):>21}  {verdict}"
+        )
     print("\nset-up: after the model is built, sharded and loaded, before the first step")
-    print(f"{'world':>5} {'strategy':10} {'mesh':>6} {'baseline RSS':>13} {'set-up peak RSS':>16} "
-          f"{'above baseline':>15} {'peak / whole':>13} {'above / whole':>14} {'same weights':>13}")  # fmt: skip
+    print(
+        f"{'world':>5} {'strategy':10} {'mesh':>6} {'baseline RSS':>13} {'set-up peak RSS':>16} "
+        f"{'above baseline':>15} {'peak / whole':>13} {'above / whole':>14} {'same weights':>13}"
+    )
     for (strategy, world), strategy_runs in sorted(runs.items(), key=lambda item: (item[0][1], item[0][0])):
         if strategy == "ddp":
             continue
@@ -243,10 +264,14 @@ def report(runs: dict[tuple[str, int], list], args) -> None:
             checksums = {rows[0]["checksum"] for rows in strategy_runs + whole_runs}
             same = "yes" if len(checksums) == 1 else f"NO {sorted(checksums)}"
         shape = "x".join(map(str, mesh_shape(whole, world)))
-        print(f"{world:5} {strategy:10} {shape:>6} {spread(largest(strategy_runs, 'baseline_rss')):>13} "
-              f"{spread(peaks):>16} {spread(parts):>15} {peak_ratio:>13} {part_ratio:>14} {same:>13}")  # fmt: skip
-    print(f"(MB per rank; ratios: medians, lean / the same mesh with every rank building the whole model; target at "
-          f"world {WORLD}: <= {TARGET})")  # fmt: skip
+        print(
+            f"{world:5} {strategy:10} {shape:>6} {spread(largest(strategy_runs, 'baseline_rss')):>13} "
+            f"{spread(peaks):>16} {spread(parts):>15} {peak_ratio:>13} {part_ratio:>14} {same:>13}"
+        )
+    print(
+        f"(MB per rank; ratios: medians, lean / the same mesh with every rank building the whole model; target at "
+        f"world {WORLD}: <= {TARGET})"
+    )
 
 
 if __name__ == "__main__":

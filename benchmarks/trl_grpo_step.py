@@ -40,12 +40,22 @@ def dataset(n: int):
     datasets.fingerprint.Hasher.hash = classmethod(lambda cls, value: f"{next(counter):016x}")
     samples = DotsDataset(n, seed=0, image_size=64, dot_radius=12)
     rows = [samples[i] for i in range(n)]
-    return datasets.Dataset.from_dict({
-        "prompt": [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": s.question + REASONING_INSTRUCTION}]}] for s in rows],
-        "image": [s.images[0] for s in rows],
-        "answer": [s.answer for s in rows],
-        "task": [s.task for s in rows],
-    })  # fmt: skip
+    return datasets.Dataset.from_dict(
+        {
+            "prompt": [
+                [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image"}, {"type": "text", "text": s.question + REASONING_INSTRUCTION}],
+                    }
+                ]
+                for s in rows
+            ],
+            "image": [s.images[0] for s in rows],
+            "answer": [s.answer for s in rows],
+            "task": [s.task for s in rows],
+        }
+    )
 
 
 def reward_functions():
@@ -93,17 +103,36 @@ def run(mode: str, steps: int, warmup: int, model: str, gradient_checkpointing: 
         )
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
-            output_dir=out, use_cpu=True, bf16=False, fp16=False, report_to="none", save_strategy="no",
-            logging_strategy="no", max_steps=warmup + steps, per_device_train_batch_size=32, num_generations=8,
-            gradient_accumulation_steps=1, max_completion_length=32, temperature=1.0, beta=0.0, learning_rate=1e-5,
-            reward_weights=[1.0, 0.5], seed=0, dataloader_num_workers=0, disable_tqdm=True,
+            output_dir=out,
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            report_to="none",
+            save_strategy="no",
+            logging_strategy="no",
+            max_steps=warmup + steps,
+            per_device_train_batch_size=32,
+            num_generations=8,
+            gradient_accumulation_steps=1,
+            max_completion_length=32,
+            temperature=1.0,
+            beta=0.0,
+            learning_rate=1e-5,
+            reward_weights=[1.0, 0.5],
+            seed=0,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
             gradient_checkpointing=gradient_checkpointing,
-        )  # fmt: skip
+        )
         timer = StepTimer()
         trainer = GRPOTrainer(
-            model=resolve_pretrained(model), reward_funcs=reward_functions(), args=config,
-            train_dataset=dataset(4 * (warmup + steps + 1)), peft_config=peft_config, callbacks=[timer],
-        )  # fmt: skip
+            model=resolve_pretrained(model),
+            reward_funcs=reward_functions(),
+            args=config,
+            train_dataset=dataset(4 * (warmup + steps + 1)),
+            peft_config=peft_config,
+            callbacks=[timer],
+        )
         trainer.train()
     return timer.times[warmup:]
 
@@ -116,9 +145,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="tiny-qwen2.5-vl")
     parser.add_argument(
-        "--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
+        "--no-gradient-checkpointing",
+        dest="gradient_checkpointing",
+        action="store_false",
         help="turn off TRL's default gradient checkpointing (this package's default is off)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     import trl

@@ -139,8 +139,10 @@ class CompletionTableLogger(L.Callback):
                     image = render_table(rows, thumbnails, self.thumbnail_size)
                     logger.experiment.add_image("completions/table", np.asarray(image), step, dataformats="HWC")
         table_columns = ["image", *columns] if self.thumbnail_size else columns
-        table_rows = [[t, *(row.get(c, "") for c in columns)] if self.thumbnail_size else [row.get(c, "") for c in columns]
-                      for row, t in zip(rows, thumbnails, strict=True)]  # fmt: skip
+        table_rows = [
+            [t, *(row.get(c, "") for c in columns)] if self.thumbnail_size else [row.get(c, "") for c in columns]
+            for row, t in zip(rows, thumbnails, strict=True)
+        ]
         log_table(trainer, "completions", table_columns, table_rows, step, image_column="image")
 
     def _thumbnails(self, records: list[CompletionRecord], batch: Any, group_size: int) -> list[Image.Image | None]:

@@ -90,8 +90,10 @@ class TrainingHealthMonitor(L.Callback):
                 f"reward collapse: {zero:.0%} of groups have identical rewards (no learning signal) for "
                 f"{self._collapsed_steps} steps; check the reward, the sampling temperature or the task difficulty",
             )
-        for kind, key, limit in (("kl_blowup", "train/kl", self.max_kl),
-                                 ("clip_blowup", "train/clip_fraction", self.max_clip_fraction)):  # fmt: skip
+        for kind, key, limit in (
+            ("kl_blowup", "train/kl", self.max_kl),
+            ("clip_blowup", "train/clip_fraction", self.max_clip_fraction),
+        ):
             value = metrics.get(key)
             if value is not None and math.isfinite(value) and value > limit:
                 tripped[(kind, key)] = (value, f"{key} = {value:.4g} is above {limit:g}; lower the learning rate")
@@ -103,8 +105,11 @@ class TrainingHealthMonitor(L.Callback):
                     f"completion length collapsed to {length:.1f} tokens (max so far {self._max_length:.1f})",
                 )
             self._max_length = max(self._max_length, length)
-        new = [Alarm(step, kind, key, value, f"step {step}: {message}")
-               for (kind, key), (value, message) in tripped.items() if (kind, key) not in self._active]  # fmt: skip
+        new = [
+            Alarm(step, kind, key, value, f"step {step}: {message}")
+            for (kind, key), (value, message) in tripped.items()
+            if (kind, key) not in self._active
+        ]
         self._active = set(tripped)
         for alarm in new:
             self.alarms.append(alarm)

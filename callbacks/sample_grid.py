@@ -22,9 +22,13 @@ from callbacks.media import captioned, log_image, text_cell, tile, to_pil
 
 
 def grid_frames(
-    images: torch.Tensor, rewards: list[float], prompts: list[str], group_size: int,
-    conditions: list[Image.Image | None] | None = None, cell_size: int = 96,
-) -> list[Image.Image]:  # fmt: skip
+    images: torch.Tensor,
+    rewards: list[float],
+    prompts: list[str],
+    group_size: int,
+    conditions: list[Image.Image | None] | None = None,
+    cell_size: int = 96,
+) -> list[Image.Image]:
     """The grid of ``images`` (``[n, 3, H, W]``: one frame, or ``[n, F, 3, H, W]``: F frames), one row per prompt.
 
     Row ``b`` holds ``prompts[b]`` (above ``conditions[b]`` when given) and samples ``b*K .. b*K+K-1`` captioned with
@@ -139,9 +143,13 @@ class SampleGridLogger(L.Callback):
         samples = list(batch)[: -(-n // k)] if isinstance(batch, (list, tuple)) else []
         conditions = [s.images[0] if getattr(s, "images", None) else None for s in samples]
         frames = grid_frames(
-            images[:n], [r.reward for r in records[:n]], [records[b * k].question for b in range(-(-n // k))], k,
-            conditions, self.cell_size,
-        )  # fmt: skip
+            images[:n],
+            [r.reward for r in records[:n]],
+            [records[b * k].question for b in range(-(-n // k))],
+            k,
+            conditions,
+            self.cell_size,
+        )
         os.makedirs(self._dirpath, exist_ok=True)
         png = os.path.join(self._dirpath, f"step_{step:06d}.png")
         frames[-1].save(png)

@@ -79,9 +79,12 @@ class ThroughputLogger(L.Callback):
             self._tokens += tokens
         flops = self._flops_per_token * tokens if tokens is not None and self._throughput.available_flops else None
         self._throughput.update(
-            time=self._train_time, batches=self._batches, samples=self._samples,
-            lengths=self._tokens if tokens is not None else None, flops=flops,
-        )  # fmt: skip
+            time=self._train_time,
+            batches=self._batches,
+            samples=self._samples,
+            lengths=self._tokens if tokens is not None else None,
+            flops=flops,
+        )
         rates = self._throughput.compute()
         values = {"train/time/step": seconds}
         names = {

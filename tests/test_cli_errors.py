@@ -42,7 +42,14 @@ def run_main(args: list[str], capsys) -> tuple[int, str]:
 @pytest.mark.parametrize(
     "override, expected",
     [
-        (["--model.init_args.eps_lowww", "0.1"], ["model.init_args.eps_lowww", "did you mean 'eps_low'?", "accepted:"]),
+        (
+            ["--model.init_args.grpo.eps_lowww", "0.1"],
+            ["model.init_args.grpo.eps_lowww", "did you mean 'eps_low'?", "accepted: eps_low, eps_high, beta"],
+        ),
+        (
+            ["--model.init_args.eps_lowww", "0.1"],
+            ["model.init_args.eps_lowww", "accepted: policy, rewards, sampling, grpo, optimizer"],
+        ),
         (
             ["--model.init_args.policy.init_args.lora.rr", "3"],
             ["model.init_args.policy.init_args.lora.rr", "did you mean 'r'?", "accepted: r, alpha, dropout"],
@@ -57,14 +64,27 @@ def run_main(args: list[str], capsys) -> tuple[int, str]:
             ["model.init_args.sampling.max_new_tokens: expected int, got 'abc'"],
         ),
         (
-            ["--model.init_args.advantage_scale", "grop"],
+            ["--model.init_args.optimizer.learning_rate", "abc"],  # float | None: null is the family's default
+            ["model.init_args.optimizer.learning_rate: expected float, got 'abc'"],
+        ),
+        (
+            ["--model.init_args.grpo.advantage_scale", "grop"],
             [
-                "model.init_args.advantage_scale: got 'grop', expected one of group, batch, none",
+                "model.init_args.grpo.advantage_scale: got 'grop', expected one of group, batch, none",
                 "did you mean 'group'?",
             ],
         ),
     ],
-    ids=["misspelt_key", "misspelt_nested_key", "misspelt_trainer_option", "unknown_class_path", "bad_type", "choice"],
+    ids=[
+        "misspelt_key",
+        "unknown_module_key",
+        "misspelt_nested_key",
+        "misspelt_trainer_option",
+        "unknown_class_path",
+        "bad_type",
+        "bad_optional_type",
+        "choice",
+    ],
 )
 def test_a_config_error_is_a_few_lines_naming_the_field_and_a_fix(override, expected, capsys):
     code, output = run_main(["fit", "--config", str(TINY_GRPO), *override], capsys)
@@ -129,7 +149,7 @@ def test_command_and_config_file_mistakes_are_one_line(args, expected, capsys, m
             ["--model.init_args.sampling.group_size", "-2"],
             [
                 "error: model.init_args.sampling.group_size = -2: group_size must be >= 1, got -2",
-                "raised by app.models.vlm.SamplingSettings (ValueError)",
+                "raised by app.settings.SamplingSettings (ValueError)",
             ],
         ),
         (

@@ -145,8 +145,10 @@ def test_to_uint8_frames_reads_float_images_and_videos_channel_first_clamped_to_
 def test_frames_at_size_allows_an_aspect_difference_up_to_the_tolerance_and_says_what_to_do_beyond():
     frames = np.zeros((1, 2, 3, 3), np.uint8)  # 3:2, target 4x4: (3 / 2) / 1 - 1 = 0.5 exactly
     assert frames_at_size(frames, 4, 4, aspect_tolerance=0.5).shape == (1, 4, 4, 3)
-    message = ("rendering of 3x2 pixels does not have the problem's aspect ratio (4x4): generate at the problem's "
-               "aspect ratio (the flow policy's resolution)")  # fmt: skip
+    message = (
+        "rendering of 3x2 pixels does not have the problem's aspect ratio (4x4): generate at the problem's "
+        "aspect ratio (the flow policy's resolution)"
+    )
     with pytest.raises(ValueError, match=re.escape(message)):
         frames_at_size(frames, 4, 4, aspect_tolerance=0.49)
 

@@ -28,8 +28,15 @@ class NaNReward(RewardComponent):
         return torch.full((len(completions),), float("nan"))
 
 
-def grpo(new_policy, rewards=None, **kwargs):
-    return VLMGRPOModule(new_policy("tiny-qwen2-vl", lora_r=4), rewards or [LengthReward()], SamplingSettings(group_size=2, max_new_tokens=6), eval_max_new_tokens=4, **kwargs, optimizer=OptimizerSettings(learning_rate=1e-2))  # fmt: skip
+def grpo(new_policy, rewards=None, **optimizer):
+    """A tiny GRPO module; ``optimizer`` are :class:`OptimizerSettings` fields (learning rate 1e-2 unless given)."""
+    return VLMGRPOModule(
+        new_policy("tiny-qwen2-vl", lora_r=4),
+        rewards or [LengthReward()],
+        SamplingSettings(group_size=2, max_new_tokens=6),
+        optimizer=OptimizerSettings(**{"learning_rate": 1e-2, **optimizer}),
+        eval_max_new_tokens=4,
+    )
 
 
 class SendSignal(Callback):
@@ -184,10 +191,14 @@ def test_object_store_paths_go_to_lightnings_own_writer(monkeypatch, tmp_path):
 
 
 # ------------------------------------------------------------------------------------- automatic optimisation
-def sft(new_policy, **kwargs):
+def sft(new_policy, **optimizer):
     from app.modules import VLMSFTModule
 
-    return VLMSFTModule(new_policy("tiny-qwen2-vl", lora_r=4), eval_max_new_tokens=4, **kwargs, optimizer=OptimizerSettings(learning_rate=1e-2))
+    return VLMSFTModule(
+        new_policy("tiny-qwen2-vl", lora_r=4),
+        optimizer=OptimizerSettings(**{"learning_rate": 1e-2, **optimizer}),
+        eval_max_new_tokens=4,
+    )
 
 
 def test_sft_skips_a_nan_gradient_step_without_touching_weights_or_optimizer_state(new_policy, new_datamodule, fit):

@@ -43,9 +43,17 @@ def python_m_app(args: list[str], env: dict, timeout: int = 240) -> subprocess.C
 
 def tiny_fit(root: Path, *extra: str) -> list[str]:
     return [
-        "fit", "--config", str(TINY_GRPO), "--trainer.default_root_dir", str(root),
-        "--validate_before_and_after", "false", "--trainer.max_steps", "1", *extra,
-    ]  # fmt: skip
+        "fit",
+        "--config",
+        str(TINY_GRPO),
+        "--trainer.default_root_dir",
+        str(root),
+        "--validate_before_and_after",
+        "false",
+        "--trainer.max_steps",
+        "1",
+        *extra,
+    ]
 
 
 def unwritable_folder(tmp_path: Path) -> Path:
@@ -114,9 +122,14 @@ def bad_checkpoints(tmp_path_factory) -> dict[str, Path]:
     """A truncated checkpoint, a text file, and the (whole) checkpoint of another model (Lightning's BoringModel)."""
     folder = tmp_path_factory.mktemp("bad_checkpoints")
     trainer = L.Trainer(
-        max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", default_root_dir=folder,
-    )  # fmt: skip
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=folder,
+    )
     trainer.fit(BoringModel())
     other = folder / "boring.ckpt"
     trainer.save_checkpoint(other)
@@ -160,7 +173,9 @@ def test_all_nan_rewards_stop_the_run_with_a_short_message(tmp_path, app_env):
     env = app_env()
     env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{FIXTURES}"  # nan_reward.py
     rewards = '[{"class_path": "nan_reward.NaNReward", "init_args": {"name": "broken"}}]'
-    args = tiny_fit(tmp_path, "--model.init_args.rewards", rewards, "--model.init_args.max_nonfinite_steps", "1")
+    args = tiny_fit(
+        tmp_path, "--model.init_args.rewards", rewards, "--model.init_args.optimizer.max_nonfinite_steps", "1"
+    )
     result = python_m_app(args, env)
     output = result.stdout + result.stderr
     assert_short(result.returncode, output, "every reward was non-finite", "'broken': 8")
@@ -185,19 +200,19 @@ def bad_fields(tmp_path: Path, model: dict, data: dict) -> Path:
     "model, data, expected",
     [
         (
-            {"eps_lowww": 0.1},
+            {"grpo": {"eps_lowww": 0.1}},
             {"batch_sizee": 2},
-            ["model.init_args.eps_lowww", "did you mean 'eps_low'?", "data.init_args.batch_sizee"],
+            ["model.init_args.grpo.eps_lowww", "did you mean 'eps_low'?", "data.init_args.batch_sizee"],
         ),
         (
-            {"learning_rate": "abc"},
+            {"optimizer": {"weight_decay": "abc"}},
             {"batch_size": "xyz"},
-            ["model.init_args.learning_rate: expected float", "data.init_args.batch_size: expected int"],
+            ["model.init_args.optimizer.weight_decay: expected float", "data.init_args.batch_size: expected int"],
         ),
         (
-            {"eps_lowww": 0.1, "learning_rate": "abc"},
+            {"grpo": {"eps_lowww": 0.1}, "optimizer": {"learning_rate": "abc"}},
             {},
-            ["model.init_args.eps_lowww", "model.init_args.learning_rate"],
+            ["model.init_args.grpo.eps_lowww", "model.init_args.optimizer.learning_rate"],
         ),
     ],
     ids=["two_unknown_keys", "two_bad_values", "two_in_one_section"],
@@ -220,9 +235,16 @@ def test_two_bad_fields_on_the_command_line_are_both_named(capsys):
 
 def test_two_values_constructors_reject_are_both_named(tmp_path, capsys):
     args = [
-        "fit", "--config", str(TINY_GRPO), "--trainer.default_root_dir", str(tmp_path),
-        "--model.init_args.sampling.group_size", "-2", "--data.init_args.train_size", "0",
-    ]  # fmt: skip
+        "fit",
+        "--config",
+        str(TINY_GRPO),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--model.init_args.sampling.group_size",
+        "-2",
+        "--data.init_args.train_size",
+        "0",
+    ]
     code, output = run_main(args, capsys)
     assert code == 1 and len(output.splitlines()) <= MAX_LINES, output
     assert "model.init_args.sampling.group_size = -2" in output, output

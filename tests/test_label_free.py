@@ -111,8 +111,24 @@ def test_spatial_label_free_shards_stream_as_scored_pairs(tmp_path):
     from app.data import ShardDataModule
     from app.tasks.spatial import SpatialPairAugmenter
 
-    data_main(["spatial", "--out", str(tmp_path), "--num", "8", "--seed", "0", "--image-size", "96", "--strip-labels",
-               "--tasks", "orientation", "depth", "counting"])  # fmt: skip
+    data_main(
+        [
+            "spatial",
+            "--out",
+            str(tmp_path),
+            "--num",
+            "8",
+            "--seed",
+            "0",
+            "--image-size",
+            "96",
+            "--strip-labels",
+            "--tasks",
+            "orientation",
+            "depth",
+            "counting",
+        ]
+    )
     dm = ShardDataModule(str(tmp_path / "spatial-*.tar"), batch_size=4, augment=SpatialPairAugmenter(), seed=0)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))

@@ -50,8 +50,11 @@ def main() -> None:
     wrapped = trampoline.wrap_in_trampoline({"_mutmut_orig": add_one})(add_one)
     wrapped.__module__ = __name__
     environ_lookup = trampoline.get_mutant_under_test
-    rows = {"plain function": (add_one, environ_lookup), "trampoline, os.environ lookup": (wrapped, environ_lookup),
-            "trampoline, fixed lookup": (wrapped, lambda: active)}  # fmt: skip
+    rows = {
+        "plain function": (add_one, environ_lookup),
+        "trampoline, os.environ lookup": (wrapped, environ_lookup),
+        "trampoline, fixed lookup": (wrapped, lambda: active),
+    }
     print(f"{'call of':<30} {'us per call':>12}")
     seconds = {}
     for name, (function, lookup) in rows.items():

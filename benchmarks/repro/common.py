@@ -59,7 +59,7 @@ def run_stage(
 ) -> StageResult:
     """Run ``configs/<config>`` for ``seed`` in ``folder``; return its ``summary.json``.
 
-    ``overrides`` are ``KEY=VALUE`` CLI options (``model.init_args.learning_rate=1e-4``). ``run_dir`` is the folder
+    ``overrides`` are ``KEY=VALUE`` CLI options (``model.init_args.optimizer.learning_rate=1e-4``). ``run_dir`` is the folder
     (relative to ``folder``) holding ``summary.json`` -- the recipe's ``runs/<config stem>`` unless given.
     """
     stem = config.removesuffix(".yaml")
@@ -70,8 +70,18 @@ def run_stage(
         seconds = float(seconds_path.read_text()) if seconds_path.is_file() else float("nan")
         return _read(summary_path, seconds, reused=True)
     folder.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "app", "fit", "--config", str(ROOT / "configs" / config),
-            "--seed_everything", str(seed), "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "app",
+        "fit",
+        "--config",
+        str(ROOT / "configs" / config),
+        "--seed_everything",
+        str(seed),
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
     if seed_module:
         args += ["--model.init_args.seed", str(seed)]
     if seed_data:
@@ -157,8 +167,10 @@ def write_section(name: str, markdown: str, path: Path = RESULTS) -> None:
 
 def wall_time(jobs: int) -> str:
     """How long the script has run, and on what: the figure the 30-minute budget of a reproduction is checked on."""
-    return (f"{(time.time() - STARTED) / 60:.1f} min of wall time on {os.cpu_count()} CPU cores, "
-            f"at most {jobs} stages at a time")  # fmt: skip
+    return (
+        f"{(time.time() - STARTED) / 60:.1f} min of wall time on {os.cpu_count()} CPU cores, "
+        f"at most {jobs} stages at a time"
+    )
 
 
 def command_line() -> str:

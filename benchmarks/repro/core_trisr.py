@@ -60,7 +60,7 @@ DIAGNOSIS = (
     "leaves undecided) and loses the count lines on seeds 0 and 2 (grounding 0.66 → 0.27 and 0.63 → 0.00), which "
     "TriSR's arm keeps (0.59-0.65 on every seed). So the structured terms keep the response structured and, on two "
     "seeds of three, consistent, which is what the TriSR-minus-task-only gaps measure here; they do not show the "
-    "paper's accuracy gain from better comparisons. At lr 5e-5 (`--set model.init_args.learning_rate=5e-5`, same "
+    "paper's accuracy gain from better comparisons. At lr 5e-5 (`--set model.init_args.optimizer.learning_rate=5e-5`, same "
     "SFT starts, seeds 0-2; run on 2026-12-02, before inverse-transform sampling) neither arm collapsed and the "
     "two were level: overall 0.163 ± 0.040 vs 0.187 ± 0.023, partial 0.513 ± 0.043 vs 0.510 ± 0.030, R_tc 0.667 ± "
     "0.577 vs 0.583 ± 0.528 (TriSR vs task only; not reproduced)."

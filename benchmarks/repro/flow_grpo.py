@@ -56,18 +56,26 @@ class Arm:
 
 
 TASKS = {
-    "vbvr": Task("quickstart_vbvr_pretrain.yaml", "quickstart_vbvr.yaml", "val/reward/vbvr_scorer",
-                 "Flow-GRPO on the conditioned VBVR quickstart",
-                 "The tiny FLUX-Kontext-style image-edit model sees each problem frame (colour mixing, object counting; "
-                 "in-domain and out-of-domain splits) and is rewarded by the VBVR classical-CV scorers; 200 GRPO steps "
-                 "of 8 prompts x 8 samples, one stochastic step after a start shared by the group. The paper's claims "
-                 "tested: flow-GRPO raises the verifiable reward; CPS is preferred to SDE at eta 0.7; the one-step "
-                 "delay of the reward pipeline costs nothing in learning."),
-    "flow": Task("quickstart_flow_pretrain.yaml", "quickstart_flow.yaml", "val/reward/color_region",
-                 "Flow-GRPO on the flow quickstart",
-                 "The tiny SD3-style text-to-image model draws a coloured shape in a named half of the image; the "
-                 "reward checks colour, region and shape; 100 GRPO steps of 32 prompts x 8 samples."),
-}  # fmt: skip
+    "vbvr": Task(
+        "quickstart_vbvr_pretrain.yaml",
+        "quickstart_vbvr.yaml",
+        "val/reward/vbvr_scorer",
+        "Flow-GRPO on the conditioned VBVR quickstart",
+        "The tiny FLUX-Kontext-style image-edit model sees each problem frame (colour mixing, object counting; "
+        "in-domain and out-of-domain splits) and is rewarded by the VBVR classical-CV scorers; 200 GRPO steps "
+        "of 8 prompts x 8 samples, one stochastic step after a start shared by the group. The paper's claims "
+        "tested: flow-GRPO raises the verifiable reward; CPS is preferred to SDE at eta 0.7; the one-step "
+        "delay of the reward pipeline costs nothing in learning.",
+    ),
+    "flow": Task(
+        "quickstart_flow_pretrain.yaml",
+        "quickstart_flow.yaml",
+        "val/reward/color_region",
+        "Flow-GRPO on the flow quickstart",
+        "The tiny SD3-style text-to-image model draws a coloured shape in a named half of the image; the "
+        "reward checks colour, region and shape; 100 GRPO steps of 32 prompts x 8 samples.",
+    ),
+}
 ARMS = {
     "cps": Arm(None, what="CPS, eta 0.7 (the recipe)"),
     "sde": Arm(None, ("model.init_args.sampling.sampler=sde",), "SDE, eta 0.7"),
@@ -94,13 +102,19 @@ def run_seed(
     """Stage 1 once in ``<out>/seed<S>``, then every arm from it: the stage-1 result and each arm's."""
     folder = out / f"seed{seed}"
     pre = run_stage(task.pretrain, seed, folder, reuse=reuse)
-    print(f"seed {seed}: pretraining {pre.before.get(task.key, float('nan')):.3f} -> {pre.after[task.key]:.3f} "
-          f"({pre.seconds / 60:.1f} min)", flush=True)  # fmt: skip
+    print(
+        f"seed {seed}: pretraining {pre.before.get(task.key, float('nan')):.3f} -> {pre.after[task.key]:.3f} "
+        f"({pre.seconds / 60:.1f} min)",
+        flush=True,
+    )
 
     def arm_run(arm: str) -> StageResult:
         result = run_arm(task, arm, seed, folder, reuse)
-        print(f"seed {seed} {arm}: {result.before[task.key]:.3f} -> {result.after[task.key]:.3f} "
-              f"({result.seconds / 60:.1f} min)", flush=True)  # fmt: skip
+        print(
+            f"seed {seed} {arm}: {result.before[task.key]:.3f} -> {result.after[task.key]:.3f} "
+            f"({result.seconds / 60:.1f} min)",
+            flush=True,
+        )
         return result
 
     return pre, in_parallel(arm_run, arms)
@@ -112,12 +126,16 @@ def comparisons(results: dict[str, list[tuple[int, StageResult]]], key: str) -> 
     claims = []
     if "cps" in after and "sde" in after:
         gaps = [c - d for c, d in zip(after["cps"], after["sde"], strict=True)]
-        claims.append(f"- CPS ends above SDE at eta 0.7 (VBVR-Pro's preference): CPS minus SDE {fmt(gaps)} "
-                      f"({in_direction(gaps)}).")  # fmt: skip
+        claims.append(
+            f"- CPS ends above SDE at eta 0.7 (VBVR-Pro's preference): CPS minus SDE {fmt(gaps)} "
+            f"({in_direction(gaps)})."
+        )
     if "cps" in after and "cps_delay1" in after:
         gaps = [c - d for c, d in zip(after["cps_delay1"], after["cps"], strict=True)]
-        claims.append(f"- The one-step-delayed pipeline learns as the plain step does: delay 1 minus delay 0 "
-                      f"{fmt(gaps)} (per seed {', '.join(f'{g:+.3f}' for g in gaps)}).")  # fmt: skip
+        claims.append(
+            f"- The one-step-delayed pipeline learns as the plain step does: delay 1 minus delay 0 "
+            f"{fmt(gaps)} (per seed {', '.join(f'{g:+.3f}' for g in gaps)})."
+        )
     for arm, rows in results.items():
         rise = [r.after[key] - r.before[key] for _, r in rows]
         claims.append(f"- {ARMS[arm].what} raises the held-out reward: rise {fmt(rise)} ({in_direction(rise)}).")
@@ -144,21 +162,30 @@ def main() -> None:
         arm: [(seed, arms[arm]) for seed, (_, arms) in zip(args.seeds, per_seed, strict=True)] for arm in args.arms
     }
 
-    lines = [f"## {task.title}", "", f"Command: `{command_line()}` ({wall_time(args.jobs)}).", "", task.what, "",
-             f"Held-out `{task.key}` (deterministic Euler samples), before -> after GRPO from the same stage-1 model "
-             f"per seed (`configs/{task.pretrain}`: {fmt([p.after[task.key] for p in stage1])} after it, in "
-             f"{', '.join(f'{p.seconds / 60:.1f}' for p in stage1)} min); mean ± sample std over seeds. Minutes are each "
-             "stage's own wall time.", "",
-             "| arm | seeds | before | after | rise | per seed (before -> after) | GRPO minutes |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"## {task.title}",
+        "",
+        f"Command: `{command_line()}` ({wall_time(args.jobs)}).",
+        "",
+        task.what,
+        "",
+        f"Held-out `{task.key}` (deterministic Euler samples), before -> after GRPO from the same stage-1 model "
+        f"per seed (`configs/{task.pretrain}`: {fmt([p.after[task.key] for p in stage1])} after it, in "
+        f"{', '.join(f'{p.seconds / 60:.1f}' for p in stage1)} min); mean ± sample std over seeds. Minutes are each "
+        "stage's own wall time.",
+        "",
+        "| arm | seeds | before | after | rise | per seed (before -> after) | GRPO minutes |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for arm, rows in results.items():
         before = [r.before[task.key] for _, r in rows]
         after = [r.after[task.key] for _, r in rows]
         rise = [a - b for a, b in zip(after, before, strict=True)]
         per_seed = ", ".join(f"{s}: {r.before[task.key]:.3f} -> {r.after[task.key]:.3f}" for s, r in rows)
         minutes = ", ".join(f"{r.seconds / 60:.1f}" for _, r in rows)
-        lines.append(f"| {ARMS[arm].what} | {len(rows)} | {fmt(before)} | {fmt(after)} | {fmt(rise)} | {per_seed} | "
-                     f"{minutes} |")  # fmt: skip
+        lines.append(
+            f"| {ARMS[arm].what} | {len(rows)} | {fmt(before)} | {fmt(after)} | {fmt(rise)} | {per_seed} | {minutes} |"
+        )
     lines += ["", *comparisons(results, task.key)]
     table = "\n".join(lines)
     print("\n" + table, flush=True)

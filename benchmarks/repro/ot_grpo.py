@@ -59,8 +59,12 @@ REWARDS = {
     "minimal": [consistency("minimal"), FORMAT],
     "random": [consistency("random"), FORMAT],
 }
-LABELS = {"none": "(d) no RL (SFT)", "accuracy": "(a) accuracy GRPO", "minimal": "(b) consistency, minimal (OT)",
-          "random": "(c) consistency, random"}  # fmt: skip
+LABELS = {
+    "none": "(d) no RL (SFT)",
+    "accuracy": "(a) accuracy GRPO",
+    "minimal": "(b) consistency, minimal (OT)",
+    "random": "(c) consistency, random",
+}
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,9 @@ def run_seed(seed: int, args: argparse.Namespace) -> SeedResult:
 
     def condition_run(condition: str) -> StageResult:
         overrides = grpo_overrides(policy, args, condition)
-        result = run_stage(GRPO, seed, folder / condition, overrides, log_name=condition, reuse=args.reuse,
-                           seed_module=False)  # fmt: skip
+        result = run_stage(
+            GRPO, seed, folder / condition, overrides, log_name=condition, reuse=args.reuse, seed_module=False
+        )
         print(f"seed {seed} {condition}: {KEY} {result.before[KEY]:.3f} -> {result.after[KEY]:.3f}", flush=True)
         return result
 
@@ -130,8 +135,10 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
     seeds = [r.seed for r in results]
     values = {c: [r.acc[c] for r in results] for c in conditions}
     means = {c: mean_std(values[c])[0] for c in conditions}
-    rows = ["| condition | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± std |",
-            "|---|" + "---|" * (len(seeds) + 1)]  # fmt: skip
+    rows = [
+        "| condition | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± std |",
+        "|---|" + "---|" * (len(seeds) + 1),
+    ]
     for c in conditions:
         rows.append(f"| {LABELS[c]} | " + " | ".join(f"{v:.3f}" for v in values[c]) + f" | {fmt(values[c])} |")
     b_minus_d = [r.acc["minimal"] - r.acc["none"] for r in results]
@@ -149,24 +156,26 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
         f"{'**reproduced**' if fraction >= 0.5 else '**not reproduced**'}; (b - d) / (a - d) = "
         f"{fraction:.2f} from the means (per seed: {', '.join(f'{v:.2f}' for v in per_seed_fraction)}).",
     ]
-    return "\n".join([
-        "## OT-GRPO: label-free consistency vs accuracy rewards",
-        "",
-        f"`{command_line()}` ({len(seeds)} seeds; {wall_time(args.jobs)}; the stages themselves took "
-        f"{wall / 60:.1f} min{reused}).",
-        "",
-        f"From one quickstart CoT-SFT policy per seed, {args.steps} GRPO steps each on the same paired dots data "
-        f"(`configs/consistency_dots.yaml`: 4 pairs per step, K = 8, lr 2e-4, no KL; twin transforms "
-        f"{', '.join(args.transforms)}, each with probability {args.transform_prob}), differing only in the reward. "
-        f"Greedy held-out accuracy (`{KEY}`) on the same {2 * args.val_pairs} validation prompts (originals and "
-        f"twins); mean ± sample std over the seeds.{overridden}",
-        "",
-        *rows,
-        "",
-        *checks,
-        "",
-        FINDINGS,
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "## OT-GRPO: label-free consistency vs accuracy rewards",
+            "",
+            f"`{command_line()}` ({len(seeds)} seeds; {wall_time(args.jobs)}; the stages themselves took "
+            f"{wall / 60:.1f} min{reused}).",
+            "",
+            f"From one quickstart CoT-SFT policy per seed, {args.steps} GRPO steps each on the same paired dots data "
+            f"(`configs/consistency_dots.yaml`: 4 pairs per step, K = 8, lr 2e-4, no KL; twin transforms "
+            f"{', '.join(args.transforms)}, each with probability {args.transform_prob}), differing only in the reward. "
+            f"Greedy held-out accuracy (`{KEY}`) on the same {2 * args.val_pairs} validation prompts (originals and "
+            f"twins); mean ± sample std over the seeds.{overridden}",
+            "",
+            *rows,
+            "",
+            *checks,
+            "",
+            FINDINGS,
+        ]
+    )
 
 
 FINDINGS = """**What we found.** Single runs are marked as such; the per-kind and per-pair figures were measured with a
@@ -198,7 +207,7 @@ are now "not reproduced" where they were "mixed"; the per-pair diagnosis below w
   one (consistent and right 0.630 -> 0.685, consistent and wrong 0.025 -> 0.145), so accuracy fell. Random pairing
   rewards agreement with one random partner, a far noisier signal: it drifted furthest (0.623 on seed 1) and spread
   most over the seeds, though on seed 2 it ended above minimal pairing.
-- *A smaller learning rate did not fix it.* The same three seeds at lr 1e-4 (`--set model.init_args.learning_rate=1e-4`,
+- *A smaller learning rate did not fix it.* The same three seeds at lr 1e-4 (`--set model.init_args.optimizer.learning_rate=1e-4`,
   same SFT starts): (a) 0.869 ± 0.026, (b) 0.817 ± 0.052, (c) 0.813 ± 0.034, (d) 0.785 ± 0.020; seed 1 still fell
   (0.803 -> 0.757), the recovered fraction was 0.38 and minimal beat random on 1 seed of 3."""
 

@@ -93,6 +93,11 @@ def _leaves(message: str) -> list[_Leaf]:
                     break
             else:
                 break
+        given = re.match(r"^Given value: (.*)$", stripped)
+        if given:  # a union's members say only what they expected: each gets the value (an Optional's None dropped)
+            for leaf in leaves:
+                if leaf.message.startswith("Expected a") and "Got value" not in leaf.message:
+                    leaf.message += f". Got value: {given.group(1)}"
         if not _NOISE.match(stripped):
             leaves.append(_Leaf(stripped, [(kind, value) for _, kind, value in stack]))
     return leaves

@@ -66,9 +66,16 @@ def run(fused: bool, aggregation, beta, with_old, seed, keep=None, max_length=MA
     else:
         logprobs = chunked_token_logprobs(hidden, head, targets, **at)
         out = grpo_loss(
-            logprobs, logprobs.detach() if old is None else old, advantages, mask, beta=beta, ref_logprobs=ref,
-            aggregation=aggregation, max_length=max_length, **clip,
-        )  # fmt: skip
+            logprobs,
+            logprobs.detach() if old is None else old,
+            advantages,
+            mask,
+            beta=beta,
+            ref_logprobs=ref,
+            aggregation=aggregation,
+            max_length=max_length,
+            **clip,
+        )
     out.loss.backward()
     return out, [hidden.grad, head.weight.grad, head.bias.grad]
 
@@ -185,8 +192,9 @@ def test_compiled_fused_loss_matches_on_cuda(aggregation, beta):
     head, hidden, targets, advantages, mask, old, ref = (t.cuda() for t in case(0))
     ref = ref if beta > 0 else None
     logprobs = chunked_token_logprobs(hidden, head, targets, temperature=TEMPERATURE)
-    expected = grpo_loss(logprobs, old, advantages, mask, beta=beta, ref_logprobs=ref, aggregation=aggregation,
-                         max_length=MAX_LENGTH)  # fmt: skip
+    expected = grpo_loss(
+        logprobs, old, advantages, mask, beta=beta, ref_logprobs=ref, aggregation=aggregation, max_length=MAX_LENGTH
+    )
     loss = FusedLinearGRPOLoss(beta=beta, aggregation=aggregation, max_length=MAX_LENGTH, compiled=True)
     actual = loss(hidden, head, targets, advantages, mask, old, ref, temperature=TEMPERATURE)
     torch.testing.assert_close(actual.loss, expected.loss, atol=1e-5, rtol=1e-4)

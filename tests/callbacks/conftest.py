@@ -51,13 +51,27 @@ class StandInGRPO(L.LightningModule):
         shape = (n, self.frames, 3, 8, 8) if self.frames else (n, 3, 8, 8)
         images = torch.rand(shape, generator=torch.Generator().manual_seed(self.global_step))
         records = [
-            CompletionRecord(self.global_step, batch[i // K].task, batch[i // K].question, f"answer {i}", "1",
-                             float(rewards.total[i]), float(advantages[i]), {"accuracy": float(accuracy[i])})
+            CompletionRecord(
+                self.global_step,
+                batch[i // K].task,
+                batch[i // K].question,
+                f"answer {i}",
+                "1",
+                float(rewards.total[i]),
+                float(advantages[i]),
+                {"accuracy": float(accuracy[i])},
+            )
             for i in range(n)
-        ]  # fmt: skip
+        ]
         loss = self.layer(torch.ones(1, 2)).pow(2).mean()
-        return {"loss": loss, "records": records, "rewards": rewards, "advantages": advantages, "images": images,
-                "timings": {"rollout": 0.01, "reward": 0.002, "update": 0.005}}  # fmt: skip
+        return {
+            "loss": loss,
+            "records": records,
+            "rewards": rewards,
+            "advantages": advantages,
+            "images": images,
+            "timings": {"rollout": 0.01, "reward": 0.002, "update": 0.005},
+        }
 
     def train_dataloader(self):
         return torch.utils.data.DataLoader(prompts(8), batch_size=2, collate_fn=list)

@@ -114,9 +114,10 @@ def test_every_rank_resumes_its_own_share_from_the_one_state_rank_0_saves():
         dm.trainer = SimpleNamespace(
             distributed_sampler_kwargs={"num_replicas": 2, "rank": rank},
             _accelerator_connector=SimpleNamespace(use_distributed_sampler=True),
-            state=SimpleNamespace(fn="fit"), current_epoch=0,
+            state=SimpleNamespace(fn="fit"),
+            current_epoch=0,
             fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_idx=0)),
-        )  # fmt: skip
+        )
         return dm
 
     shares = [[image_bytes(s) for b in on_rank(rank).train_dataloader() for s in b] for rank in (0, 1)]

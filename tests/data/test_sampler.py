@@ -58,3 +58,13 @@ def test_a_resume_saved_for_another_epoch_is_ignored():
     expected = list(sampler)
     sampler.resume(epoch=0, num_indices=3)
     assert list(sampler) == expected
+
+
+def test_it_holds_the_attributes_code_reads_of_a_distributed_sampler():
+    """Its ``__init__`` skips DistributedSampler's (which would ask torch.distributed for the ranks), so it sets the
+    attributes that code reading a DistributedSampler expects: a shuffling sampler that drops nothing."""
+    sampler = ResumableShuffleSampler(10, seed=3, num_replicas=4, rank=1)
+    assert sampler.dataset is None
+    assert sampler.shuffle is True and sampler.drop_last is False
+    assert (sampler.num_replicas, sampler.rank, sampler.seed, sampler.epoch) == (4, 1, 3, 0)
+    assert (sampler.num_samples, sampler.total_size) == (3, 12)

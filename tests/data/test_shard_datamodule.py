@@ -453,11 +453,14 @@ def test_skips_ride_with_the_batch_they_happened_in_and_are_logged(bad_dir, capl
     messages = [r.getMessage() for r in caplog.records]
     none = SkipCounts()
     assert items == [
-        ([0, 1], none), ([2, 3], none), ([4, 5], none), ([6, 7], none),
+        ([0, 1], none),
+        ([2, 3], none),
+        ([4, 5], none),
+        ([6, 7], none),
         ([8, 9], SkipCounts(shards=2)),  # the garbage shard, and the truncated one (it fails before 9 is yielded)
         ([12, 14], SkipCounts(samples=1)),  # sample bad-1
         ([], SkipCounts(samples=1)),  # bad-3, the last record: a counts-only item
-    ]  # fmt: skip
+    ]
     assert _stream_items(ShardStream(urls[:2], batch_size=2))[-1] == ([6, 7], none)  # no counts-only item when clean
     deltas: list[SkipCounts] = []
     loader = ShardLoader(ShardStream(urls, batch_size=2), on_skip=deltas.append)

@@ -89,8 +89,12 @@ def test_without_an_epoch_fn_a_resumed_pass_continues_the_saved_epoch_and_counts
     assert loader.passes == 2 and loader.stream.epoch == 1
     assert loader.position(1) == saved
     assert loader.position() == {
-        "epoch": 1, "batches": 3, "workers": [[0, 8, 8, True]], "next_worker": 0, "skipped": [0, 0],
-    }  # fmt: skip
+        "epoch": 1,
+        "batches": 3,
+        "workers": [[0, 8, 8, True]],
+        "next_worker": 0,
+        "skipped": [0, 0],
+    }
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="app.data.shard_stream"):
         assert _indices(loader) == [[0, 1, 2], [3, 4, 5], [6, 7]]
@@ -115,8 +119,12 @@ def test_a_position_from_another_epoch_is_dropped_and_the_epoch_starts_afresh(sh
     assert loader.stream.epoch == 3 and loader.passes == 1
     assert loader.position(0) == _start(3)
     assert loader.position(1) == {
-        "epoch": 3, "batches": 1, "workers": [[0, 3, 3, False]], "next_worker": 0, "skipped": [1, 0],
-    }  # fmt: skip
+        "epoch": 3,
+        "batches": 1,
+        "workers": [[0, 3, 3, False]],
+        "next_worker": 0,
+        "skipped": [1, 0],
+    }
     assert loader.skipped == loader.skipped_this_pass  # the garbage shard, counted once: by this pass
 
 
@@ -147,15 +155,21 @@ def test_with_three_workers_a_resumed_pass_starts_with_the_worker_whose_turn_was
     assert [full.position(n)["next_worker"] for n in range(5)] == [0, 2, 0, 2, 0]
     saved = full.position(3)
     assert saved == {
-        "epoch": 0, "batches": 3, "workers": [[0, 0, 0, True], [1, 4, 4, False], [2, 2, 2, False]],
-        "next_worker": 2, "skipped": [1, 0],
-    }  # fmt: skip
+        "epoch": 0,
+        "batches": 3,
+        "workers": [[0, 0, 0, True], [1, 4, 4, False], [2, 2, 2, False]],
+        "next_worker": 2,
+        "skipped": [1, 0],
+    }
     loader = ShardLoader(ShardStream(shards, batch_size=2), num_workers=3)
     loader.resume(saved)
     loader.loader = _round_robin(loader.stream, 3, monkeypatch)
     assert _indices(loader) == [[6, 7]]
     assert loader.stream.worker_offset == 2
     assert loader.position() == {
-        "epoch": 0, "batches": 4, "workers": [[0, 0, 0, True], [1, 4, 4, False], [2, 4, 4, False]],
-        "next_worker": 0, "skipped": [1, 0],
-    }  # fmt: skip
+        "epoch": 0,
+        "batches": 4,
+        "workers": [[0, 0, 0, True], [1, 4, 4, False], [2, 4, 4, False]],
+        "next_worker": 0,
+        "skipped": [1, 0],
+    }

@@ -231,9 +231,11 @@ class _Seen(LightningModule):
 
 
 def _trainer(tmp_path, checkpoint_every: int | None = None, **kwargs) -> Trainer:
-    callbacks = [] if checkpoint_every is None else [
-        ModelCheckpoint(tmp_path, "{step}", every_n_train_steps=checkpoint_every, save_top_k=-1)
-    ]  # fmt: skip
+    callbacks = (
+        []
+        if checkpoint_every is None
+        else [ModelCheckpoint(tmp_path, "{step}", every_n_train_steps=checkpoint_every, save_top_k=-1)]
+    )
     return Trainer(
         default_root_dir=tmp_path,
         logger=False,
@@ -482,8 +484,12 @@ def test_skipped_since_counts_the_skips_of_this_pass_after_one_of_its_positions(
     after = [loader.position(n) for n in range(5)]
     assert [p["skipped"] for p in after] == [[0, 0], [1, 0], [1, 0], [2, 1], [2, 1]]
     assert [loader.skipped_since(p) for p in after] == [
-        SkipCounts(2, 1), SkipCounts(1, 1), SkipCounts(1, 1), SkipCounts(), SkipCounts(),
-    ]  # fmt: skip
+        SkipCounts(2, 1),
+        SkipCounts(1, 1),
+        SkipCounts(1, 1),
+        SkipCounts(),
+        SkipCounts(),
+    ]
     assert loader.skipped_since({**after[1], "epoch": 1}) == SkipCounts()  # a position of another epoch
     loader.resume(after[1])
     assert loader.skipped_since(after[1]) == SkipCounts()  # a resume pending: the next pass reports from there

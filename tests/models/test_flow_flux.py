@@ -39,8 +39,9 @@ def test_conditioning_is_flux_pipelines(policy, pipeline):
     assert policy.is_flux and policy.text_encoder.layout == "flux"
     cond = policy.encode_prompts(PROMPTS)
     assert sorted(cond) == ["encoder_hidden_states", "pooled_projections"]
-    embeds, pooled, _ = pipeline.encode_prompt(PROMPTS, None, device=torch.device("cpu"),
-                                               max_sequence_length=TEXT_LENGTH)  # fmt: skip
+    embeds, pooled, _ = pipeline.encode_prompt(
+        PROMPTS, None, device=torch.device("cpu"), max_sequence_length=TEXT_LENGTH
+    )
     assert embeds.shape == (2, TEXT_LENGTH, 32) and pooled.shape == (2, 32)
     torch.testing.assert_close(cond["encoder_hidden_states"], embeds)
     torch.testing.assert_close(cond["pooled_projections"], pooled)
@@ -56,10 +57,14 @@ def test_velocity_is_the_transformer_on_packed_latents(policy, pipeline):
         transformer = FluxTransformer2DModel.from_pretrained(policy.source_path, subfolder="transformer")
         packed = FluxPipeline._pack_latents(latents, 2, 16, 16, 16)  # [2, 64, 64]
         out = transformer(
-            hidden_states=packed, timestep=sigma, guidance=torch.full((2,), 3.5), **cond,
+            hidden_states=packed,
+            timestep=sigma,
+            guidance=torch.full((2,), 3.5),
+            **cond,
             img_ids=FluxPipeline._prepare_latent_image_ids(2, 8, 8, "cpu", torch.float32),
-            txt_ids=torch.zeros(TEXT_LENGTH, 3), return_dict=False,
-        )[0]  # fmt: skip
+            txt_ids=torch.zeros(TEXT_LENGTH, 3),
+            return_dict=False,
+        )[0]
     expected = FluxPipeline._unpack_latents(out, 64, 64, pipeline.vae_scale_factor)  # 64 px, VAE factor 4
     assert velocity.shape == (2, 16, 16, 16) and velocity.dtype == torch.float32
     torch.testing.assert_close(velocity, expected)
@@ -83,8 +88,9 @@ def test_sigmas_are_flux_pipelines_schedule(height, width, num_steps):
     reference = FluxPipeline.from_pretrained(policy.source_path).scheduler
     tokens = (height // 8) * (width // 8)  # VAE factor 4, then 2x2 patches
     config = reference.config
-    mu = calculate_shift(tokens, config.base_image_seq_len, config.max_image_seq_len, config.base_shift,
-                         config.max_shift)  # fmt: skip
+    mu = calculate_shift(
+        tokens, config.base_image_seq_len, config.max_image_seq_len, config.base_shift, config.max_shift
+    )
     retrieve_timesteps(reference, num_steps, "cpu", sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
     torch.testing.assert_close(policy.sigmas(num_steps), reference.sigmas.float())
 
@@ -103,17 +109,26 @@ def test_lora_export_runs_in_flux_pipeline(tmp_path):
     for sub in ("text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "transformer_lora"):
         assert (out / sub).is_dir(), sub
     exported = FluxPipeline.from_pretrained(out)
-    image = exported(PROMPTS[0], num_inference_steps=2, height=64, width=64, max_sequence_length=TEXT_LENGTH,
-                     output_type="pt", generator=torch.Generator().manual_seed(0)).images  # fmt: skip
+    image = exported(
+        PROMPTS[0],
+        num_inference_steps=2,
+        height=64,
+        width=64,
+        max_sequence_length=TEXT_LENGTH,
+        output_type="pt",
+        generator=torch.Generator().manual_seed(0),
+    ).images
     assert image.shape == (1, 3, 64, 64) and torch.isfinite(image).all()
     reloaded = FlowPolicy(str(out), lora=None, max_sequence_length=TEXT_LENGTH)
     latents = policy.initial_noise(1, torch.Generator().manual_seed(0))
     cond = policy.encode_prompts(PROMPTS[:1])
     with torch.no_grad():
         torch.testing.assert_close(
-            reloaded.velocity(latents, torch.tensor([0.5]), cond), policy.velocity(latents, torch.tensor([0.5]), cond),
-            rtol=1e-4, atol=1e-5,
-        )  # fmt: skip
+            reloaded.velocity(latents, torch.tensor([0.5]), cond),
+            policy.velocity(latents, torch.tensor([0.5]), cond),
+            rtol=1e-4,
+            atol=1e-5,
+        )
 
 
 class RednessReward(RewardComponent):
@@ -125,7 +140,12 @@ class RednessReward(RewardComponent):
 
 def test_short_flow_grpo_fit_moves_every_lora_weight(fit):
     policy = make()
-    module = FlowGRPOModule(policy, [RednessReward()], sampling=FlowSamplingSettings(group_size=2, num_steps=3), optimizer=OptimizerSettings(learning_rate=1e-3))
+    module = FlowGRPOModule(
+        policy,
+        [RednessReward()],
+        sampling=FlowSamplingSettings(group_size=2, num_steps=3),
+        optimizer=OptimizerSettings(learning_rate=1e-3),
+    )
     prompts = [VisualSample(images=[], question=f"a red square, number {i}", task="red") for i in range(2)]
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
     trainer, _ = fit(module, DataLoader(prompts, batch_size=1, collate_fn=list), max_steps=2)

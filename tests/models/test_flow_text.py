@@ -24,17 +24,32 @@ def tiny_sd3_pipeline() -> StableDiffusion3Pipeline:
     torch.manual_seed(1)
 
     def clip():
-        config = CLIPTextConfig(hidden_size=16, intermediate_size=32, projection_dim=32, num_hidden_layers=2,
-                                num_attention_heads=2, max_position_embeddings=16, bos_token_id=1, **common)  # fmt: skip
+        config = CLIPTextConfig(
+            hidden_size=16,
+            intermediate_size=32,
+            projection_dim=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            bos_token_id=1,
+            **common,
+        )
         return CLIPTextModelWithProjection(config)
 
-    t5 = T5EncoderModel(T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, is_encoder_decoder=False,
-                                 **common))  # fmt: skip
+    t5 = T5EncoderModel(
+        T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, is_encoder_decoder=False, **common)
+    )
     return StableDiffusion3Pipeline(
-        transformer=parts["transformer"], scheduler=parts["scheduler"], vae=parts["vae"],
-        text_encoder=clip(), tokenizer=tokenizer, text_encoder_2=clip(), tokenizer_2=tokenizer,
-        text_encoder_3=t5, tokenizer_3=tokenizer,
-    )  # fmt: skip
+        transformer=parts["transformer"],
+        scheduler=parts["scheduler"],
+        vae=parts["vae"],
+        text_encoder=clip(),
+        tokenizer=tokenizer,
+        text_encoder_2=clip(),
+        tokenizer_2=tokenizer,
+        text_encoder_3=t5,
+        tokenizer_3=tokenizer,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +67,9 @@ def test_three_encoders_condition_like_the_pipeline(sd3_folder):
     assert cond["encoder_hidden_states"].shape == (2, 16 + 16, 32)  # CLIP tokens, then T5 tokens
     assert cond["pooled_projections"].shape == (2, 64)
     reference = StableDiffusion3Pipeline.from_pretrained(sd3_folder)
-    embeds, _, pooled, _ = reference.encode_prompt(PROMPTS, None, None, device=torch.device("cpu"),
-                                                   do_classifier_free_guidance=False, max_sequence_length=16)  # fmt: skip
+    embeds, _, pooled, _ = reference.encode_prompt(
+        PROMPTS, None, None, device=torch.device("cpu"), do_classifier_free_guidance=False, max_sequence_length=16
+    )
     torch.testing.assert_close(cond["encoder_hidden_states"], embeds)
     torch.testing.assert_close(cond["pooled_projections"], pooled)
     latents = policy.initial_noise(2, torch.Generator().manual_seed(0))
@@ -70,18 +86,27 @@ def test_export_opens_in_the_diffusers_pipeline(sd3_folder, tmp_path):
     for sub in ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer_2", "tokenizer_3", "transformer_lora"):
         assert (out / sub).is_dir(), sub
     pipeline = StableDiffusion3Pipeline.from_pretrained(out)
-    image = pipeline(PROMPTS[0], num_inference_steps=2, height=64, width=64, guidance_scale=1.0,
-                     max_sequence_length=16, output_type="pt",
-                     generator=torch.Generator().manual_seed(0)).images  # fmt: skip
+    image = pipeline(
+        PROMPTS[0],
+        num_inference_steps=2,
+        height=64,
+        width=64,
+        guidance_scale=1.0,
+        max_sequence_length=16,
+        output_type="pt",
+        generator=torch.Generator().manual_seed(0),
+    ).images
     assert image.shape == (1, 3, 64, 64) and torch.isfinite(image).all()
     reloaded = FlowPolicy(str(out), lora=None, max_sequence_length=16)
     latents = policy.initial_noise(1, torch.Generator().manual_seed(0))
     cond = policy.encode_prompts(PROMPTS[:1])
     with torch.no_grad():
         torch.testing.assert_close(
-            reloaded.velocity(latents, torch.tensor([0.5]), cond), policy.velocity(latents, torch.tensor([0.5]), cond),
-            rtol=1e-4, atol=1e-5,
-        )  # fmt: skip
+            reloaded.velocity(latents, torch.tensor([0.5]), cond),
+            policy.velocity(latents, torch.tensor([0.5]), cond),
+            rtol=1e-4,
+            atol=1e-5,
+        )
 
 
 def test_missing_tokenizer_or_base_encoder_is_a_clear_error():

@@ -89,7 +89,7 @@ def test_vlm_rollout_with_merged_adapters_draws_the_unmerged_completions(new_pol
 
     policy = vision_lora_policy("tiny-qwen2-vl") if vision else new_policy("tiny-qwen2-vl", lora_r=4)
     perturb([p for n, p in policy.model.named_parameters() if "lora_B" in n], scale=0.2)  # an adapter that matters
-    prompts = policy.encode_prompts(new_samples(2, seed=5), repeats=4)
+    prompts = policy.encode_prompts(new_samples(2, seed=5), group_size=4)
     completions = {}
     for merge in (False, True, False):
         policy.merge_lora_for_rollout = merge

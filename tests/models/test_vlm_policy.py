@@ -5,14 +5,13 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from app.models.lora_settings import LANGUAGE_MODEL_PROJECTIONS
 from PIL import Image
 from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, logprob_atol
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from app.embedded.models import resolve_pretrained
 from app.models import VLMPolicy
-from app.settings import LoRASettings, OptimizerSettings, SamplingSettings
+from app.settings import LANGUAGE_MODEL_PROJECTIONS, LoRASettings, OptimizerSettings, SamplingSettings
 from app.types import VisualSample
 
 K = 3
@@ -271,7 +270,7 @@ def perturb(parameters, scale=0.05, seed=1):
 
 def test_lora_reference_is_the_untrained_policy_and_differs_after_an_update(new_policy, new_samples):
     policy = new_policy("tiny-qwen2-vl", lora_r=4)
-    prompts = policy.encode_prompts(new_samples(2), repeats=2)
+    prompts = policy.encode_prompts(new_samples(2), group_size=2)
     c = policy.generate(prompts, SamplingSettings(max_new_tokens=6), group_size=2)
     mask = c.completion_mask.bool()
     with torch.no_grad():
@@ -415,7 +414,7 @@ def test_one_sft_step_moves_the_vision_adapters_and_leaves_every_base_weight_bit
 
 def test_the_shared_prompt_encoding_gives_the_vision_adapters_the_per_row_gradients(new_samples):
     policy = vision_lora_policy()
-    prompts = policy.encode_prompts(new_samples(2), repeats=K)  # rows repeat: the shared path encodes once
+    prompts = policy.encode_prompts(new_samples(2), group_size=K)  # rows repeat: the shared path encodes once
     targets = policy.encode_targets(["<think>a</think><answer>yes</answer>", "<answer>no</answer>"] * K)
     adapters, _ = vision_split(policy)
     grads = {}
@@ -437,7 +436,11 @@ def test_full_fine_tuning_with_unfrozen_vision_trains_the_whole_tower_in_its_own
     policy = VLMPolicy("tiny-qwen2-vl", lora=None, freeze_vision=False, vision_learning_rate=1e-5)
     vision = {id(p) for p in policy.vision_parameters()}
     assert vision and all(p.requires_grad for p in policy.vision_parameters())
-    groups = VLMSFTModule(policy, optimizer=OptimizerSettings(learning_rate=1e-3)).configure_optimizers()["optimizer"].param_groups
+    groups = (
+        VLMSFTModule(policy, optimizer=OptimizerSettings(learning_rate=1e-3))
+        .configure_optimizers()["optimizer"]
+        .param_groups
+    )
     assert [g["lr"] for g in groups] == [1e-3, 1e-5]
     assert {id(p) for p in groups[1]["params"]} == vision
     assert {id(p) for g in groups for p in g["params"]} == {id(p) for p in policy.model.parameters()}
@@ -471,7 +474,9 @@ def test_vision_learning_rate_puts_the_vision_adapters_in_their_own_warmed_up_gr
     restore_frozen_parameters(module, checkpoint)
     module.load_state_dict(checkpoint["state_dict"], strict=True)
 
-    single = VLMSFTModule(vision_lora_policy(), optimizer=OptimizerSettings(learning_rate=1e-3)).configure_optimizers()["optimizer"]
+    single = VLMSFTModule(vision_lora_policy(), optimizer=OptimizerSettings(learning_rate=1e-3)).configure_optimizers()[
+        "optimizer"
+    ]
     assert len(single.param_groups) == 1  # without vision_learning_rate: one group, as before
 
 

@@ -110,13 +110,22 @@ def build(
     if policy_kind.startswith("vlm"):
         lora = LoRASettings(r=4, alpha=8, dropout=0.0) if policy_kind == "vlm_lora" else None
         policy = VLMPolicy("tiny-qwen2-vl", lora=lora, instruction="", gradient_checkpointing=checkpointing)
-        module = VLMGRPOModule(policy, [LengthReward()], SamplingSettings(group_size=4, max_new_tokens=8), pipeline=pipeline, grpo=GRPOSettings(beta=0.0 if lora else 0.04, micro_batch_size=4), optimizer=OptimizerSettings(learning_rate=1e-3))
+        module = VLMGRPOModule(
+            policy,
+            [LengthReward()],
+            SamplingSettings(group_size=4, max_new_tokens=8),
+            pipeline=pipeline,
+            grpo=GRPOSettings(beta=0.0 if lora else 0.04, micro_batch_size=4),
+            optimizer=OptimizerSettings(learning_rate=1e-3),
+        )
         dataset, image_size = DotsDataset, 64
     else:
         name, text_length = ("tiny-wan-i2v", 512) if policy_kind == "flowi2v_lora" else ("tiny-sd3", None)
         policy = FlowPolicy(name, lora=LoRASettings(r=4, alpha=8), max_sequence_length=text_length)
         sampling = FlowSamplingSettings(group_size=2, num_steps=3, sampler="cps", eta=0.7)
-        module = FlowGRPOModule(policy, [BrightnessReward()], sampling, pipeline=pipeline, optimizer=OptimizerSettings(learning_rate=1e-3))
+        module = FlowGRPOModule(
+            policy, [BrightnessReward()], sampling, pipeline=pipeline, optimizer=OptimizerSettings(learning_rate=1e-3)
+        )
         dataset = (
             functools.partial(VBVRPromptDataset, tasks=["color_mixing"])
             if policy.is_conditioned

@@ -177,9 +177,21 @@ def cli_fit(out: Path) -> None:
     rank = dist.get_rank()
     overlay = out / f"fsdp2.rank{rank}.yaml"
     overlay.write_text(json.dumps({"trainer": {"strategy": {"class_path": "app.parallel.FSDP2Strategy"}}}))
-    args = ["fit", "--config", str(TINY_GRPO), "--config", str(overlay), "--trainer.devices", os.environ["WORLD_SIZE"],
-            "--trainer.max_steps", "1", "--validate_before_and_after", "false",
-            "--trainer.default_root_dir", str(out / "cli_fit")]  # fmt: skip
+    args = [
+        "fit",
+        "--config",
+        str(TINY_GRPO),
+        "--config",
+        str(overlay),
+        "--trainer.devices",
+        os.environ["WORLD_SIZE"],
+        "--trainer.max_steps",
+        "1",
+        "--validate_before_and_after",
+        "false",
+        "--trainer.default_root_dir",
+        str(out / "cli_fit"),
+    ]
     fsdp.materialize = recorded
     try:
         cli = AppCLI(args=args)

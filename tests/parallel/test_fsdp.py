@@ -28,10 +28,21 @@ pytestmark = pytest.mark.timeout(1200)
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "fsdp_probe.py"
 TWO_PROCESS_CASES = [
-    "vlm_lora-ddp", "vlm_lora-fsdp", "vlm_full-ddp", "vlm_full-fsdp", "flow_lora-ddp", "flow_lora-fsdp",
-    "vlm_lora-fsdp-same", "vlm_lora-fsdp-resume", "vlm_lora-fsdp-gc", "vlm_lora-fsdpbf16",
-    "vlm_lora-ddp-delay1", "vlm_lora-fsdp-delay1-resume", "flowi2v_lora-ddp", "flowi2v_lora-fsdp",
-]  # fmt: skip
+    "vlm_lora-ddp",
+    "vlm_lora-fsdp",
+    "vlm_full-ddp",
+    "vlm_full-fsdp",
+    "flow_lora-ddp",
+    "flow_lora-fsdp",
+    "vlm_lora-fsdp-same",
+    "vlm_lora-fsdp-resume",
+    "vlm_lora-fsdp-gc",
+    "vlm_lora-fsdpbf16",
+    "vlm_lora-ddp-delay1",
+    "vlm_lora-fsdp-delay1-resume",
+    "flowi2v_lora-ddp",
+    "flowi2v_lora-fsdp",
+]
 FOUR_PROCESS_CASES = ["vlm_lora-ddp", "vlm_lora-hsdp", "vlm_lora-hsdp-same"]
 
 
@@ -40,8 +51,17 @@ def launch(out: Path, processes: int, cases: list[str], app_env) -> None:
     if processes == 1:
         command = [sys.executable, str(PROBE), str(out), *cases]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-                   str(PROBE), str(out), *cases]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(processes),
+            str(PROBE),
+            str(out),
+            *cases,
+        ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
 
@@ -73,7 +93,7 @@ def start(policy: str) -> tuple[dict[str, torch.Tensor], float]:
     L.seed_everything(0, verbose=False)
     module, _ = build(policy)
     trainable = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
-    return trainable, module.hparams.learning_rate
+    return trainable, module.optimizer_settings.learning_rate
 
 
 def assert_same_weights(
@@ -146,9 +166,14 @@ def test_four_process_hsdp_trains_the_weights_ddp_trains(runs):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "world, case, shards",
-    [(2, "vlm_lora-fsdp", 2), (2, "vlm_full-fsdp", 2), (2, "flow_lora-fsdp", 2), (4, "vlm_lora-hsdp", 2),
-     (2, "vlm_lora-ddp", 1)],
-)  # fmt: skip
+    [
+        (2, "vlm_lora-fsdp", 2),
+        (2, "vlm_full-fsdp", 2),
+        (2, "flow_lora-fsdp", 2),
+        (4, "vlm_lora-hsdp", 2),
+        (2, "vlm_lora-ddp", 1),
+    ],
+)
 def test_each_rank_holds_its_share_of_parameters_and_optimizer_state(runs, world, case, shards):
     for report in rank_reports(runs[world], case, world):
         for what in ("params", "optimizer_state"):
@@ -277,7 +302,10 @@ def test_vision_adapters_shard_with_the_vision_tower_and_train_in_their_own_grou
     try:
         strategy = FSDP2Strategy(reshard_after_forward=False)
         strategy._device_mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=MESH_DIMS)
-        module = VLMSFTModule(vision_lora_policy("tiny-qwen2-vl", vision_learning_rate=1e-3), optimizer=OptimizerSettings(learning_rate=1e-2))
+        module = VLMSFTModule(
+            vision_lora_policy("tiny-qwen2-vl", vision_learning_rate=1e-3),
+            optimizer=OptimizerSettings(learning_rate=1e-2),
+        )
         module._trainer = SimpleNamespace(strategy=strategy)
         module.configure_model()
         module._trainer = None  # training_step's self.log only warns outside a trainer
@@ -322,10 +350,14 @@ def test_gathered_leaves_an_unsharded_module_alone():
 @pytest.mark.parametrize(
     "recipe",
     [
-        "grpo_qwen2_5_vl_3b", "grpo_qwen2_5_vl_7b_full", "flow_grpo_sd3_5_medium", "flow_grpo_wan2_1_t2v_1_3b",
-        "flow_grpo_wan2_2_ti2v_5b", "flow_grpo_wan2_1_i2v_14b",
+        "grpo_qwen2_5_vl_3b",
+        "grpo_qwen2_5_vl_7b_full",
+        "flow_grpo_sd3_5_medium",
+        "flow_grpo_wan2_1_t2v_1_3b",
+        "flow_grpo_wan2_2_ti2v_5b",
+        "flow_grpo_wan2_1_i2v_14b",
     ],
-)  # fmt: skip
+)
 def test_gpu_recipes_build_their_fsdp2_strategy(recipe):
     import yaml
 

@@ -21,16 +21,31 @@ PROBE = HERE / "lean_probe.py"
 WORLD = 2
 POLICIES = ["vlm_lora", "vlm_full", "vlm_tied", "flow_lora"]
 CASES = [*POLICIES, "cli_fit"]  # cli_fit last: Lightning keeps the process group to the end
-SAME = ["state_same", "buffers_same", "requires_grad_same", "outputs_same", "outputs_after_step_same",
-        "state_after_step_same"]  # fmt: skip
+SAME = [
+    "state_same",
+    "buffers_same",
+    "requires_grad_same",
+    "outputs_same",
+    "outputs_after_step_same",
+    "state_after_step_same",
+]
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory, app_env) -> dict:
     """Every rank's report, by case, and the log (``"log"``): about 30 s on 2 idle cores."""
     out = tmp_path_factory.mktemp("lean")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(WORLD),
-               str(PROBE), str(out), *CASES]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(WORLD),
+        str(PROBE),
+        str(out),
+        *CASES,
+    ]
     result = subprocess.run(command, env=app_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=540)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     found = {c: [torch.load(out / f"{c}.rank{r}.pt", weights_only=False) for r in range(WORLD)] for c in CASES}

@@ -200,7 +200,9 @@ def test_a_policy_built_empty_in_a_run_without_fsdp2_is_loaded_whole_by_configur
     with lean_loading():
         lean = build()
     assert deferred_networks(lean) and next(lean.base_network.parameters()).is_meta
-    PolicyModule(lean, optimizer=OptimizerSettings(learning_rate=1e-3)).configure_model()  # no trainer: one process, nothing sharded
+    PolicyModule(
+        lean, optimizer=OptimizerSettings(learning_rate=1e-3), default_learning_rate=1e-6
+    ).configure_model()  # no trainer: one process, nothing sharded
     assert not deferred_networks(lean)
     assert same_state(lean, normal) and same_state(lean.base_network, normal.base_network)
     assert [p.requires_grad for p in lean.parameters()] == [p.requires_grad for p in normal.parameters()]

@@ -25,9 +25,9 @@ KEPT = [  # what a rehearsal exists to test: never changed
     "model.init_args.policy.init_args.lora",
     "model.init_args.policy.init_args.freeze_vision",
     "model.init_args.policy.init_args.gradient_checkpointing",
-    "model.init_args.learning_rate",
-    "model.init_args.weight_decay",
-    "model.init_args.beta",
+    "model.init_args.optimizer.learning_rate",
+    "model.init_args.optimizer.weight_decay",
+    "model.init_args.grpo.beta",
     "model.init_args.sampling.group_size",
     "model.init_args.sampling.temperature",
     "model.init_args.sampling.sampler",
@@ -133,10 +133,17 @@ def test_the_float32_variant_is_float32_throughout(tmp_path):
 # ------------------------------------------------------------------------------------------------- verdicts
 def _report(trainable="float32", compute="bfloat16", share=0.99, step=2, finite=True) -> dict:
     return {
-        "global_step": step, "trainable": {trainable: 100}, "frozen": {}, "gradients": {trainable: 100},
-        "optimizer_state": {trainable: 200}, "compute": {compute: 10}, "losses": [0.1],
-        "losses_finite": finite, "changed_share": share, "skipped_updates": 0,
-    }  # fmt: skip
+        "global_step": step,
+        "trainable": {trainable: 100},
+        "frozen": {},
+        "gradients": {trainable: 100},
+        "optimizer_state": {trainable: 200},
+        "compute": {compute: 10},
+        "losses": [0.1],
+        "losses_finite": finite,
+        "changed_share": share,
+        "skipped_updates": 0,
+    }
 
 
 def _stages(tmp_path: Path, written: dict, resumed: dict, reference: dict) -> dict[str, Stage]:
@@ -181,5 +188,7 @@ def test_non_finite_losses_a_missed_resume_and_a_failed_export_fail(tmp_path):
     stages = _stages(tmp_path, _report(step=1), _report(step=1, finite=False), _report("float32", "float32"))
     verdict = judge("r", stages, "export exited with 1", tmp_path)
     assert {k for k, ok in verdict.checks.items() if not ok} == {
-        "checkpoint saved and resumed", "losses finite", "exported",
-    }  # fmt: skip
+        "checkpoint saved and resumed",
+        "losses finite",
+        "exported",
+    }

@@ -205,10 +205,14 @@ def vbvr_batch():
     instances = [task.generate(seed) for seed in range(2)]
     wrong = task.perturbations(instances[0].config, instances[0].solution)["wrong_count"]
     samples = [
-        VisualSample(images=[], question=i.prompt, task=i.task, meta={"vbvr": {"task": i.task, "params": params,
-                                                                               "config": i.config}})
+        VisualSample(
+            images=[],
+            question=i.prompt,
+            task=i.task,
+            meta={"vbvr": {"task": i.task, "params": params, "config": i.config}},
+        )
         for i in (instances[0], instances[0], instances[1])
-    ]  # fmt: skip
+    ]
     return [instances[0].last_frame, wrong, instances[1].last_frame], samples
 
 

@@ -12,8 +12,12 @@ OPPOSITE = {"left": "right", "right": "left", "top": "bottom", "bottom": "top"}
 
 
 def _sample(color, shape, position):
-    return VisualSample(images=[], question=f"a {color} {shape} on the {position}", task="shape_prompts",
-                        meta=dict(color=color, shape=shape, position=position))  # fmt: skip
+    return VisualSample(
+        images=[],
+        question=f"a {color} {shape} on the {position}",
+        task="shape_prompts",
+        meta=dict(color=color, shape=shape, position=position),
+    )
 
 
 def test_rendered_targets_score_one_as_tensor_and_uint8():
@@ -31,9 +35,13 @@ def test_wrong_position_colour_and_shape_score_lower(position):
     reward = ColorRegionReward()
     right, wrong_place, wrong_colour, wrong_shape = reward.score(
         [image] * 4,
-        [_sample("red", "square", position), _sample("red", "square", OPPOSITE[position]),
-         _sample("blue", "square", position), _sample("red", "circle", position)],
-    )  # fmt: skip
+        [
+            _sample("red", "square", position),
+            _sample("red", "square", OPPOSITE[position]),
+            _sample("blue", "square", position),
+            _sample("red", "circle", position),
+        ],
+    )
     assert float(right) == 1.0
     assert float(wrong_place) == pytest.approx(2 / 3)
     assert float(wrong_colour) == 0.0
@@ -50,8 +58,9 @@ def test_blank_noise_and_malformed_images_score_low_without_raising():
 
 def test_functional_twin_reads_prompt_text():
     image = np.asarray(render_shape("green", "circle", "top"))
-    values = color_region_reward([image, image, image], ["a green circle on the top", "a green circle on the bottom",
-                                                         "draw something"])  # fmt: skip
+    values = color_region_reward(
+        [image, image, image], ["a green circle on the top", "a green circle on the bottom", "draw something"]
+    )
     assert values.tolist() == pytest.approx([1.0, 2 / 3, 0.0])
     assert parse_shape_prompt("A Blue square on the left") == dict(color="blue", shape="square", position="left")
 

@@ -60,11 +60,19 @@ def vbvr_batch():
     wrong = task.perturbations(instances[0].config, instances[0].solution)["wrong_count"]
     renderings = [instances[0].last_frame, wrong, np.zeros((0, 0, 3), dtype=np.uint8), instances[1].last_frame]
     samples = [
-        VisualSample(images=[], question=i.prompt, task=i.task,
-                     meta={"vbvr": {"task": i.task, "params": params, "config": i.config},
-                           "color": "red", "shape": "square", "position": "left"})
+        VisualSample(
+            images=[],
+            question=i.prompt,
+            task=i.task,
+            meta={
+                "vbvr": {"task": i.task, "params": params, "config": i.config},
+                "color": "red",
+                "shape": "square",
+                "position": "left",
+            },
+        )
         for i in (instances[0], instances[0], instances[0], instances[1])
-    ]  # fmt: skip
+    ]
     return renderings, samples
 
 

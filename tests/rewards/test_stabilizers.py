@@ -228,13 +228,19 @@ def reference_scores(reward, completions, samples) -> list[float]:
     lengths = [len(t) if getattr(reward, "length_unit", None) == "chars" else len(t.split()) for t in texts]
     if isinstance(reward, CosineLengthReward):
         correct = (reward.correctness.score(completions, samples) >= reward.correct_threshold).tolist()
-        values = tuple(reward.values[k] for k in ("min_len_value_correct", "max_len_value_correct",
-                                                    "min_len_value_wrong", "max_len_value_wrong"))  # fmt: skip
-        return [ref_cosine(n, c, reward.max_length, values) if isinstance(text, str) else min(values)
-                for n, c, text in zip(lengths, correct, completions, strict=True)]  # fmt: skip
+        values = tuple(
+            reward.values[k]
+            for k in ("min_len_value_correct", "max_len_value_correct", "min_len_value_wrong", "max_len_value_wrong")
+        )
+        return [
+            ref_cosine(n, c, reward.max_length, values) if isinstance(text, str) else min(values)
+            for n, c, text in zip(lengths, correct, completions, strict=True)
+        ]
     if isinstance(reward, RepetitionPenalty):
-        return [ref_repetition(" ".join(t.split()[: reward.max_words]), reward.ngram_size, reward.max_penalty)
-                for t in texts]  # fmt: skip
+        return [
+            ref_repetition(" ".join(t.split()[: reward.max_words]), reward.ngram_size, reward.max_penalty)
+            for t in texts
+        ]
     assert isinstance(reward, SoftOverlongPenalty)
     return [ref_overlong(n, reward.max_length, reward.cache_length) for n in lengths]
 

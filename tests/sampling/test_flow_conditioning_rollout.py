@@ -32,8 +32,10 @@ def test_conditioned_log_prob_of_a_stored_step_equals_the_rollouts(name):
         part = sampler.transition_logprobs(
             rows_of(conditioning, rows), sigmas, steps, kept.latents[rows], kept.next_latents[rows]
         )
-        swapped = {k: v.flip(0) if k not in ("encoder_hidden_states", "pooled_projections") else v
-                   for k, v in conditioning.items()}  # fmt: skip
+        swapped = {
+            k: v.flip(0) if k not in ("encoder_hidden_states", "pooled_projections") else v
+            for k, v in conditioning.items()
+        }
         other = sampler.transition_logprobs(swapped, sigmas, steps, kept.latents, kept.next_latents)
     torch.testing.assert_close(again, kept.logprobs, rtol=0, atol=1e-5)
     torch.testing.assert_close(part, kept.logprobs[rows], rtol=0, atol=1e-5)

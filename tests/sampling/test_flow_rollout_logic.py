@@ -38,11 +38,17 @@ class StandInPolicy:
 # ---------------------------------------------------------------------------------------------- settings
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"eta": 0.0}, "eta must be > 0"), ({"sampler": "cps", "eta": 1.5}, "<= 1 for cps"),
-     ({"sampler": "ode"}, "sampler must be 'sde' or 'cps'"), ({"timestep_fraction": 0.0}, "timestep_fraction"),
-     ({"sde_window": (3, 4), "num_steps": 4}, "sde_window must be"), ({"sde_window": (2, 1)}, "sde_window must be"),
-     ({"guidance_scale": 0.5}, "guidance_scale must be >= 1"), ({"group_size": 0}, "group_size >= 1")],
-)  # fmt: skip
+    [
+        ({"eta": 0.0}, "eta must be > 0"),
+        ({"sampler": "cps", "eta": 1.5}, "<= 1 for cps"),
+        ({"sampler": "ode"}, "sampler must be 'sde' or 'cps'"),
+        ({"timestep_fraction": 0.0}, "timestep_fraction"),
+        ({"sde_window": (3, 4), "num_steps": 4}, "sde_window must be"),
+        ({"sde_window": (2, 1)}, "sde_window must be"),
+        ({"guidance_scale": 0.5}, "guidance_scale must be >= 1"),
+        ({"group_size": 0}, "group_size >= 1"),
+    ],
+)
 def test_bad_settings_are_refused_with_a_message_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FlowSamplingSettings(**kwargs)

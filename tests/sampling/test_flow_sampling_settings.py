@@ -46,10 +46,14 @@ WINDOW = (
         (dict(num_steps=0), NEED.format(8, 0)),
         (dict(sampler="ode"), "sampler must be 'sde' or 'cps', got 'ode'"),
         (dict(eta=0.0), "eta must be > 0 (and <= 1 for cps): eta = 0 makes every step deterministic, got 0.0"),
-        (dict(sampler="sde", eta=-0.5), "eta must be > 0 (and <= 1 for cps): eta = 0 makes every step "
-                                        "deterministic, got -0.5"),
-        (dict(sampler="cps", eta=1.01), "eta must be > 0 (and <= 1 for cps): eta = 0 makes every step "
-                                        "deterministic, got 1.01"),
+        (
+            dict(sampler="sde", eta=-0.5),
+            "eta must be > 0 (and <= 1 for cps): eta = 0 makes every step deterministic, got -0.5",
+        ),
+        (
+            dict(sampler="cps", eta=1.01),
+            "eta must be > 0 (and <= 1 for cps): eta = 0 makes every step deterministic, got 1.01",
+        ),
         (dict(timestep_fraction=0.0), "timestep_fraction must be in (0, 1], got 0.0"),
         (dict(timestep_fraction=1.5), "timestep_fraction must be in (0, 1], got 1.5"),
         (dict(eval_sampler="ddim"), "eval_sampler must be 'euler' or 'unipc', got 'ddim'"),
@@ -60,7 +64,7 @@ WINDOW = (
         (dict(num_steps=10, sde_window=(1, 2, 3)), WINDOW.format(9, (1, 2, 3))),
         (dict(num_steps=10, sde_window=(1,)), WINDOW.format(9, (1,))),
     ],
-)  # fmt: skip
+)
 def test_each_refused_value_is_named_in_the_message(settings, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         FlowSamplingSettings(**settings)

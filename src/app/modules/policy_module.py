@@ -91,8 +91,11 @@ class PolicyModule(L.LightningModule):
         return adamw_with_warmup(parameters, settings.learning_rate, settings.weight_decay, settings.warmup_steps)
 
     def record_hyperparameters(self, **values) -> None:
-        """Add ``values`` (plain data: numbers, strings, lists, dicts) to the hyper-parameters."""
-        self.save_hyperparameters({**self.hparams, **values})
+        """Add ``values`` (plain data: numbers, strings, lists, dicts; each a constructor argument) to the
+        hyper-parameters. They carry the module's class path as LightningCLI records it (``_class_path``), so that a
+        fit resumed through the CLI (``--ckpt_path``) parses them against this class."""
+        cls = type(self)
+        self.save_hyperparameters({"_class_path": f"{cls.__module__}.{cls.__qualname__}", **self.hparams, **values})
 
     def on_train_start(self) -> None:
         """Say in which dtypes the fit stores and computes (:mod:`app.modules.precision`, a warning when trainable

@@ -207,8 +207,25 @@ def test_cli_round_trip(tmp_path):
     from app.data.shards import read_samples
     from app.tasks.__main__ import main
 
-    main(["reason_rft", "--suite", "counting", "--split", "test_domain_shift", "--num", "3", "--seed", "4",
-          "--out", str(tmp_path), "--image-size", "32", "--max-per-shard", "2"])  # fmt: skip
+    main(
+        [
+            "reason_rft",
+            "--suite",
+            "counting",
+            "--split",
+            "test_domain_shift",
+            "--num",
+            "3",
+            "--seed",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--image-size",
+            "32",
+            "--max-per-shard",
+            "2",
+        ]
+    )
     shards = sorted(tmp_path.glob("rrft_counting-test_domain_shift-*.tar"))
     assert len(shards) == 2
     read = list(read_samples([str(p) for p in shards]))

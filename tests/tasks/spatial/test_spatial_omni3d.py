@@ -172,8 +172,22 @@ def test_non_json_file_is_named(tmp_path):
 
 
 def test_cli_writes_label_free_shards_that_pair_without_answers(tmp_path):
-    main(["spatial", "--out", str(tmp_path / "free"), "--num", "8", "--seed", "0", "--image-size", "64",
-          "--strip-labels", "--max-per-shard", "4"])  # fmt: skip
+    main(
+        [
+            "spatial",
+            "--out",
+            str(tmp_path / "free"),
+            "--num",
+            "8",
+            "--seed",
+            "0",
+            "--image-size",
+            "64",
+            "--strip-labels",
+            "--max-per-shard",
+            "4",
+        ]
+    )
     shards = sorted((tmp_path / "free").glob("spatial-*.tar"))
     assert len(shards) == 2
     samples = list(read_samples([str(p) for p in shards]))
@@ -185,13 +199,40 @@ def test_cli_writes_label_free_shards_that_pair_without_answers(tmp_path):
 
 
 def test_cli_labeled_shards_are_balanced_and_omni3d_input_works(tmp_path, omni3d_files):
-    main(["spatial", "--out", str(tmp_path / "lab"), "--num", "8", "--seed", "0", "--image-size", "64",
-          "--domain", "outdoor"])  # fmt: skip
+    main(
+        [
+            "spatial",
+            "--out",
+            str(tmp_path / "lab"),
+            "--num",
+            "8",
+            "--seed",
+            "0",
+            "--image-size",
+            "64",
+            "--domain",
+            "outdoor",
+        ]
+    )
     samples = list(read_samples(str(tmp_path / "lab" / "spatial-000000.tar")))
     assert sorted(s.answer for s in samples) == ["no"] * 4 + ["yes"] * 4
     assert all(answer_from_meta(s.meta) == s.answer and s.meta["domain"] == "outdoor" for s in samples)
     path, image_root = omni3d_files
-    main(["spatial", "--out", str(tmp_path / "real"), "--num", "4", "--omni3d", str(path), "--image-root",
-          str(image_root), "--tasks", "depth", "size"])  # fmt: skip
+    main(
+        [
+            "spatial",
+            "--out",
+            str(tmp_path / "real"),
+            "--num",
+            "4",
+            "--omni3d",
+            str(path),
+            "--image-root",
+            str(image_root),
+            "--tasks",
+            "depth",
+            "size",
+        ]
+    )
     real = list(read_samples(str(tmp_path / "real" / "spatial-000000.tar")))
     assert [s.meta["spatial_task"] for s in real] == ["depth", "size"] * 2 and real[0].images[0].size == (640, 480)

@@ -9,8 +9,14 @@ from app.tasks.vbvr.regimes import REGIMES, failed_check_names, regime_rendering
 
 
 def test_samples_carry_the_problem_frame_the_solution_and_their_split():
-    data = VBVRPromptDataset(8, seed=0, image_size=64, tasks=["color_mixing", "object_counting"],
-                             split=["in_domain", "out_of_domain"], with_solution=True)  # fmt: skip
+    data = VBVRPromptDataset(
+        8,
+        seed=0,
+        image_size=64,
+        tasks=["color_mixing", "object_counting"],
+        split=["in_domain", "out_of_domain"],
+        with_solution=True,
+    )
     samples = [data[i] for i in range(8)]
     assert [s.task for s in samples[:4]] == ["color_mixing", "object_counting"] * 2
     assert [s.meta["split"] for s in samples[:4]] == ["in_domain", "in_domain", "out_of_domain", "out_of_domain"]

@@ -27,7 +27,12 @@ def test_two_flow_grpo_steps_with_vbvr_scorer_rewards(fit):
     torch.manual_seed(0)
     policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8))
     reward = VBVRScorerReward()
-    module = FlowGRPOModule(policy, [reward], sampling=FlowSamplingSettings(group_size=2, num_steps=3), optimizer=OptimizerSettings(learning_rate=1e-3))
+    module = FlowGRPOModule(
+        policy,
+        [reward],
+        sampling=FlowSamplingSettings(group_size=2, num_steps=3),
+        optimizer=OptimizerSettings(learning_rate=1e-3),
+    )
     data = DataLoader(vbvr_samples(2), batch_size=2, shuffle=False, collate_fn=list)
 
     trainer, recorder = fit(module, data, max_steps=2)

@@ -103,8 +103,11 @@ class VBVRScorerReward(RewardComponent):
         self.num_malformed += 1
         log.warning(
             "vbvr reward: completion %d scored %s (malformed; %d so far): %s",
-            index, self.value_range[0], self.num_malformed, why,
-        )  # fmt: skip
+            index,
+            self.value_range[0],
+            self.num_malformed,
+            why,
+        )
 
     def _values(self, results: list[tuple[float, str | None] | None]) -> Tensor:
         """Scores from ``results`` (None: unreadable, already counted); counts those the scorer could not measure."""
