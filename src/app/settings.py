@@ -148,6 +148,21 @@ class GRPOSettings:
         micro_batch_size: rows per forward/backward; gradients accumulate over the micro-batches of a rollout and
             reproduce the full-batch gradient. None: all N = B * K rows at once.
         gradient_clip_val: clip the global gradient norm to this value before each step (0 disables).
+        importance_sampling_level: ``token`` (GRPO: one ratio and clip per token) or ``sequence`` (GSPO: one ratio
+            per completion, the geometric mean of its token ratios, clipped per completion; each completion's loss is
+            put on every one of its tokens, then ``loss_aggregation`` applies as usual, so GSPO's own objective is
+            ``sequence_mean``). ``eps_low`` / ``eps_high`` then bound the sequence ratio, which moves far less than a
+            token's: the GSPO paper clips at 3e-4 below and 4e-4 above. VLM only.
+        objective: ``ppo_clip`` (the clipped surrogate) or ``cispo`` (MiniMax-M1: every token is trained with its
+            importance weight clipped to ``[1 - eps_low, 1 + eps_high]`` and detached, none is clipped away). MiniMax-M1
+            bounds the weight only above: set ``eps_low`` >= 1 for that (the fused loss requires it). ``cispo`` is
+            token-level only (``importance_sampling_level: sequence`` is refused). VLM only.
+        off_policy_max_log_ratio: leave out of the loss each completion whose mean log-ratio to the sampling policy
+            (``log s_i``, the log of GSPO's sequence ratio) exceeds this in absolute value; None: no such mask.
+        off_policy_max_kl: leave out of the loss each completion whose mean k3 estimate of KL(sampling policy ||
+            policy) over its tokens exceeds this; None: no such mask. Both masks act only when the rollout is stale
+            (``num_iterations > 1`` or a delayed pipeline); a masked completion adds nothing to the loss but stays in
+            its normaliser, and the masked fraction is logged as ``train/off_policy_masked``. VLM only.
     """
 
     eps_low: float | None = None
@@ -158,6 +173,10 @@ class GRPOSettings:
     drop_zero_std_groups: bool = False
     micro_batch_size: int | None = None
     gradient_clip_val: float = 1.0
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    objective: Literal["ppo_clip", "cispo"] = "ppo_clip"
+    off_policy_max_log_ratio: float | None = None
+    off_policy_max_kl: float | None = None
 
     def __post_init__(self):
         for name in ("eps_low", "eps_high"):
@@ -174,6 +193,26 @@ class GRPOSettings:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
         if self.gradient_clip_val < 0:
             raise ValueError(f"grpo.gradient_clip_val must be >= 0 (0 disables clipping), got {self.gradient_clip_val}")
+        if self.importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(
+                f"grpo.importance_sampling_level must be 'token' or 'sequence', got {self.importance_sampling_level!r}"
+            )
+        if self.objective not in ("ppo_clip", "cispo"):
+            raise ValueError(f"grpo.objective must be 'ppo_clip' or 'cispo', got {self.objective!r}")
+        if self.objective == "cispo" and self.importance_sampling_level == "sequence":
+            raise ValueError(
+                "grpo.objective 'cispo' is token-level (each token's own clipped weight); grpo.importance_sampling_level "
+                "'sequence' is defined for 'ppo_clip' only (GSPO): set one of them back"
+            )
+        for name in ("off_policy_max_log_ratio", "off_policy_max_kl"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"grpo.{name} must be > 0 or null, got {value}")
+
+    @property
+    def masks_off_policy(self) -> bool:
+        """Whether a threshold of off-policy sequence masking is set."""
+        return self.off_policy_max_log_ratio is not None or self.off_policy_max_kl is not None
 
     def clip_range(self, default: float) -> GRPOSettings:
         """These settings with each unset end of the clip range set to the family's ``default``."""

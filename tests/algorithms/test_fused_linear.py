@@ -1,7 +1,8 @@
 """liger-kernel's fused linear GRPO loss (``app.algorithms.fused_linear``) against ``grpo_loss`` on the chunked
 log-probs: same loss, statistics and gradients of the hidden states and the head for every aggregation, with and
 without stored old log-probs and a reference, with a single kept token, without ``max_length`` and at the default
-temperature; the statistics it cannot give are NaN; ``compiled`` decides whether Liger compiles; the short errors."""
+temperature, and for the sequence-level ratio (GSPO) and CISPO where Liger computes them; the statistics it cannot
+give are NaN; ``compiled`` decides whether Liger compiles; the short errors, naming the options it refuses."""
 
 import importlib.util
 import re
@@ -12,9 +13,11 @@ from torch import nn
 
 from app.algorithms import grpo_loss
 from app.algorithms.fused_linear import (
+    CISPO_AGGREGATIONS,
     LIGER_LOSS_TYPES,
     FusedLinearGRPOLoss,
     check_fused_head,
+    check_fused_masking,
     require_liger_loss,
     unavailable_statistics,
 )
@@ -48,17 +51,38 @@ def case(seed: int):
     return head, hidden, targets, advantages, mask, old, ref
 
 
-def run(fused: bool, aggregation, beta, with_old, seed, keep=None, max_length=MAX_LENGTH, temperature=TEMPERATURE):
-    """One loss and its gradients, fused or from the chunked log-probs; ``keep`` replaces the case's mask and
-    ``temperature=None`` leaves the temperature at its default."""
+def run(
+    fused: bool,
+    aggregation,
+    beta,
+    with_old,
+    seed,
+    keep=None,
+    max_length=MAX_LENGTH,
+    temperature=TEMPERATURE,
+    drifted_rows=False,
+    **objective,
+):
+    """One loss and its gradients, fused or from the chunked log-probs; ``keep`` replaces the case's mask,
+    ``temperature=None`` leaves the temperature at its default, ``drifted_rows`` gives row 0 every ratio e^0.5 and A > 0,
+    row 1 every ratio e^-0.5 and A < 0 (both clipped by these clip ranges; CISPO, unbounded below, caps row 0's weights)
+    and row 3 the current log-probs as old ones (ratio 1, never clipped), and ``objective`` (``importance_sampling_level``,
+    ``objective``, ``eps_low``, ``eps_high``) goes to both losses."""
     liger = pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed")
     assert liger is not None
     head, hidden, targets, advantages, mask, old, ref = case(seed)
+    if drifted_rows:
+        with torch.no_grad():
+            current = chunked_token_logprobs(hidden, head, targets, temperature=TEMPERATURE)
+        advantages = advantages.clone()
+        advantages[0], advantages[1] = advantages[0].abs(), -advantages[1].abs()
+        old = old.clone()
+        old[0], old[1], old[3] = current[0] - 0.5, current[1] + 0.5, current[3]
     mask = mask if keep is None else keep
     hidden.requires_grad_(True)
     ref = ref if beta > 0 else None
     old = old if with_old else None
-    clip = dict(eps_low=0.2, eps_high=0.28)
+    clip = dict(eps_low=0.2, eps_high=0.28) | objective
     at = {} if temperature is None else dict(temperature=temperature)
     if fused:
         loss = FusedLinearGRPOLoss(beta=beta, aggregation=aggregation, max_length=max_length, compiled=False, **clip)
@@ -120,6 +144,68 @@ def test_without_max_length_constant_divides_by_the_completion_length(aggregatio
 
 def test_the_default_temperature_is_one(random_seed):
     check_same("token_mean", 0.1, True, random_seed, temperature=None)
+
+
+GSPO = dict(importance_sampling_level="sequence", eps_low=0.02, eps_high=0.03)
+"""A sequence ratio moves less than a token's (here the rows' mean of 0.3-wide noise): a clip range that acts on it."""
+CISPO = dict(objective="cispo", eps_low=1.0, eps_high=0.28)
+"""Liger's CISPO: the weight bounded above only (eps_low >= 1), at 1 + eps_high."""
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("beta, with_old", [(0.0, True), (0.1, True), (0.1, False)])
+def test_fused_sequence_level_loss_equals_grpo_loss(aggregation, beta, with_old, random_seed):
+    """Liger's sequence-level importance sampling is GSPO's: same sequence ratio, clip, broadcast and statistics."""
+    expected = check_same(aggregation, beta, with_old, random_seed, drifted_rows=with_old, **GSPO)
+    if with_old:
+        assert 0 < expected.clip_fraction < 1, "some rows should be clipped and some not"
+
+
+@pytest.mark.parametrize("aggregation", CISPO_AGGREGATIONS)
+@pytest.mark.parametrize("beta, with_old", [(0.0, True), (0.1, True), (0.1, False)])
+def test_fused_cispo_loss_equals_grpo_loss(aggregation, beta, with_old, random_seed):
+    """Liger's ``cispo`` (weight min(r, 1 + eps_high), token-count normaliser; rescaled for ``constant``)."""
+    expected = check_same(aggregation, beta, with_old, random_seed, drifted_rows=with_old, **CISPO)
+    if with_old:
+        assert expected.clip_fraction > 0, "some weights should be capped"
+
+
+def test_fused_cispo_divides_by_this_call_s_tokens_without_an_all_reduce(monkeypatch):
+    """The token count goes to Liger as ``num_items_in_batch`` (times the world size Liger divides it by), so Liger
+    never all-reduces the count across ranks, which would hang a rank whose micro-batches differ in number."""
+    liger = pytest.importorskip("liger_kernel.chunked_loss.fused_linear_ppo", reason="liger-kernel is not installed")
+    normalisers = []
+    real = liger.LigerFusedLinearPPOBase._compute_dapo_normalizer
+
+    def spy(attention_mask, num_items_in_batch=None):
+        normalisers.append(num_items_in_batch)
+        return real(attention_mask, num_items_in_batch=num_items_in_batch)
+
+    monkeypatch.setattr(liger.LigerFusedLinearPPOBase, "_compute_dapo_normalizer", staticmethod(spy))
+    head, hidden, targets, advantages, mask, old, _ = case(0)
+    FusedLinearGRPOLoss(compiled=False, **CISPO)(hidden, head, targets, advantages, mask, old)
+    assert normalisers and all(float(count) == float(mask.sum()) for count in normalisers)
+
+
+def test_fused_objective_errors_name_the_option():
+    with pytest.raises(ConfigError, match="grpo.objective 'cispo' supports loss_aggregation .*got 'sequence_mean'"):
+        FusedLinearGRPOLoss(aggregation="sequence_mean", **CISPO)
+    with pytest.raises(ConfigError, match="needs grpo.eps_low >= 1 .*got eps_low = 0.2"):
+        FusedLinearGRPOLoss(objective="cispo", eps_low=0.2)
+    with pytest.raises(ValueError, match="objective 'cispo' .* importance_sampling_level 'sequence'"):
+        FusedLinearGRPOLoss(importance_sampling_level="sequence", **CISPO)
+    with pytest.raises(ValueError, match="importance_sampling_level must be 'token' or 'sequence', got 'row'"):
+        FusedLinearGRPOLoss(importance_sampling_level="row")
+    check_fused_masking(None, None)
+    with pytest.raises(ConfigError) as error:
+        check_fused_masking(0.5, 0.1)
+    assert str(error.value) == (
+        "fused_linear_loss=True cannot mask off-policy sequences (grpo.off_policy_max_log_ratio and "
+        "grpo.off_policy_max_kl set): the fused loss never materialises the log-probs the mask is decided on; unset "
+        "it or set fused_linear_loss: false"
+    )
+    with pytest.raises(ConfigError, match=r"\(grpo.off_policy_max_kl set\)"):
+        check_fused_masking(None, 0.1)
 
 
 @pytest.mark.parametrize("compiled", [False, True])
@@ -200,3 +286,28 @@ def test_compiled_fused_loss_matches_on_cuda(aggregation, beta):
     torch.testing.assert_close(actual.loss, expected.loss, atol=1e-5, rtol=1e-4)
     devices = {name: getattr(actual, name).device for name in STATS}
     assert set(devices.values()) == {hidden.device}, devices
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "objective, aggregation",
+    [(GSPO, "token_mean"), (GSPO, "sequence_mean"), (GSPO, "constant"), (CISPO, "token_mean"), (CISPO, "constant")],
+    ids=["gspo-token_mean", "gspo-sequence_mean", "gspo-constant", "cispo-token_mean", "cispo-constant"],
+)
+def test_compiled_fused_objectives_match_on_cuda(objective, aggregation):
+    """GSPO and CISPO under Liger's ``torch.compile`` on the GPU: the loss and the gradients of grpo_loss."""
+    pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed")
+    head, hidden, targets, advantages, mask, old, ref = (t.cuda() for t in case(0))
+    hidden.requires_grad_(True)
+    logprobs = chunked_token_logprobs(hidden, head, targets, temperature=TEMPERATURE)
+    options = dict(beta=0.1, aggregation=aggregation, max_length=MAX_LENGTH) | objective
+    expected = grpo_loss(logprobs, old, advantages, mask, ref_logprobs=ref, **options)
+    expected_grads = torch.autograd.grad(expected.loss, [hidden, head.weight])
+    loss = FusedLinearGRPOLoss(compiled=True, **options)
+    actual = loss(hidden, head, targets, advantages, mask, old, ref, temperature=TEMPERATURE)
+    grads = torch.autograd.grad(actual.loss, [hidden, head.weight])
+    torch.testing.assert_close(actual.loss, expected.loss, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(actual.clip_fraction, expected.clip_fraction, atol=1e-6, rtol=0)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, atol=1e-5, rtol=1e-4)

@@ -1,7 +1,9 @@
 """``VLMGRPOModule``'s loss path called directly on a hand-made rollout (no Trainer): each micro batch's loss weighted
 by its share of the aggregation's normaliser sums to the loss of the whole batch, with the module's clip range, beta,
 aggregation, generation budget and sampling temperature; the rollout logs; the loss mask ``loss_mask`` builds (through
-the skeleton's ``finish_rollout``); and ``loss_mass``, each rollout's weight when several make one update.
+the skeleton's ``finish_rollout``); and ``loss_mass``, each rollout's weight when several make one update. The
+objectives (GSPO, CISPO, off-policy masking) reach every micro-batch's loss, the masked fraction is logged when masking
+is on, and the fused loss computes GSPO and refuses what Liger cannot compute.
 
 The rollout: 2 prompts x K = 2 completions of L = 5 tokens (budget 6, so ``constant`` divides by 6, not L), one row
 left out of the loss entirely and one with a single token, stored old log-probs whose ratios reach both clip bounds on
@@ -14,10 +16,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from doubles import Logs
 
 from app.algorithms import grpo_loss
+from app.errors import ConfigError
 from app.modules import VLMGRPOModule
-from app.modules.grpo import ScoredGroups
+from app.modules.grpo import LOSS_TERMS, ScoredGroups
 from app.rewards import AccuracyReward
 from app.settings import GRPOSettings, SamplingSettings
 from app.types import CompletionBatch, Generation, RewardOutput, Rollout, SampledCompletions
@@ -168,6 +172,82 @@ def test_the_fused_loss_gives_each_micro_batch_loss(tiny_policy, case):
     assert all(math.isnan(out.ratio_mean) for out, _ in parts)  # a statistic Liger does not return
     expected = expected_loss(logprobs, rollout, "token_mean").loss
     torch.testing.assert_close(weighted_sum(parts), expected, atol=1e-6, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------- the objectives
+OBJECTIVES = {
+    "gspo": {"importance_sampling_level": "sequence"},
+    "cispo": {"objective": "cispo"},
+    "masked": {"off_policy_max_log_ratio": 0.2, "off_policy_max_kl": 0.5},
+}
+"""The ``grpo:`` options beside PPO-clip. On this rollout the sequence ratios are e^0.052 (row 0, inside the module's
+clip range 0.9 .. 1.3), 1.4 (row 2, A > 0: clipped) and e^-0.225 (row 3, A < 0: clipped); rows 2 and 3 have
+|log s| > 0.2, so the mask leaves them out (2 of the 3 rows with a token)."""
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_each_objective_reaches_the_loss_of_every_micro_batch(tiny_policy, case, name, aggregation):
+    """The module passes its ``grpo`` options to ``grpo_loss``: the share-weighted micro-batch losses are the pure
+    function's on the whole batch's log-probs, and differ from PPO-clip's."""
+    rollout, logprobs = case
+    options = OBJECTIVES[name]
+    module = grpo_module(tiny_policy, beta=BETA, loss_aggregation=aggregation, micro_batch_size=2, **options)
+    parts = list(module.weighted_losses(rollout))
+    assert len(parts) == 2
+    sampled = rollout.sampled
+    expected = grpo_loss(
+        logprobs,
+        sampled.old_logprobs,
+        rollout.advantages,
+        rollout.loss_mask,
+        eps_low=EPS_LOW,
+        eps_high=EPS_HIGH,
+        beta=BETA,
+        ref_logprobs=sampled.ref_logprobs,
+        aggregation=aggregation,
+        max_length=MAX_NEW_TOKENS,
+        **options,
+    )
+    for field in ("loss", "policy_loss", "kl"):
+        torch.testing.assert_close(weighted_sum(parts, field), getattr(expected, field), msg=field)
+    assert not torch.isclose(expected.loss, expected_loss(logprobs, rollout, aggregation).loss)
+
+
+def test_the_masked_fraction_is_logged_only_with_off_policy_masking(tiny_policy, case):
+    rollout, _ = case
+    for options, logged in (({}, None), (OBJECTIVES["masked"], 2 / 3)):
+        module = grpo_module(tiny_policy, beta=BETA, **options)
+        ((out, share),) = module.weighted_losses(rollout)
+        assert float(share) == 1.0 and float(out.off_policy_masked) == pytest.approx(logged or 0.0)
+        logs = Logs(module)
+        stats = {field: getattr(out, field).detach() for field in LOSS_TERMS}
+        module._log_step(rollout, stats, batch_size=4)
+        ((values, _),) = logs.dicts
+        assert values.get("train/off_policy_masked") == (pytest.approx(logged) if logged else None)
+
+
+def test_the_fused_loss_computes_gspo_and_refuses_what_liger_does_not(tiny_policy, case):
+    pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (extra 'gpu')")
+    rollout, logprobs = case
+    fused = dict(fused_linear_loss=True, fused_loss_compiled=False)
+    module = grpo_module(tiny_policy, beta=BETA, micro_batch_size=2, importance_sampling_level="sequence", **fused)
+    expected = grpo_loss(
+        logprobs,
+        rollout.sampled.old_logprobs,
+        rollout.advantages,
+        rollout.loss_mask,
+        eps_low=EPS_LOW,
+        eps_high=EPS_HIGH,
+        beta=BETA,
+        ref_logprobs=rollout.sampled.ref_logprobs,
+        importance_sampling_level="sequence",
+    )
+    torch.testing.assert_close(weighted_sum(module.weighted_losses(rollout)), expected.loss, atol=1e-6, rtol=1e-4)
+    with pytest.raises(ConfigError, match="needs grpo.eps_low >= 1"):
+        grpo_module(tiny_policy, objective="cispo", **fused)  # the module's eps_low is 0.1
+    with pytest.raises(ConfigError, match=r"cannot mask off-policy sequences \(grpo.off_policy_max_kl set\)"):
+        grpo_module(tiny_policy, off_policy_max_kl=0.5, **fused)
 
 
 # ------------------------------------------------------------------------------------ rollout logs and loss mask

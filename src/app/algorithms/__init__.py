@@ -1,20 +1,40 @@
-"""RL objectives as pure tensor math: group advantages and the token-level GRPO loss (see docs/algorithms.md#grpo), and
-the chunked per-token log-probs of a VLM policy (docs/algorithms.md#token-log-probabilities)."""
+"""RL objectives as pure tensor math: group advantages and the GRPO loss with its token- and sequence-level (GSPO)
+clipped surrogates, CISPO and off-policy sequence masking (see docs/algorithms.md#grpo), and the chunked per-token
+log-probs of a VLM policy (docs/algorithms.md#token-log-probabilities)."""
 
 from app.algorithms.advantages import AdvantageScale, group_advantages, zero_std_groups
 from app.algorithms.logprobs import chunked_token_logprobs, token_logprobs_naive
-from app.algorithms.loss import Aggregation, GRPOLossOutput, aggregate, clipped_surrogate, grpo_loss, k3_kl
+from app.algorithms.loss import (
+    Aggregation,
+    GRPOLossOutput,
+    ImportanceSamplingLevel,
+    Objective,
+    aggregate,
+    cispo_surrogate,
+    clipped_surrogate,
+    grpo_loss,
+    gspo_surrogate,
+    k3_kl,
+    off_policy_mask,
+    sequence_log_ratio,
+)
 
 __all__ = [
     "AdvantageScale",
     "Aggregation",
     "GRPOLossOutput",
     "aggregate",
+    "ImportanceSamplingLevel",
+    "Objective",
     "chunked_token_logprobs",
+    "cispo_surrogate",
     "clipped_surrogate",
     "group_advantages",
     "grpo_loss",
+    "gspo_surrogate",
     "k3_kl",
+    "off_policy_mask",
+    "sequence_log_ratio",
     "token_logprobs_naive",
     "zero_std_groups",
 ]

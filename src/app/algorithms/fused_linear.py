@@ -10,6 +10,16 @@ The math is :func:`app.algorithms.loss.grpo_loss`'s; each aggregation maps onto 
 - ``sequence_mean`` -> ``grpo`` rescaled: Liger divides the sum of the rows' masked means by all N rows, ours by the
   rows that have a token, so its loss is multiplied by N / (rows with a token), a constant.
 
+The objectives (docs/algorithms.md#fused-linear-grpo-loss): ``importance_sampling_level: sequence`` (GSPO) is Liger's
+``importance_sampling_level="sequence"`` with the same sequence ratio, clip and broadcast, for every aggregation.
+``objective: cispo`` is Liger's ``loss_type="cispo"``, whose weight is ``clamp(r, max=epsilon_high)`` (an absolute
+bound, so it gets ``1 + eps_high``) with no lower bound, and whose normaliser is the token count: it is supported for
+``token_mean`` (the count of this call's tokens is passed as ``num_items_in_batch``, so Liger never all-reduces it
+across ranks) and ``constant`` (rescaled by tokens / (N * max_length)), with ``eps_low >= 1`` (no lower bound, as
+``cispo_surrogate`` has then). Refused with a :class:`~app.errors.ConfigError` naming the option: ``cispo`` with
+``sequence_mean`` or ``eps_low < 1``, and off-policy masking (:func:`check_fused_masking`: it needs each row's current
+log-probs before the loss, which the fused loss never materialises).
+
 Statistics: Liger returns the clip fraction and (with a reference) the token-mean k3 KL, from which the KL in the
 loss's aggregation follows for ``token_mean`` and ``constant``, and the policy loss as ``loss - beta * kl``. It does not
 return the ratio, nor a per-row KL: ``ratio_mean`` is NaN unless the old log-probs are the current ones (then the
@@ -27,11 +37,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from app.algorithms.loss import Aggregation, GRPOLossOutput
+from app.algorithms.loss import Aggregation, GRPOLossOutput, ImportanceSamplingLevel, Objective, check_objective
 from app.errors import ConfigError
 
 LIGER_LOSS_TYPES: dict[str, str] = {"token_mean": "bnpo", "sequence_mean": "grpo", "constant": "dr_grpo"}
 """Our aggregation -> liger-kernel's ``loss_type`` with the same per-token math and normaliser (up to a constant)."""
+CISPO_AGGREGATIONS = ("token_mean", "constant")
+"""The aggregations of ``objective: cispo`` on the fused path (Liger's ``cispo`` divides by the token count)."""
 
 
 def unavailable_statistics(aggregation: str, beta: float, stores_old_logprobs: bool) -> frozenset[str]:
@@ -40,6 +52,21 @@ def unavailable_statistics(aggregation: str, beta: float, stores_old_logprobs: b
     if aggregation == "sequence_mean" and beta > 0:
         missing |= {"kl", "policy_loss"}
     return frozenset(missing)
+
+
+def check_fused_masking(max_log_ratio: float | None, max_kl: float | None) -> None:
+    """Off-policy sequence masking needs every row's current log-probs before the loss; the fused loss never has them,
+    so a set threshold is refused with a :class:`~app.errors.ConfigError` naming it."""
+    named = [
+        name
+        for name, value in (("off_policy_max_log_ratio", max_log_ratio), ("off_policy_max_kl", max_kl))
+        if value is not None
+    ]
+    if named:
+        raise ConfigError(
+            f"fused_linear_loss=True cannot mask off-policy sequences (grpo.{' and grpo.'.join(named)} set): the fused "
+            "loss never materialises the log-probs the mask is decided on; unset it or set fused_linear_loss: false"
+        )
 
 
 def require_liger_loss() -> None:
@@ -73,6 +100,8 @@ class FusedLinearGRPOLoss:
         aggregation: ``token_mean``, ``sequence_mean`` or ``constant``.
         max_length: ``constant``'s L_max (the generation budget); None: the completion length L.
         compiled: let Liger ``torch.compile`` its loss math (worth it on GPU; on CPU it needs a C++ compiler).
+        importance_sampling_level: ``token`` or ``sequence`` (GSPO), as in :func:`~app.algorithms.loss.grpo_loss`.
+        objective: ``ppo_clip`` or ``cispo`` (token level, ``token_mean`` or ``constant``, ``eps_low >= 1``).
     """
 
     eps_low: float = 0.2
@@ -81,6 +110,8 @@ class FusedLinearGRPOLoss:
     aggregation: Aggregation = "token_mean"
     max_length: int | None = None
     compiled: bool = True
+    importance_sampling_level: ImportanceSamplingLevel = "token"
+    objective: Objective = "ppo_clip"
 
     def __post_init__(self):
         if self.aggregation not in LIGER_LOSS_TYPES:
@@ -90,6 +121,18 @@ class FusedLinearGRPOLoss:
         if not (self.beta >= 0 and self.eps_low >= 0 and self.eps_high >= 0):  # NaN fails too
             raise ValueError(
                 f"beta, eps_low and eps_high must be >= 0, got {self.beta}, {self.eps_low}, {self.eps_high}"
+            )
+        check_objective(self.importance_sampling_level, self.objective)
+        if self.objective == "cispo" and self.aggregation not in CISPO_AGGREGATIONS:
+            raise ConfigError(
+                f"fused_linear_loss with grpo.objective 'cispo' supports loss_aggregation {list(CISPO_AGGREGATIONS)} "
+                f"(Liger's cispo divides by the token count), got {self.aggregation!r}; set fused_linear_loss: false"
+            )
+        if self.objective == "cispo" and not self.eps_low >= 1:
+            raise ConfigError(
+                f"fused_linear_loss with grpo.objective 'cispo' needs grpo.eps_low >= 1 (Liger bounds the importance "
+                f"weight only above, as MiniMax-M1 does), got eps_low = {self.eps_low}; set eps_low: 1.0 or "
+                "fused_linear_loss: false"
             )
 
     def __call__(
@@ -116,6 +159,7 @@ class FusedLinearGRPOLoss:
         n, length = targets.shape
         max_length = length if self.max_length is None else self.max_length
         use_ref = self.beta > 0
+        cispo = self.objective == "cispo"
         liger = LigerFusedLinearGRPOLoss(
             beta=self.beta if use_ref else 0.0,
             compiled=self.compiled,
@@ -123,12 +167,14 @@ class FusedLinearGRPOLoss:
             # one chunk: Liger bounds the logits by sequence x vocabulary chunks inside it
             chunk_size=max(n, 1),
             epsilon_low=self.eps_low,
-            epsilon_high=self.eps_high,
-            loss_type=LIGER_LOSS_TYPES[self.aggregation],
+            epsilon_high=1.0 + self.eps_high if cispo else self.eps_high,  # cispo's bound is absolute
+            loss_type="cispo" if cispo else LIGER_LOSS_TYPES[self.aggregation],
             max_completion_length=max_length,
+            importance_sampling_level=self.importance_sampling_level,
             temperature=temperature,
         )
         weights = mask.float()  # [N, L]
+        tokens = weights.sum().clamp_min(1)  # []
         loss, metrics = liger(
             hidden,
             lm_head.weight,
@@ -138,10 +184,13 @@ class FusedLinearGRPOLoss:
             bias=lm_head.bias,
             ref_per_token_logps=ref_logprobs if use_ref else None,
             old_per_token_logps=old_logprobs,
+            # cispo divides by num_items_in_batch / world size: this call's tokens, never all-reduced across ranks
+            num_items_in_batch=weights.sum() * _world_size() if cispo else None,
         )
-        tokens = weights.sum().clamp_min(1)  # []
         if self.aggregation == "sequence_mean":
             loss = loss * (n / (weights.sum(dim=1) > 0).sum().clamp_min(1))  # Liger divides by all N rows
+        elif cispo and self.aggregation == "constant":
+            loss = loss * (tokens / (n * max_length))  # Liger's cispo divides by the tokens
         kl_token_mean, clip_fraction = metrics if use_ref else (None, metrics[0])
         nan = torch.full((), float("nan"), device=loss.device)
         if kl_token_mean is None:
@@ -154,4 +203,11 @@ class FusedLinearGRPOLoss:
             kl = nan  # a per-row mean of the KL that Liger does not return
         policy_loss = loss.detach() - self.beta * kl  # without a reference beta and kl are 0
         ratio_mean = nan if old_logprobs is not None else (weights.sum() > 0).float()  # 1, as a masked mean
-        return GRPOLossOutput(loss, policy_loss, kl.detach(), clip_fraction.detach(), ratio_mean)
+        masked = torch.zeros((), device=loss.device)  # no off-policy masking here (check_fused_masking)
+        return GRPOLossOutput(loss, policy_loss, kl.detach(), clip_fraction.detach(), ratio_mean, masked)
+
+
+def _world_size() -> int:
+    """The number of processes Liger divides ``num_items_in_batch`` by (1 without torch.distributed)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return torch.distributed.get_world_size() if distributed else 1

@@ -1,4 +1,5 @@
-"""Token-level GRPO loss: clipped surrogate, k3 KL to the reference, and the three aggregations.
+"""GRPO loss: the token-level clipped surrogate (PPO-clip), its sequence-level form (GSPO) and the clipped-IS objective
+(CISPO), off-policy sequence masking, the k3 KL to the reference, and the three aggregations.
 
 Shapes: N completions (B prompts x K, group-major), L completion tokens. Log-probs are of the sampled tokens. The loss
 works in at least float32 (bf16/fp16 inputs are upcast); with ``old_logprobs = logprobs.detach()`` the ratio is exactly 1.
@@ -7,13 +8,15 @@ Equations: docs/algorithms.md#grpo-loss.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from torch import Tensor
 
 Aggregation = Literal["token_mean", "sequence_mean", "constant"]
+ImportanceSamplingLevel = Literal["token", "sequence"]
+Objective = Literal["ppo_clip", "cispo"]
 
 
 def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
@@ -39,6 +42,76 @@ def clipped_surrogate(
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv  # [N, L]
     surrogate = torch.minimum(unclipped, clipped)  # [N, L]
     return -surrogate, ratio, clipped < unclipped  # [N, L] x 3
+
+
+def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """``[N]``: the mean over each row's masked tokens of ``logprobs - old_logprobs``, i.e. ``log s_i`` with GSPO's
+    sequence ratio ``s_i`` (the geometric mean of the token ratios); 0 for a row without a token. Padding values never
+    leak (NaN-safe). Equation: docs/algorithms.md#sequence-level-importance-ratio-gspo."""
+    mask = mask.bool()  # [N, L]
+    delta = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))  # [N, L]
+    return delta.sum(dim=1) / mask.sum(dim=1).clamp_min(1)  # [N]
+
+
+def gspo_surrogate(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """GSPO's sequence-level clipped surrogate, negated to be minimised, broadcast to the tokens of each row.
+
+    ``s_i = exp(sequence_log_ratio)``; ``loss_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)``. Returns
+    ``(loss [N, L], s [N], is_clipped [N, L] bool)``: every token of row i carries ``loss_i`` (so the usual aggregation
+    applies) and the gradient reaches each masked token through ``s_i``; ``is_clipped`` marks the rows (on all their
+    tokens) whose clipped term is strictly the smaller one. Equation: docs/algorithms.md#sequence-level-importance-ratio-gspo.
+    """
+    ratio = torch.exp(sequence_log_ratio(logprobs, old_logprobs, mask))  # [N]
+    unclipped = ratio * advantages  # [N]
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages  # [N]
+    loss = -torch.minimum(unclipped, clipped)  # [N]
+    return loss[:, None].expand_as(logprobs), ratio, (clipped < unclipped)[:, None].expand_as(logprobs)
+
+
+def cispo_surrogate(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """CISPO's loss per token: ``-sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * logp_t``, ``sg`` = detached.
+
+    Every token gets the gradient ``-w_t A grad(logp_t)`` with the clipped weight ``w_t``; none is clipped away (the
+    loss value itself is not the surrogate's: only its gradient means something). ``eps_low >= 1`` leaves the weight
+    unbounded below, as MiniMax-M1 ran it. Returns ``(loss [N, L], ratio [N, L], is_clipped [N, L] bool)``;
+    ``is_clipped`` marks the tokens PPO-clip would clip (weight capped on the side the advantage pushes: ``r_t > 1 +
+    eps_high`` with ``A > 0``, ``r_t < 1 - eps_low`` with ``A < 0``), which CISPO still trains with the capped weight.
+    Equation: docs/algorithms.md#clipped-importance-sampling-weights-cispo.
+    """
+    adv = advantages[:, None]  # [N, 1]
+    ratio = torch.exp(logprobs - old_logprobs).detach()  # [N, L], no gradient flows through the weight
+    weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # [N, L]
+    loss = -weight * adv * logprobs  # [N, L]
+    return loss, ratio, weight * adv < ratio * adv  # [N, L] x 3
+
+
+def off_policy_mask(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    mask: Tensor,
+    max_log_ratio: float | None = None,
+    max_kl: float | None = None,
+) -> Tensor:
+    """``[N]`` bool, True for the rows kept in the loss: a row whose sampling policy has drifted too far is left out.
+
+    A row is masked when ``|log s_i| > max_log_ratio`` (``log s_i`` = :func:`sequence_log_ratio`) or when the mean over
+    its tokens of the k3 estimate of ``KL(pi_old || pi)`` (``r - 1 - log r``, its tokens being samples of ``pi_old``)
+    exceeds ``max_kl``; None disables a test. A row without a token is kept (it has no loss anyway); a NaN measure keeps
+    the row, so a non-finite loss still surfaces. No gradient. Equation: docs/algorithms.md#off-policy-sequence-masking.
+    """
+    with torch.no_grad():
+        keep = torch.ones(logprobs.shape[0], dtype=torch.bool, device=logprobs.device)  # [N]
+        if max_log_ratio is not None:
+            keep &= ~(sequence_log_ratio(logprobs, old_logprobs, mask).abs() > max_log_ratio)  # [N]
+        if max_kl is not None:
+            mask_bool = mask.bool()  # [N, L]
+            kl_tok = torch.where(mask_bool, k3_kl(old_logprobs, logprobs), torch.zeros_like(logprobs))  # [N, L]
+            keep &= ~(kl_tok.sum(dim=1) / mask_bool.sum(dim=1).clamp_min(1) > max_kl)  # [N]
+    return keep
 
 
 def aggregate(
@@ -79,9 +152,13 @@ class GRPOLossOutput:
     kl: Tensor
     """Aggregated k3 KL to the reference, so that ``loss = policy_loss + beta * kl``; 0 without a reference."""
     clip_fraction: Tensor
-    """Fraction of the masked tokens whose clipped term was active."""
+    """Fraction of the masked tokens whose clipped term was active (under ``sequence`` level: the tokens of clipped
+    rows; under ``cispo``: the tokens PPO-clip would clip, whose weight is capped)."""
     ratio_mean: Tensor
-    """Mean ratio over the masked tokens (exactly 1 on the first update of a rollout)."""
+    """Mean token ratio ``exp(logp - old_logp)`` over the masked tokens (exactly 1 on the first update of a rollout),
+    whatever the objective."""
+    off_policy_masked: Tensor = field(default_factory=lambda: torch.zeros(()))
+    """Fraction of the rows with a token that off-policy masking left out of the loss (0 without masking)."""
 
 
 def _upcast(tensor: Tensor) -> Tensor:
@@ -112,23 +189,48 @@ def grpo_loss(
     ref_logprobs: Tensor | None = None,
     aggregation: Aggregation = "token_mean",
     max_length: int | None = None,
+    importance_sampling_level: ImportanceSamplingLevel = "token",
+    objective: Objective = "ppo_clip",
+    off_policy_max_log_ratio: float | None = None,
+    off_policy_max_kl: float | None = None,
 ) -> GRPOLossOutput:
     """GRPO loss from per-token log-probs ``[N, L]``, advantages ``[N]`` and the loss mask ``[N, L]``.
 
     The k3 KL is added per token, before aggregation. ``ref_logprobs`` is required when ``beta > 0``; with
-    ``beta == 0`` it is only logged.
+    ``beta == 0`` it is only logged. The per-token policy loss is :func:`clipped_surrogate` (``token``, ``ppo_clip``:
+    the default), :func:`gspo_surrogate` (``sequence``: each row's loss on every one of its tokens) or
+    :func:`cispo_surrogate` (``cispo``, token level only). Rows :func:`off_policy_mask` leaves out (either threshold
+    set) contribute nothing to the loss, its policy part or its KL, but stay in the aggregation's normaliser, so the
+    loss of micro-batches weighted by their share of the normaliser is still the full-batch loss; ``clip_fraction`` and
+    ``ratio_mean`` are taken over every masked token.
     """
     _check_shapes(logprobs, advantages, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs)
     if beta < 0 or eps_low < 0 or eps_high < 0:
         raise ValueError(f"beta, eps_low and eps_high must be >= 0, got {beta}, {eps_low}, {eps_high}")
     if beta > 0 and ref_logprobs is None:
         raise ValueError(f"beta = {beta} > 0 needs ref_logprobs (log-probs under the reference model)")
+    check_objective(importance_sampling_level, objective)
     logprobs, old_logprobs, advantages = _upcast(logprobs), _upcast(old_logprobs), _upcast(advantages)  # [N, L], [N]
-    policy_tok, ratio, is_clipped = clipped_surrogate(logprobs, old_logprobs, advantages, eps_low, eps_high)  # [N, L]
+    if importance_sampling_level == "sequence":
+        policy_tok, _, is_clipped = gspo_surrogate(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+        ratio = torch.exp(logprobs - old_logprobs).detach()  # [N, L], for ratio_mean
+    elif objective == "cispo":
+        policy_tok, ratio, is_clipped = cispo_surrogate(logprobs, old_logprobs, advantages, eps_low, eps_high)
+    else:
+        policy_tok, ratio, is_clipped = clipped_surrogate(logprobs, old_logprobs, advantages, eps_low, eps_high)
+    kl_tok = k3_kl(logprobs, _upcast(ref_logprobs)) if ref_logprobs is not None else None  # [N, L]
+    masked = logprobs.new_zeros(())  # []
+    if off_policy_max_log_ratio is not None or off_policy_max_kl is not None:
+        keep = off_policy_mask(logprobs, old_logprobs, mask, off_policy_max_log_ratio, off_policy_max_kl)  # [N]
+        has_tokens = mask.bool().any(dim=1)  # [N]
+        masked = (has_tokens & ~keep).sum() / has_tokens.sum().clamp_min(1)  # []
+        kept = keep[:, None].expand_as(mask)  # [N, L]
+        policy_tok = torch.where(kept, policy_tok, torch.zeros_like(policy_tok))  # [N, L]
+        if kl_tok is not None:
+            kl_tok = torch.where(kept, kl_tok, torch.zeros_like(kl_tok))  # [N, L]
     per_token = policy_tok  # [N, L]
     kl = logprobs.new_zeros(())  # []
-    if ref_logprobs is not None:
-        kl_tok = k3_kl(logprobs, _upcast(ref_logprobs))  # [N, L]
+    if kl_tok is not None:
         kl = aggregate(kl_tok.detach(), mask, aggregation, max_length)  # []
         if beta > 0:
             per_token = per_token + beta * kl_tok  # [N, L]
@@ -137,4 +239,17 @@ def grpo_loss(
         clip_fraction = aggregate(is_clipped.float(), mask)  # [], masked token mean
         ratio_mean = aggregate(ratio, mask)  # [], masked token mean
     loss = aggregate(per_token, mask, aggregation, max_length)  # []
-    return GRPOLossOutput(loss, policy_loss, kl, clip_fraction, ratio_mean)
+    return GRPOLossOutput(loss, policy_loss, kl, clip_fraction, ratio_mean, masked.detach())
+
+
+def check_objective(importance_sampling_level: str, objective: str) -> None:
+    """Raise a ``ValueError`` naming the option unless the importance-sampling level and the objective make a loss."""
+    if importance_sampling_level not in ("token", "sequence"):
+        raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
+    if objective not in ("ppo_clip", "cispo"):
+        raise ValueError(f"objective must be 'ppo_clip' or 'cispo', got {objective!r}")
+    if objective == "cispo" and importance_sampling_level == "sequence":
+        raise ValueError(
+            "objective 'cispo' weights each token by its own clipped ratio; importance_sampling_level 'sequence' is "
+            "defined for 'ppo_clip' only (GSPO): set importance_sampling_level: token or objective: ppo_clip"
+        )

@@ -47,6 +47,24 @@ FLOW_CLIP_RANGE = 1e-4
 FLOW_LEARNING_RATE = 5e-6
 
 
+def check_flow_objective(grpo: GRPOSettings) -> None:
+    """Refuse the VLM-only objectives with a ``ValueError`` naming the option: the loss is computed one trained step
+    (one ``[N, 1]`` "token") at a time, so no call sees a trajectory's steps together, which a sequence ratio and a
+    per-trajectory mask need; CISPO (per step it would be defined) is not validated on per-step mean log-densities."""
+    refused = {
+        "grpo.importance_sampling_level: sequence": grpo.importance_sampling_level != "token",
+        "grpo.objective: cispo": grpo.objective != "ppo_clip",
+        "grpo.off_policy_max_log_ratio": grpo.off_policy_max_log_ratio is not None,
+        "grpo.off_policy_max_kl": grpo.off_policy_max_kl is not None,
+    }
+    named = [option for option, is_set in refused.items() if is_set]
+    if named:
+        raise ValueError(
+            f"flow-GRPO supports the token-level ppo_clip objective only (its loss sees one denoising step at a time); "
+            f"drop {', '.join(named)}"
+        )
+
+
 class FlowGRPOModule(FlowEvaluation, GRPOModule):
     """GRPO on a :class:`~app.models.flow.FlowPolicy` (manual optimisation).
 
@@ -86,6 +104,7 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
                 f"flow-GRPO needs num_steps >= 2 (the last step is never trained), got {sampling.num_steps}"
             )
         grpo = (as_settings(GRPOSettings, grpo) or GRPOSettings()).clip_range(FLOW_CLIP_RANGE)
+        check_flow_objective(grpo)
         super().__init__(policy, rewards, sampling, grpo, optimizer, FLOW_LEARNING_RATE, pipeline, records_per_step)
         self.sampler = FlowSampler(policy, sampling, grpo.micro_batch_size)
         self.eval_rewards = WeightedReward(eval_rewards) if eval_rewards is not None else self.rewards

@@ -39,13 +39,15 @@ from app.types import CompletionRecord, Generation, RewardOutput, Rollout, Visua
 
 _SOME_MASS = 1e-12  # divides all-zero loss masses (weights 0, not NaN); masses are counts: any value in (0, 1] is equal
 
-LOSS_TERMS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")
-"""The :class:`~app.algorithms.GRPOLossOutput` fields summed over a rollout's micro-batches and logged."""
+LOSS_TERMS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "off_policy_masked")
+"""The :class:`~app.algorithms.GRPOLossOutput` fields summed over a rollout's micro-batches and logged
+(``off_policy_masked`` only when off-policy masking is on)."""
 _LOGGED_AS = {
     "policy_loss": "train/loss/policy",
     "kl": "train/kl",
     "clip_fraction": "train/clip_fraction",
     "ratio_mean": "train/ratio_mean",
+    "off_policy_masked": "train/off_policy_masked",
 }
 
 
@@ -331,6 +333,8 @@ class GRPOModule(PolicyModule):
             **self.rollout_logs(rollout),
             **(extra or {}),
         }
+        if self.grpo.masks_off_policy:
+            values[_LOGGED_AS["off_policy_masked"]] = stats["off_policy_masked"]
         for term in self.unlogged_loss_terms:
             values.pop(_LOGGED_AS[term])
         if "grad_norm" in stats:

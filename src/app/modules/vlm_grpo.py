@@ -18,6 +18,7 @@ from app.algorithms import GRPOLossOutput, grpo_loss
 from app.algorithms.fused_linear import (
     FusedLinearGRPOLoss,
     check_fused_head,
+    check_fused_masking,
     require_liger_loss,
     unavailable_statistics,
 )
@@ -50,7 +51,8 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         policy: the model to train.
         rewards: reward components, each with its ``weight``; their weighted sum is the reward.
         sampling: group size K, temperature, top_p, max_new_tokens (:class:`~app.settings.SamplingSettings`).
-        grpo: clip range (default 0.2 each way), KL weight, iterations, advantages, micro-batches, gradient clipping
+        grpo: clip range (default 0.2 each way), KL weight, iterations, advantages, micro-batches, gradient clipping,
+            the objective (PPO-clip or CISPO), token- or sequence-level (GSPO) ratios and off-policy sequence masking
             (:class:`~app.settings.GRPOSettings`).
         optimizer: AdamW (default learning rate 1e-6), warm-up, non-finite steps
             (:class:`~app.settings.OptimizerSettings`).
@@ -65,7 +67,9 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         fused_linear_loss: compute the loss with liger-kernel's fused linear GRPO loss from the last hidden states and
             the output head instead of per-token log-probs (:mod:`app.algorithms.fused_linear`; needs liger-kernel).
             The same loss and gradients; ``train/ratio_mean`` (when old log-probs are stored) and, for
-            ``sequence_mean`` with ``beta > 0``, ``train/kl`` and ``train/loss/policy`` are not logged.
+            ``sequence_mean`` with ``beta > 0``, ``train/kl`` and ``train/loss/policy`` are not logged. It computes
+            GSPO and CISPO (``token_mean`` / ``constant``, ``eps_low >= 1``) but no off-policy masking; what it cannot
+            compute is refused here with a ``ConfigError`` naming the option.
         fused_loss_compiled: let Liger ``torch.compile`` the loss math; None: on CUDA only.
     """
 
@@ -111,9 +115,12 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         )
 
     def _fused_loss(self, compiled: bool | None) -> FusedLinearGRPOLoss:
-        """The fused loss's settings, checked now: liger-kernel installed, a plain output head."""
+        """The fused loss's settings, checked now: liger-kernel installed, a plain output head, and options Liger
+        computes (:class:`~app.algorithms.fused_linear.FusedLinearGRPOLoss` refuses the rest, off-policy masking
+        here)."""
         require_liger_loss()
         check_fused_head(self.policy.hf_model.lm_head)
+        check_fused_masking(self.grpo.off_policy_max_log_ratio, self.grpo.off_policy_max_kl)
         return FusedLinearGRPOLoss(
             eps_low=self.grpo.eps_low,
             eps_high=self.grpo.eps_high,
@@ -121,6 +128,8 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
             aggregation=self.loss_aggregation,
             max_length=self.sampling.max_new_tokens,
             compiled=torch.cuda.is_available() if compiled is None else compiled,
+            importance_sampling_level=self.grpo.importance_sampling_level,
+            objective=self.grpo.objective,
         )
 
     @property
@@ -191,6 +200,10 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
             ref_logprobs=ref,
             aggregation=self.loss_aggregation,
             max_length=self.sampling.max_new_tokens,
+            importance_sampling_level=grpo.importance_sampling_level,
+            objective=grpo.objective,
+            off_policy_max_log_ratio=grpo.off_policy_max_log_ratio,
+            off_policy_max_kl=grpo.off_policy_max_kl,
         )
 
     def _fused_micro_batch(self, rollout: Rollout[SampledCompletions], rows: slice) -> GRPOLossOutput:
