@@ -160,6 +160,7 @@ def test_group_heads_of_text_prompts_take_the_first_row_of_each_group_at_the_sma
     assert group_heads(ends_in_image, 2) is None  # the last prompt token must be text
     image_inside = text_prompts([[5, 6], [5, 6]], mm_token_type_ids=torch.tensor([[1, 0], [1, 0]]))
     assert group_heads(image_inside, 2) is not None
+    assert heads.copies_of == [0, 2]  # rows 0 and 2: the first of each group
 
 
 # ------------------------------------------------------------------------------------------------ training forward
@@ -256,3 +257,21 @@ def test_text_only_or_distinct_prompts_leave_the_forward_to_the_model(tiny_polic
     assert shared_prompt_features(tiny_policy.hf_model.model, prompts, mask) is None
     distinct = tiny_policy.encode_prompts(samples)
     assert shared_prompt_features(tiny_policy.hf_model.model, distinct, torch.ones(3, 2, dtype=torch.long)) is None
+
+
+def test_shared_positions_are_integers_for_any_mask_and_features_come_whatever_the_configs_return_dict(tiny_policy):
+    """A float completion mask (as the losses use) gives the same int64 positions as a long one; a model configured
+    with ``return_dict=False`` still hands over its image features (they are asked for as an output object)."""
+    one = [VisualSample(images=[image(64, 64, (220, 30, 30))], question="Is the dot red?", task="t")]
+    prompts = tiny_policy.encode_prompts(one, group_size=K)
+    inner = tiny_policy.hf_model.model
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    want = shared_prompt_features(inner, prompts, mask)["position_ids"]
+    got = shared_prompt_features(inner, prompts, mask.float())["position_ids"]
+    assert got.dtype == want.dtype == torch.long and torch.equal(got, want)
+    return_dict, inner.config.return_dict = inner.config.return_dict, False
+    try:
+        out = shared_prompt_features(inner, prompts, mask)
+    finally:
+        inner.config.return_dict = return_dict
+    assert torch.equal(out["position_ids"], want) and len(out["mm_encoder_outputs"]["image"].pooler_output) == K

@@ -17,6 +17,7 @@ a package (``tests/modules`` has no ``__init__.py``) on ``sys.path`` before impo
 - :class:`Logs`: takes the place of a module's ``log_dict`` and ``log`` and keeps every call.
 - :class:`Clock`: stands in for ``time.perf_counter`` in the skeleton (the ``clock`` fixture of ``conftest.py``).
 - :func:`samples`: the two prompts of :class:`ToyGRPO`.
+- :func:`as_rank_0_of`: ``torch.distributed`` as rank 0 of several processes, the others' gathered objects given.
 """
 
 from __future__ import annotations
@@ -280,3 +281,23 @@ class Clock:
     def perf_counter(self) -> float:
         self.readings += 1
         return 10.0 ** (self.readings - 1)
+
+
+def as_rank_0_of(monkeypatch, others: list) -> list:
+    """``torch.distributed`` as rank 0 of ``1 + len(others)`` processes (one process cannot hold two ranks): an
+    initialised group whose ``all_gather_object`` fills its output list, which must have one slot per rank, with this
+    process's object and then ``others``, the objects of the other ranks. Returns the objects this process gave."""
+    world_size = 1 + len(others)
+    given = []
+
+    def all_gather_object(objects: list, obj) -> None:
+        assert len(objects) == world_size, "one slot per rank"
+        given.append(obj)
+        for rank, value in enumerate([obj, *others]):
+            objects[rank] = value
+
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: world_size)
+    monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
+    return given

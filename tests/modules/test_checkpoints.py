@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from doubles import as_rank_0_of
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader
@@ -20,6 +21,8 @@ from app.modules import FlowGRPOModule, FlowMatchingModule
 from app.modules.checkpoints import (
     OMITTED,
     RANK_STATES,
+    derived_seed,
+    gather_rank_states,
     omit_frozen_parameters,
     restore_rng_states,
     rng_states,
@@ -496,3 +499,87 @@ def test_one_process_saves_its_states_as_the_only_ranks():
     assert "rng_states" not in checkpoint
     restore_rng_states(state["rng"])
     assert draws() == draws_after(4)
+
+
+def fresh_states_warning(saved: str, rank: int) -> str:
+    return (
+        f"the checkpoint holds {saved}: rank {rank} has none of its own and does not take rank 0's; it draws from fresh "
+        "states seeded from the checkpoint and its rank instead (distinct from every other rank's), so the resumed run "
+        "samples differently from an uninterrupted one"
+    )
+
+
+def test_the_warnings_of_ranks_without_saved_states_say_what_the_checkpoint_holds(caplog):
+    legacy = {"rng_states": seeded_states(10)["rng"]}
+    saved_rank_state(legacy, 1, 2)
+    saved_rank_state({RANK_STATES: [seeded_states(10), seeded_states(11)]}, 2, 3)
+    saved_rank_state({RANK_STATES: [seeded_states(10)]}, 1, 2)
+    assert warnings_of(caplog) == [
+        fresh_states_warning("only rank 0's random states (it was written before checkpoints held every rank's)", 1),
+        fresh_states_warning("the random states of 2 processes, this run has 3", 2),
+        fresh_states_warning("the random states of 1 process, this run has 2", 1),
+    ]
+
+
+def test_as_many_saved_states_as_ranks_is_no_warning(caplog):
+    checkpoint = {RANK_STATES: [seeded_states(10), seeded_states(11)]}
+    for rank in (0, 1):
+        assert saved_rank_state(checkpoint, rank, 2) == (checkpoint[RANK_STATES][rank], None)
+    assert not warnings_of(caplog)
+
+
+def test_a_module_outside_a_trainer_is_one_process_and_takes_rank_0_s_states(caplog):
+    checkpoint = through_a_file({RANK_STATES: [seeded_states(10), seeded_states(11)]})
+    module = PolicyModule(Adapted(), OptimizerSettings(learning_rate=0.1), default_learning_rate=1e-3)
+    seed_rng_states(99)
+    module.on_load_checkpoint(checkpoint)
+    assert draws() == draws_after(10)
+    (warning,) = warnings_of(caplog)
+    assert "the random states of 2 processes, this run has 1: those of ranks 1..1 are not used" in warning
+
+
+def seed_for_rank_1(state) -> int:
+    """The fresh seed of rank 1 resuming a one-process checkpoint that saved ``state``."""
+    return saved_rank_state({RANK_STATES: [state]}, 1, 2)[1]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"a": 1}, {"b": 1}),  # a key
+        ({"a": 1}, {"a": 2}),  # a value
+        ({"a": [1, 2]}, {"a": [1, 3]}),  # an item of a list
+        ({"a": (1, 2)}, {"a": (2, 1)}),  # the order of a tuple (python's random state is one)
+        ({"a": torch.tensor([1.0])}, {"a": torch.tensor([2.0])}),  # a tensor's values
+    ],
+)
+def test_the_fresh_seed_depends_on_every_part_of_the_saved_state(first, second):
+    assert seed_for_rank_1(first) != seed_for_rank_1(second)
+    assert seed_for_rank_1(first) == seed_for_rank_1(through_a_file(first)), "the same seed from a loaded copy"
+
+
+def test_the_fresh_seed_of_a_state_with_keys_of_several_types_does_not_depend_on_their_order():
+    assert seed_for_rank_1({"rng": 1, 0: [2.0]}) == seed_for_rank_1({0: [2.0], "rng": 1})
+
+
+def test_derived_seeds_are_63_bit_and_pinned_so_every_version_resumes_a_checkpoint_alike():
+    assert derived_seed("checkpoint", 1) == 5036093640163347356  # sha256 of the repr, 8 bytes little-endian, >> 1
+    assert max(derived_seed("checkpoint", rank) for rank in range(8)).bit_length() == 63
+
+
+def test_seeding_gives_numpy_the_seed_modulo_2_to_the_32():
+    for seed in (7, 2**32 + 7, 2**40 + 3):
+        seed_rng_states(seed)
+        assert np.random.rand() == np.random.RandomState(seed % 2**32).rand(), seed
+
+
+def test_several_processes_gather_every_rank_s_state_in_rank_order(monkeypatch):
+    given = as_rank_0_of(monkeypatch, others=[{"rank": 1}])
+    assert gather_rank_states({"rank": 0}) == [{"rank": 0}, {"rank": 1}]
+    assert given == [{"rank": 0}]
+
+
+def test_one_process_gathers_only_its_own_state(monkeypatch):
+    assert gather_rank_states({"rank": 0}) == [{"rank": 0}]  # torch.distributed not initialised
+    given = as_rank_0_of(monkeypatch, others=[])
+    assert gather_rank_states({"rank": 0}) == [{"rank": 0}] and given == [], "no collective for one process"

@@ -133,7 +133,7 @@ class InOrder:
     def draw(self, dataset, num_items, collate):
         items = [dataset[i] for i in range(self.next, self.next + num_items)]  # IndexError past the end
         self.next += num_items
-        return collate(items)
+        return collate(items) if collate is not None else items
 
 
 class ToyDynamic(ToyPipelined):
@@ -200,3 +200,15 @@ def test_dynamic_sampling_refills_a_short_last_batch_with_whole_loader_batches_u
     masks, extra, informative = dynamic_step(toy_prompts([FLAT, SPREAD], "batch"), module)
     assert masks == [[0, 0, 1, 1], [0] * 6, [0] * 6]
     assert (extra, informative) == (2.0, 1.0)
+
+
+def test_a_loader_without_a_batch_size_refills_with_as_many_prompts_as_the_batch_holds():
+    """A training "loader" that is a plain data set (no batch size, no collate function): each extra rollout draws
+    the step's B = 2 prompts; the first brings one informative group, the second two, of which the first fills the
+    batch."""
+    data = toy_prompts([FLAT, SPREAD, SPREAD, SPREAD, SPREAD], "data")
+    module = ToyDynamic(data, batch_size=3, max_extra_rollouts=4)
+    module.loader = data
+    masks, extra, informative = dynamic_step(toy_prompts([FLAT, FLAT], "batch"), module)
+    assert masks == [[0, 0, 0, 0], [0, 0, 1, 1], [1, 1, 0, 0]] and module.in_order.next == 4
+    assert (extra, informative) == (2.0, 2.0)

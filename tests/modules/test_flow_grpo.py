@@ -10,11 +10,11 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from app.algorithms import group_advantages
-from app.modules.checkpoints import RANK_STATES, rng_states
+from app.modules.checkpoints import RANK_STATES, derived_seed, rng_states, saved_rank_state, seed_rng_states
 from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RewardComponent
 from app.sampling.flow import flow_sigmas
-from app.settings import FlowSamplingSettings, GRPOSettings, OptimizerSettings
+from app.settings import FlowSamplingSettings, GRPOSettings, OptimizerSettings, PipelineSettings
 from app.types import VisualSample
 
 K = 4
@@ -150,6 +150,77 @@ def trained_sigmas(module: FlowGRPOModule) -> list[list[float]]:
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         flow_module(**kwargs)
+
+
+def test_one_denoising_step_is_refused_with_a_message_naming_it():
+    with pytest.raises(ValueError, match=r"flow-GRPO needs num_steps >= 2 \(the last step is never trained\), got 1"):
+        FlowGRPOModule(StandInPolicy(), [RednessReward()], FlowSamplingSettings(num_steps=1))
+
+
+def test_the_defaults_are_the_documented_ones():
+    """records_per_step 16, the flow learning rate 5e-6 (what the optimizer runs at) and seed 0 (the rollout
+    generator's seed on rank 0)."""
+    module = FlowGRPOModule(StandInPolicy(), [RednessReward()])
+    assert module.records_per_step == module.hparams["records_per_step"] == 16
+    assert module.hparams["seed"] == 0 and module.hparams["optimizer"]["learning_rate"] == 5e-6
+    (group,) = module.configure_optimizers()["optimizer"].param_groups
+    assert group["lr"] == 5e-6
+    assert torch.equal(module.generator.get_state(), torch.Generator().manual_seed(0).get_state())
+
+
+def test_settings_blocks_given_as_hyper_parameter_dicts_are_built_into_settings():
+    """A resumed run hands the module its blocks as saved in the hyper-parameters: plain dicts."""
+    module = FlowGRPOModule(
+        StandInPolicy(),
+        [RednessReward()],
+        sampling={"group_size": 2, "num_steps": 3},
+        grpo={"micro_batch_size": 3},
+        optimizer={"learning_rate": 0.5},
+        pipeline={"delay": 1, "workers": "inline"},
+    )
+    assert module.sampling == FlowSamplingSettings(group_size=2, num_steps=3)
+    assert module.grpo.micro_batch_size == 3 and module.optimizer_settings.learning_rate == 0.5
+    assert module.pipeline == PipelineSettings(delay=1, workers="inline")
+
+
+def test_the_optimizer_settings_given_set_the_rate():
+    module = flow_module(learning_rate=0.25)
+    (group,) = module.configure_optimizers()["optimizer"].param_groups
+    assert module.optimizer_settings.learning_rate == 0.25 and group["lr"] == 0.25
+
+
+def test_the_sampler_runs_its_forward_passes_without_gradients_in_micro_batches():
+    """grpo.micro_batch_size 3: the rollout of one prompt's K = 4 trajectories runs each velocity pass on 3 + 1 rows."""
+    module = flow_module(micro_batch_size=3)
+    rows = []
+    velocity = module.policy.velocity
+
+    def spy(latents, sigma, conditioning):
+        rows.append(len(latents))
+        return velocity(latents, sigma, conditioning)
+
+    module.policy.velocity = spy
+    module.rollout(prompts(1))
+    assert rows == [3, 1] * T
+    assert module.sampler.micro_batch_size == 3
+
+
+class BluenessReward(RednessReward):
+    """Mean blue channel of the decoded image."""
+
+    def score(self, completions, samples):
+        return torch.stack([image[2].float().mean() for image in completions]).cpu()
+
+
+def test_validation_scores_the_eval_rewards_when_given():
+    module = flow_module(seed=1, eval_rewards=[BluenessReward()])
+    images = module.generate(prompts(), batch_idx=0)
+    logged = {}
+    module.log = lambda key, value, **kwargs: logged.__setitem__(key, float(value))
+    module.validation_step(prompts(), 0)
+    assert set(logged) == {"val/reward/total", "val/reward/blueness"}
+    assert logged["val/reward/blueness"] == pytest.approx(float(images[:, 2].mean()))
+    assert [c.name for c in module.rewards.components] == ["redness"]  # training still scores the rewards
 
 
 # ----------------------------------------------------------------------------------------------------- rollout
@@ -356,6 +427,21 @@ def test_a_rank_the_checkpoint_holds_no_generator_for_draws_noise_of_its_own(cap
     again = on_rank(flow_module(seed=5), 1, 3, legacy).rollout(prompts()).sampled.next_latents
     assert torch.equal(again, latents[1])
     assert any("rank 1 has none of its own" in record.getMessage() for record in caplog.records)
+
+
+def test_a_rank_without_saved_states_seeds_its_generators_from_the_fresh_seed():
+    """The fresh seed a rank without states of its own gets (from a checkpoint of one process, resumed on two) seeds
+    the global generators, as every module's, and the rollout generator from ``derived_seed(seed,
+    "rollout_generator")``: a stream of its own, the same on every resume."""
+    checkpoint = {RANK_STATES: [flow_module(seed=5).rank_state()]}
+    _, fresh = saved_rank_state(checkpoint, 1, 2)
+    seed_rng_states(fresh)
+    expected_global = torch.rand(4)
+    seed_rng_states(99)
+    module = on_rank(flow_module(seed=5), 1, 2, checkpoint)
+    assert torch.equal(torch.rand(4), expected_global)
+    expected = torch.Generator().manual_seed(derived_seed(fresh, "rollout_generator"))
+    assert torch.equal(module.generator.get_state(), expected.get_state())
 
 
 def test_a_small_step_along_the_loss_gradient_favours_above_average_trajectories():

@@ -470,6 +470,31 @@ def test_hyper_parameters_hold_the_whole_chain_and_the_sampling_settings_as_data
     assert module.outputs == TOY_OUTPUTS
 
 
+def test_hyper_parameters_hold_the_pipeline_and_records_per_step_given():
+    pipeline = PipelineSettings(delay=1, workers="inline", max_extra_rollouts=2)
+    module = ToyGRPO(LinearPolicy(), pipeline=pipeline, records_per_step=5)
+    assert module.hparams["pipeline"] == dataclasses.asdict(pipeline) and module.pipeline == pipeline
+    assert module.hparams["records_per_step"] == module.records_per_step == 5
+
+
+class ReferenceCounting(LinearPolicy):
+    """Counts the calls that make it keep a reference (a frozen copy of the weights under full fine-tuning)."""
+
+    def __init__(self):
+        super().__init__()
+        self.references = 0
+
+    def enable_reference(self):
+        self.references += 1
+
+
+@pytest.mark.parametrize(("beta", "references"), [(0.0, 0), (0.1, 1)])
+def test_the_policy_keeps_a_reference_only_for_a_kl_term(beta, references):
+    policy = ReferenceCounting()
+    ToyGRPO(policy, grpo=GRPOSettings(beta=beta, gradient_clip_val=0.0))
+    assert policy.references == references
+
+
 SKELETON = (
     "training_step",
     "rollout",

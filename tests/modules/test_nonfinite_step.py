@@ -8,12 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from doubles import LinearPolicy, ToyGRPO
+from doubles import LinearPolicy, ToyGRPO, as_rank_0_of
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.distributed.tensor import DTensor
 
 from app.modules import NonFiniteCheckpointError, NonFiniteTrainingError, VLMGRPOModule, VLMSFTModule
 from app.modules.finite_step import named_tensors
+from app.modules.policy_module import check_finite_checkpoint
 from app.rewards import RewardComponent
 from app.settings import OptimizerSettings, SamplingSettings
 
@@ -393,3 +394,89 @@ def test_the_check_finds_any_nonfinite_value_in_any_floating_dtype(dtype, value)
     dirty[4, 2] = value
     empty, counts = torch.zeros(0, dtype=dtype), torch.tensor([1, 2])
     assert nonfinite_flags([clean, dirty, empty, counts]) == [False, True, False, False]
+
+
+# ------------------------------------------------------------------------------------------------- what it says
+def other_rank_votes(module, nonfinite: bool) -> None:
+    """``module`` as one rank of several, another rank voting ``nonfinite`` in every any-rank decision."""
+    strategy = SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision or nonfinite)
+    module._trainer = SimpleNamespace(strategy=strategy)
+
+
+def stop_message(where: str, reason: str) -> str:
+    return (
+        f"the optimizer step left NaN or inf in the weights or the optimizer state ({where}) and {reason}; stopping "
+        "before anything trains on them or saves them (the weights in memory are not finite). Set "
+        "model.init_args.optimizer.restore_nonfinite_steps: true to undo and skip such a step, or lower the learning "
+        "rate and check the model's dtype"
+    )
+
+
+class SkipsItsClosure(torch.optim.AdamW):
+    """An optimizer whose step does not run its closure, so the guard never takes its copy."""
+
+    def step(self, closure=None):
+        return super().step()
+
+
+def test_without_restore_the_error_says_how_many_tensors_went_nonfinite_here_and_why_nothing_is_put_back():
+    module = ToyGRPO(LinearPolicy())
+    module.optimizer_settings.restore_nonfinite_steps = False
+    optimizer = adamw_after_one_step(module)
+    poison_inside(optimizer, module.policy.weight)
+    with pytest.raises(NonFiniteTrainingError) as raised:
+        module.guarded_step(optimizer)
+    reason = "restore_nonfinite_steps is off, so no copy was kept to put back"
+    assert str(raised.value) == stop_message("1 non-finite tensor(s) on this rank", reason)
+
+
+def test_a_step_whose_closure_never_ran_cannot_be_undone_and_the_error_says_so():
+    module = ToyGRPO(LinearPolicy())
+    other_rank_votes(module, nonfinite=True)
+    optimizer = SkipsItsClosure([module.policy.weight], lr=0.1)
+    module.policy.weight.grad = torch.ones_like(module.policy.weight)
+    with pytest.raises(NonFiniteTrainingError) as raised:
+        module.guarded_step(optimizer, closure=lambda: None)
+    reason = "the optimizer never ran its closure, so no copy was taken (restore_nonfinite_steps needs one)"
+    assert str(raised.value) == stop_message("non-finite tensors on another rank", reason)
+
+
+def test_an_undone_step_is_warned_about_saying_where_it_went_nonfinite(caplog):
+    module = ToyGRPO(LinearPolicy())
+    optimizer = adamw_after_one_step(module)
+    poison_inside(optimizer, module.policy.weight)
+    assert module.guarded_step(optimizer) is True
+    module = ToyGRPO(LinearPolicy())
+    other_rank_votes(module, nonfinite=True)
+    assert module.guarded_step(adamw_after_one_step(module)) is True
+    warnings = [r.getMessage() for r in caplog.records if r.name == "app.modules.policy_module"]
+    assert warnings == [
+        f"the optimizer step left NaN or inf in the weights or the optimizer state ({where}): put back the values "
+        "from before the step"
+        for where in ("1 non-finite tensor(s) on this rank", "non-finite tensors on another rank")
+    ]
+
+
+def refusal(nonfinite: int, checked: int, first: str) -> str:
+    return (
+        f"refusing to write a checkpoint in which {nonfinite} of {checked} tensors hold NaN or inf, the first {first}; "
+        "nothing non-finite is saved. Resume from an earlier checkpoint (a non-finite optimizer step is undone and "
+        "skipped unless model.init_args.optimizer.restore_nonfinite_steps is false)"
+    )
+
+
+def test_a_refused_checkpoint_names_its_first_nonfinite_tensor_and_the_counts():
+    checkpoint = {"state_dict": {"a": torch.ones(2), "b": torch.tensor([math.inf]), "c": torch.tensor([math.nan])}}
+    with pytest.raises(NonFiniteCheckpointError) as raised:
+        check_finite_checkpoint(checkpoint)
+    assert str(raised.value) == refusal(2, 3, "'state_dict/b'")
+
+
+def test_a_checkpoint_nonfinite_on_another_rank_is_refused_on_this_one_naming_that_rank(monkeypatch):
+    given = as_rank_0_of(monkeypatch, others=[(1, 3, "state_dict/policy.weight")])
+    with pytest.raises(NonFiniteCheckpointError) as raised:
+        check_finite_checkpoint({"state_dict": {"policy.weight": torch.ones(2)}, "optimizer_states": []})
+    assert given == [(0, 1, None)], "this rank's count of non-finite tensors, of tensors, and its first"
+    assert str(raised.value) == refusal(1, 4, "'state_dict/policy.weight' (rank 1)")
+    as_rank_0_of(monkeypatch, others=[(0, 3, None)])
+    check_finite_checkpoint({"state_dict": {"policy.weight": torch.ones(2)}})  # finite on every rank

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from doubles import LinearPolicy, ToyGRPO
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.tensor import DTensor
 
@@ -152,3 +153,46 @@ def test_skips_are_counted_and_warned_and_the_run_stops_after_max_nonfinite_step
     with pytest.raises(NonFiniteTrainingError) as raised:
         module._count_skip(True)
     assert str(raised.value) == message and module.skipped_updates == 5
+
+
+class SkipsItsClosure(torch.optim.SGD):
+    """An optimizer whose step does not run its closure, so Lightning's ``on_before_optimizer_step`` never runs."""
+
+    def step(self, closure=None):
+        return super().step()
+
+
+def test_a_dropped_step_is_not_counted_again_for_the_next_step():
+    module = automatic()
+    automatic_step(module, optimizer_with(module, [float("nan"), 1.0]))
+    module.policy.weight.grad = torch.tensor([0.5, -2.0])
+    automatic_step(module, SkipsItsClosure(module.policy.trainable_parameters(), lr=0.1))  # finite, nothing dropped
+    assert (module.skipped_updates, module._consecutive_skips) == (1, 0)
+    assert module.logged == [("train/skipped_updates", 1.0), ("train/skipped_updates", 1.0)]
+
+
+# ------------------------------------------------------------------------------------------------ the optimizer
+class PolicyWithGroups(LinearPolicy):
+    """The toy policy with param groups of its own: its weight at ten times the module's rate."""
+
+    def parameter_groups(self, learning_rate: float) -> list[dict]:
+        return [{"params": [self.weight], "lr": 10 * learning_rate}]
+
+
+@pytest.mark.parametrize(("policy", "rate"), [(LinearPolicy, 0.01), (PolicyWithGroups, 0.1)])
+def test_the_optimizer_takes_the_policy_s_param_groups_at_their_own_rates_where_it_has_them(policy, rate):
+    module = ToyGRPO(policy(), optimizer=OptimizerSettings(learning_rate=0.01, warmup_steps=0))
+    optimizer = module.configure_optimizers()["optimizer"]
+    (group,) = optimizer.param_groups
+    assert [p is module.policy.weight for p in group["params"]] == [True] and group["lr"] == pytest.approx(rate)
+
+
+def test_each_optimizer_has_a_guard_of_its_own_which_its_lightning_optimizer_shares():
+    """A guard keeps its copy's memory across steps, so it stays with its optimizer, however the optimizer is passed."""
+    module = ToyGRPO(LinearPolicy())
+    first = torch.optim.SGD([module.policy.weight], lr=0.1)
+    second = torch.optim.SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1)
+    guard = module._step_guard(first)
+    assert module._step_guard(second) is not guard
+    assert module._step_guard(first) is guard and module._step_guard(LightningOptimizer(first)) is guard
+    assert module._step_guard(second) is module._step_guard(LightningOptimizer(second))

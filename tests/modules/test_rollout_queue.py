@@ -8,11 +8,12 @@ Dynamic sampling (the queue's refill) is in test_dynamic_sampling.py."""
 
 import io
 import logging
+import os
 import re
 import threading
 import time
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from types import SimpleNamespace
 
 import lightning as L
@@ -24,7 +25,7 @@ from torch.utils.data import DataLoader
 
 from app.modules import FlowGRPOModule, VLMGRPOModule
 from app.modules.plain_data import from_plain, to_plain
-from app.modules.rollout_queue import RolloutQueue
+from app.modules.rollout_queue import RolloutQueue, reward_executor
 from app.rewards import PendingRewards, RewardComponent, RewardError, WeightedReward
 from app.settings import GRPOSettings, OptimizerSettings, PipelineSettings, SamplingSettings
 from app.types import Generation, RewardOutput, VisualSample
@@ -413,6 +414,36 @@ def test_a_delayed_pipeline_builds_its_reward_workers_once_and_shuts_them_down_a
     assert module.reward_executor is None and module.dropped_rollouts == 1
     with pytest.raises(RuntimeError, match="after shutdown"):
         workers.submit(int)
+
+
+def test_the_reward_workers_are_threads_of_the_number_asked_for():
+    """``num_workers: 2`` threads: four rewards submitted while none can finish (each waits until all are submitted)
+    run on the two threads; a pool of more workers would start a thread for each."""
+    workers = reward_executor(PipelineSettings(delay=1, workers="thread", num_workers=2))
+    submitted = threading.Event()
+
+    def reward(_):
+        submitted.wait(timeout=30)
+        return threading.current_thread().name
+
+    try:
+        futures = [workers.submit(reward, i) for i in range(4)]
+        submitted.set()
+        threads = {future.result() for future in futures}
+    finally:
+        submitted.set()
+        workers.shutdown()
+    assert isinstance(workers, ThreadPoolExecutor) and threads == {"reward_0", "reward_1"}
+
+
+def test_process_reward_workers_are_a_process_pool_of_the_number_asked_for():
+    count = (os.cpu_count() or 1) + 1  # not the pool's default
+    workers = reward_executor(PipelineSettings(delay=1, workers="process", num_workers=count))
+    try:  # no process starts before a reward is submitted
+        assert isinstance(workers, ProcessPoolExecutor) and workers._max_workers == count
+    finally:
+        workers.shutdown()
+    assert reward_executor(PipelineSettings(delay=1, workers="inline")) is None
 
 
 def test_inline_workers_or_an_executor_set_on_the_module_take_the_place_of_built_ones():

@@ -3,7 +3,8 @@ by its share of the aggregation's normaliser sums to the loss of the whole batch
 aggregation, generation budget and sampling temperature; the rollout logs; the loss mask ``loss_mask`` builds (through
 the skeleton's ``finish_rollout``); and ``loss_mass``, each rollout's weight when several make one update. The
 objectives (GSPO, CISPO, off-policy masking) reach every micro-batch's loss, the masked fraction is logged when masking
-is on, and the fused loss computes GSPO and refuses what Liger cannot compute.
+is on, and the fused loss computes GSPO and refuses what Liger cannot compute. The module's own arguments (defaults,
+settings blocks given as hyper-parameter dicts, what the hyper-parameters record) on a stand-in policy.
 
 The rollout: 2 prompts x K = 2 completions of L = 5 tokens (budget 6, so ``constant`` divides by 6, not L), one row
 left out of the loss entirely and one with a single token, stored old log-probs whose ratios reach both clip bounds on
@@ -16,14 +17,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from doubles import Logs
+from doubles import LinearPolicy, Logs
 
 from app.algorithms import grpo_loss
 from app.errors import ConfigError
 from app.modules import VLMGRPOModule
 from app.modules.grpo import LOSS_TERMS, ScoredGroups
 from app.rewards import AccuracyReward
-from app.settings import GRPOSettings, SamplingSettings
+from app.settings import GRPOSettings, PassAtK, SamplingSettings
 from app.types import CompletionBatch, Generation, RewardOutput, Rollout, SampledCompletions
 
 K, L, MAX_NEW_TOKENS, TEMPERATURE = 2, 5, 6, 0.7
@@ -343,3 +344,60 @@ def test_mass_weighted_losses_of_rollouts_are_the_loss_of_all_their_rows(tiny_po
         mass / sum(masses) * loss(rows).loss for mass, rows in zip(masses, (slice(0, 4), slice(4, 6)), strict=True)
     )
     torch.testing.assert_close(weighted, loss(slice(None)).loss)
+
+
+# ------------------------------------------------------------------------------------------------- arguments
+# The constructor reads no weights: the two-weight stand-in policy of the skeleton's tests is enough.
+def test_the_module_s_own_arguments_default_as_documented():
+    module = VLMGRPOModule(LinearPolicy(), [AccuracyReward()])
+    assert (module.records_per_step, module.eval_max_new_tokens) == (16, 256)
+    assert (module.loss_aggregation, module.mask_truncated, module.pass_at_k, module.fused_loss) == (
+        "token_mean",
+        False,
+        None,
+        None,
+    )
+    assert module.sampling == SamplingSettings()
+
+
+def test_the_module_s_own_arguments_are_recorded_as_given():
+    """Every constructor argument is in the hyper-parameters (a fit resumed through the CLI is built from them)."""
+    pass_at_k = PassAtK(num_samples=2, k=(1, 2))
+    module = VLMGRPOModule(
+        LinearPolicy(),
+        [AccuracyReward()],
+        loss_aggregation="sequence_mean",
+        mask_truncated=True,
+        records_per_step=3,
+        eval_max_new_tokens=7,
+        pass_at_k=pass_at_k,
+        fused_loss_compiled=False,
+    )
+    recorded = {name: module.hparams[name] for name in ("loss_aggregation", "mask_truncated", "records_per_step")}
+    assert recorded == {"loss_aggregation": "sequence_mean", "mask_truncated": True, "records_per_step": 3}
+    assert module.hparams["eval_max_new_tokens"] == 7 and module.hparams["pass_at_k"] == dataclasses.asdict(pass_at_k)
+    assert module.hparams["fused_linear_loss"] is False and module.hparams["fused_loss_compiled"] is False
+    assert (module.loss_aggregation, module.mask_truncated, module.eval_max_new_tokens) == ("sequence_mean", True, 7)
+
+
+def test_settings_blocks_given_as_hyper_parameter_dicts_are_built_into_settings():
+    """A resumed run hands the module its blocks as saved in the hyper-parameters: plain dicts."""
+    module = VLMGRPOModule(
+        LinearPolicy(),
+        [AccuracyReward()],
+        sampling={"group_size": 2, "max_new_tokens": 5},
+        grpo={"beta": 0.0, "micro_batch_size": 3},
+        optimizer={"learning_rate": 0.5},
+        pass_at_k={"num_samples": 2, "k": [1, 2]},
+    )
+    assert module.sampling == SamplingSettings(group_size=2, max_new_tokens=5)
+    assert module.sampler.settings is module.sampling and module.sampler.micro_batch_size == 3
+    assert module.pass_at_k == PassAtK(num_samples=2, k=(1, 2))
+    assert module.optimizer_settings.learning_rate == 0.5
+
+
+def test_an_unknown_loss_aggregation_is_refused_by_name():
+    with pytest.raises(
+        ValueError, match=r"loss_aggregation must be 'token_mean', 'sequence_mean' or 'constant', got 'sum'"
+    ):
+        VLMGRPOModule(LinearPolicy(), [AccuracyReward()], loss_aggregation="sum")

@@ -475,3 +475,34 @@ def test_consistency_rewards_checks_its_arguments_and_uses_the_distance_toleranc
     completions = [answer("10"), answer("14")]
     assert consistency_rewards(completions, pair_batch(1), "distance").tolist() == [0.0, 0.0]
     assert consistency_rewards(completions, pair_batch(1), "distance", distance_tolerance=0.5).tolist() == [1.0, 1.0]
+
+
+def test_the_batch_seed_is_a_stable_digest_of_the_batch_whatever_the_completions_hold():
+    """The seed of a batch is fixed by the seed and the batch (BLAKE2b-64 of the seed, then of each completion and
+    question with a NUL after it, little-endian, low 63 bits): the same in every process, every run and every version,
+    so a resumed run pairs its batches as before. Completions are untrusted: a lone surrogate or a non-string is
+    digested too (by its repr) and never raises."""
+    x = VisualSample(images=[], question="Is red left of blue?", task="t", meta={"pair_id": 0})
+    twin = VisualSample(
+        images=[], question="Is blue left of red?", task="t", meta={"pair_id": 0, "relation": "negation"}
+    )
+    completions = ["<answer>yes</answer>", "caf\u00e9 \ud800", None, 3]
+    seeds = [batch_generator(seed, completions, [x, x, twin, twin]).initial_seed() for seed in range(6)]
+    assert seeds == [
+        4637805612230207227,
+        8093916903413437386,
+        2304161558234030090,
+        8496413660320588047,
+        2424032374229937830,  # the digest's bit 63 dropped (this one and the next)
+        3015817121652291969,
+    ]
+    other = [batch_generator(0, [*completions[:3], 4], [x, x, twin, twin]).initial_seed()]  # another non-string
+    assert other != seeds[:1]
+
+
+def test_unseeded_random_pairing_pairs_in_generation_order():
+    rng = np.random.default_rng(8)
+    completions = [answer(rng.choice(["yes", "no"])) for _ in range(16)]
+    samples = pair_batch(8)
+    generation_order = consistency_rewards(completions, samples, pairing="random")
+    assert ConsistencyReward(pairing="random").score(completions, samples).tolist() == generation_order.tolist()

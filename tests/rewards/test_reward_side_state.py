@@ -261,3 +261,117 @@ def test_seeded_random_consistency_pairs_a_batch_alike_on_every_kind_of_worker(k
         queue.close()
     assert [out.total.tolist() for out in outs] == expected
     assert expected[0] == expected[-1]
+
+
+# ---------------------------------------------------------------------------- the worker's half, in this process
+# A process pool runs _score_in_worker on an unpickled copy of the reward in another process, where neither coverage
+# nor a mutant run sees it. The functions are plain: here they run in the test process on a copy pickled as a process
+# pool pickles it (multiprocessing's ForkingPickler: a tensor goes to shared memory, so the copy's tensor is the
+# caller's until own_side_state gives it one of its own).
+def as_a_process_pool_ships_it(reward: RewardComponent):
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from app.rewards.base import _Shipment
+
+    return pickle.loads(bytes(ForkingPickler.dumps(_Shipment(reward))))
+
+
+def test_a_copy_scored_in_a_worker_returns_its_values_and_exactly_its_increments():
+    from app.rewards.base import WorkerResult, _score_in_worker
+
+    reward = TallyReward()
+    reward.calls, reward.kinds["earlier"], reward.kinds["ndim0"], reward.histogram[0] = 5, 7, 2, 1.0
+    shipment = as_a_process_pool_ships_it(reward)
+    assert shipment.copied and shipment.component is not reward
+    completions = ["a", np.zeros((2, 2)), "b"]  # ndim 0 (twice) and 2
+    result = _score_in_worker(shipment, completions, [None] * 3, {})
+    assert isinstance(result, WorkerResult) and torch.equal(result.values, torch.zeros(3))
+    # only what changed ("earlier" did not), by how much it changed (not the copy's totals), a tensor's difference
+    increments = result.side_state[""]
+    assert set(result.side_state) == {""} and increments["calls"] == 1
+    assert increments["kinds"] == {"ndim0": 2, "ndim2": 1} and increments["histogram"].tolist() == [2.0, 0.0, 1.0]
+    assert reward.calls == 5 and reward.histogram.tolist() == [1.0, 0.0, 0.0]  # the caller's object is untouched
+    assert torch.equal(reward.collect(result), torch.zeros(3))
+    assert (reward.calls, dict(reward.kinds)) == (6, {"earlier": 7, "ndim0": 4, "ndim2": 1})
+    assert reward.histogram.tolist() == [3.0, 0.0, 1.0]  # counted once: the copy wrote into a tensor of its own
+
+
+def test_the_callers_own_object_in_a_worker_gives_the_plain_values():
+    """A thread pool hands the worker the caller's reward itself: its side state is already where it belongs."""
+    from app.rewards.base import _score_in_worker, _Shipment
+
+    reward = TallyReward()
+    values = _score_in_worker(_Shipment(reward), ["a"], [None], {})
+    assert torch.equal(values, torch.zeros(1)) and reward.calls == 1
+
+
+class MisnamedTally(TallyReward):
+    side_state = ("calls", "histogramm")
+
+
+def test_a_misnamed_side_state_is_the_same_clear_error_in_a_worker():
+    from app.rewards.base import _score_in_worker
+
+    shipment = as_a_process_pool_ships_it(MisnamedTally())
+    with pytest.raises(AttributeError, match=r"MisnamedTally\.side_state names 'histogramm'.*did you mean 'histogram'"):
+        _score_in_worker(shipment, ["a"], [None], {})
+
+
+def test_increments_of_each_kind_of_counter():
+    from app.rewards.base import _increment
+
+    before = {"same": 3, "grew": 2, "gone_to_zero": 1}
+    after = {"same": 3, "grew": 5, "gone_to_zero": 0, "new": 4, "new_zero": 0, "new_one": 1}
+    assert _increment(after, before) == {"grew": 3, "gone_to_zero": -1, "new": 4, "new_one": 1}
+    assert _increment(7, 5) == 2 and _increment(2.5, 0.5) == 2.0
+    assert _increment(torch.tensor([3.0, 1.0]), torch.tensor([1.0, 1.0])).tolist() == [2.0, 0.0]
+    with pytest.raises(ValueError, match=r"^side state tensor changed shape while scoring: \[2\] -> \[3\]$"):
+        _increment(torch.zeros(3), torch.zeros(2))
+
+
+def test_merging_keeps_the_counters_dtype():
+    reward = TallyReward()
+    reward.merge_side_state({"": {"histogram": torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64), "calls": 2}})
+    assert reward.histogram.dtype == torch.float32 and reward.histogram.tolist() == [1.0, 0.0, 2.0]
+    assert reward.calls == 2
+
+
+def test_a_counter_must_count_in_numbers():
+    class Labelled(TallyReward):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.kinds = Counter(fine=1, label="red", flag=True)
+
+    with pytest.raises(TypeError, match=r"^Labelled\.kinds\['label'\] is str, not a number$"):
+        WeightedReward([Labelled()])
+    reward = Labelled()
+    del reward.kinds["label"]
+    with pytest.raises(TypeError, match=r"^Labelled\.kinds\['flag'\] is bool, not a number$"):  # a flag is no count
+        reward.check_side_state()
+    reward.kinds = ["x"]
+    with pytest.raises(
+        TypeError,
+        match=r"^Labelled\.kinds is a list: side state must be a number, a mapping of name -> number \(a Counter\) "
+        r"or a tensor, whose increments add up$",
+    ):
+        reward.check_side_state()
+
+
+def test_side_state_names_must_be_identifiers():
+    with pytest.raises(TypeError, match=r"side_state must be a tuple of attribute names, got \('num malformed',\)"):
+
+        class Spaced(RewardComponent):
+            side_state = ("num malformed",)
+
+            def score(self, completions, samples):
+                return torch.zeros(len(completions))
+
+
+def test_the_snapshot_holds_only_the_rewards_that_keep_side_state():
+    """A reward without side state of its own, holding a counting reward and a plain module (a scorer's network):
+    only the counting one is snapshotted."""
+    outer = OuterReward()
+    outer.head = torch.nn.Linear(2, 1)
+    snapshot = outer.side_state_snapshot()
+    assert set(snapshot) == {"inner"} and set(snapshot["inner"]) == {"calls", "kinds", "histogram"}

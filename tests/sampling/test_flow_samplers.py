@@ -291,3 +291,14 @@ def test_drawn_noise_is_float32_whatever_the_default_dtype(kind):
     finally:
         torch.set_default_dtype(default)
     assert torch.equal(drawn, expected)
+
+
+def test_unipc_timesteps_are_sigma_times_1000():
+    """UniPC's timesteps are ``int(sigma x 1000)`` (its 1000 training timesteps): 0.5009 and 0.5001 share timestep 500
+    and are refused, although x 1001 would part them; 1/1000 apart, they pass."""
+    from app.sampling.flow import unipc_sample
+
+    with pytest.raises(ValueError, match=r"timesteps \[999, 500, 500\]: use fewer steps$"):
+        unipc_sample(lambda x, s: -x, torch.ones(2, 3), torch.tensor([1.0, 0.5009, 0.5001, 0.0]))
+    out = unipc_sample(lambda x, s: -x, torch.ones(2, 3), torch.tensor([1.0, 0.5011, 0.5001, 0.0]))
+    assert out.shape == (2, 3) and torch.isfinite(out).all()

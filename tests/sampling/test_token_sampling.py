@@ -71,8 +71,25 @@ def test_same_seed_same_tokens_and_another_seed_other_tokens():
 )
 def test_non_finite_or_empty_rows_are_refused_with_a_message(row):
     probs = torch.tensor([[0.2, 0.3, 0.5], row])
-    with pytest.raises(ValueError, match="logits are not finite"):
+    with pytest.raises(
+        ValueError,
+        match=r"^cannot sample the next token: its probabilities hold NaN or inf or a row sums to 0 "
+        r"\(the policy's logits are not finite\)$",
+    ):
         sample_from_probs(probs)
+
+
+def test_a_generator_draws_one_float64_uniform_per_row_from_it_alone():
+    """The documented draw, by hand: ``u ~ U[0, 1)`` in float64 per row from ``generator`` (the global RNG untouched),
+    and the first token whose cumulative probability exceeds ``u * total``."""
+    probs = torch.softmax(torch.randn(64, 100, generator=torch.Generator().manual_seed(3)), dim=-1)
+    torch.manual_seed(11)
+    got = sample_from_probs(probs, generator=torch.Generator().manual_seed(12))
+    uniform = torch.rand(64, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
+    cdf = probs.double().cumsum(dim=-1)
+    assert torch.equal(got, torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(1))
+    torch.manual_seed(13)  # another global seed: the same tokens
+    assert torch.equal(sample_from_probs(probs, generator=torch.Generator().manual_seed(12)), got)
 
 
 def test_processor_returns_scores_whose_argmax_is_the_drawn_token():
@@ -101,6 +118,14 @@ def test_processor_top_p_keeps_transformers_nucleus_and_renormalises_it():
     out = InverseCDFSampling(top_p=0.8)(torch.zeros(DRAWS, 1, dtype=torch.long), scores.repeat(DRAWS, 1))
     want = torch.where(kept, scores[0].exp(), 0.0).double()
     assert_law(out.argmax(dim=-1), want / want.sum())
+
+
+def test_processor_by_default_keeps_every_token_even_one_half_precision_cannot_hold(monkeypatch):
+    """No top-p filter at top_p 1: transformers' would drop a token whose probability underflows in the scores' own
+    precision (e^-21 in float16), which the float32 softmax here still draws."""
+    uniform_draws(monkeypatch, 1.0 - 1e-10)  # past the first token's share, 1 - 7.6e-10
+    scores = torch.tensor([[0.0, -21.0]], dtype=torch.float16)
+    assert InverseCDFSampling()(torch.zeros(1, 1, dtype=torch.long), scores).argmax(dim=-1).tolist() == [1]
 
 
 def test_processor_rejects_a_non_positive_temperature():
