@@ -196,3 +196,22 @@ def test_each_optimizer_has_a_guard_of_its_own_which_its_lightning_optimizer_sha
     assert module._step_guard(second) is not guard
     assert module._step_guard(first) is guard and module._step_guard(LightningOptimizer(first)) is guard
     assert module._step_guard(second) is module._step_guard(LightningOptimizer(second))
+
+
+def test_optimizer_settings_given_as_a_mapping_are_built_with_the_default_rate_filled_in():
+    """Hyper-parameters hold the block as a dict (a checkpoint's, or a config's): it is built into the settings."""
+    from app.modules import PolicyModule
+
+    module = PolicyModule(LinearPolicy(), {"weight_decay": 0.1}, default_learning_rate=0.5)
+    assert module.optimizer_settings == OptimizerSettings(learning_rate=0.5, weight_decay=0.1)
+    assert PolicyModule(LinearPolicy(), None, default_learning_rate=0.5).optimizer_settings == OptimizerSettings(0.5)
+
+
+def test_the_hyper_parameters_carry_the_class_path_a_cli_resume_parses_them_against():
+    """LightningCLI's ``--ckpt_path`` reads ``_class_path`` from the checkpoint's hyper-parameters to parse the rest
+    against that class (without it they are parsed against LightningModule and refused)."""
+    from app.modules import PolicyModule
+
+    module = PolicyModule(LinearPolicy(), None, default_learning_rate=0.5)
+    assert module.hparams["_class_path"] == "app.modules.policy_module.PolicyModule"
+    assert ToyGRPO(LinearPolicy()).hparams["_class_path"] == f"{ToyGRPO.__module__}.ToyGRPO"
