@@ -219,6 +219,24 @@ class ToyPipelined(GRPOModule):
         return {"features": features_of(rollout.sampled)}
 
 
+TOY_REWARDS, TOY_ADVANTAGES = [1.0, 3.0, 2.0, -2.0], [-1.0, 1.0, 2.0, -2.0]  # toy_batch's, group-centred
+TOY_LOGGED = {
+    "train/reward/total",
+    "train/loss/policy",
+    "train/kl",
+    "train/clip_fraction",
+    "train/ratio_mean",
+    "train/frac_zero_std",
+    "train/nonfinite_rewards",
+    "train/skipped_updates",
+    "train/reward/value",
+    "train/toy/rows",
+    "train/policy_lag",
+    "train/reward_wait_s",
+}
+"""What a step of :class:`ToyPipelined` logs (its ``rollout_logs`` included), without clipping."""
+
+
 def toy_batch(step: int) -> list[VisualSample]:
     """Two prompts ``p{step}0``, ``p{step}1`` for :class:`ToyPipelined`, two outputs each: rewards 1, 3 and 2, -2, and
     features that grow with ``step``."""

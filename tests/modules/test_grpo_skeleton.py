@@ -14,7 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from doubles import (
+    TOY_ADVANTAGES,
+    TOY_LOGGED,
     TOY_OUTPUTS,
+    TOY_REWARDS,
     K,
     LinearPolicy,
     Logs,
@@ -226,24 +229,6 @@ def test_logged_values_are_moved_to_the_module_s_device():
     module._device = torch.device("meta")
     module._log_step(TWO_REWARDS, {k: torch.tensor(v) for k, v in STATS.items()}, batch_size=2)
     assert [{value.device.type for value in values.values()} for values in logged] == [{"meta"}, {"meta"}]
-
-
-TOY_REWARDS, TOY_ADVANTAGES = [1.0, 3.0, 2.0, -2.0], [-1.0, 1.0, 2.0, -2.0]  # toy_batch's, group-centred
-TOY_LOGGED = {
-    "train/reward/total",
-    "train/loss/policy",
-    "train/kl",
-    "train/clip_fraction",
-    "train/ratio_mean",
-    "train/frac_zero_std",
-    "train/nonfinite_rewards",
-    "train/skipped_updates",
-    "train/reward/value",
-    "train/toy/rows",
-    "train/policy_lag",
-    "train/reward_wait_s",
-}
-"""What a step of :class:`ToyPipelined` logs (its ``rollout_logs`` included), without clipping."""
 
 
 class NoRatio(ToyPipelined):

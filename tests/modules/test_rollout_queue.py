@@ -19,7 +19,19 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from doubles import Logs, ToyPipelined, ValueReward, attach, driver, features_of, toy_batch, toy_draw
+from doubles import (
+    TOY_ADVANTAGES,
+    TOY_LOGGED,
+    TOY_REWARDS,
+    Logs,
+    ToyPipelined,
+    ValueReward,
+    attach,
+    driver,
+    features_of,
+    toy_batch,
+    toy_draw,
+)
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
@@ -340,22 +352,6 @@ class GroupAwareValue(ValueReward):
         return super().score(completions, samples)
 
 
-TOY_REWARDS, TOY_ADVANTAGES = [1.0, 3.0, 2.0, -2.0], [-1.0, 1.0, 2.0, -2.0]  # toy_batch's, group-centred
-
-LOGGED = {
-    "train/reward/total",
-    "train/loss/policy",
-    "train/kl",
-    "train/clip_fraction",
-    "train/ratio_mean",
-    "train/frac_zero_std",
-    "train/nonfinite_rewards",
-    "train/skipped_updates",
-    "train/reward/value",
-    "train/toy/rows",
-    "train/policy_lag",
-    "train/reward_wait_s",
-}
 """What every step of :class:`ToyPipelined` logs, delay 0 included."""
 
 
@@ -386,7 +382,7 @@ def test_each_delayed_step_returns_and_logs_the_previous_rollout_with_its_lag_an
             (f"p{k}1", 2.0, 2.0),
         ]
         assert out["timings"] == {"rollout": 9.0, "reward": 90.0, "update": 9000.0}
-        assert set(values) == LOGGED
+        assert set(values) == TOY_LOGGED
         assert values["train/reward_wait_s"] == 90.0 and values["train/toy/rows"] == 4
         assert values["train/reward/total"] == 1.0 and values["train/skipped_updates"] == 0
         assert out["loss"] == values["train/loss/policy"]  # beta 0: the loss is the policy loss
@@ -475,7 +471,7 @@ def test_the_plain_step_scores_inline_and_splits_its_time_between_rollout_reward
     assert set(out) == {"loss", "records", "rewards", "advantages", "timings", "policy_lag", "features"}
     assert out["policy_lag"] == 0
     ((values, kwargs),) = logs.dicts
-    assert set(values) == LOGGED and kwargs == {"batch_size": 2}
+    assert set(values) == TOY_LOGGED and kwargs == {"batch_size": 2}
     assert values["train/policy_lag"] == 0.0 and values["train/reward_wait_s"] == 90.0
     assert reward.calls == [(threading.main_thread().name, ["p00", "p00", "p01", "p01"], 2)]
     assert module.reward_executor is None

@@ -90,7 +90,8 @@ def case(tiny_policy, new_samples):
     return rollout, logprobs
 
 
-def expected_loss(logprobs, rollout, aggregation, beta=BETA):
+def expected_loss(logprobs, rollout, aggregation, beta=BETA, **options):
+    """The pure loss of the stored rollout at ``logprobs`` (``options``: the objective's own keywords)."""
     sampled = rollout.sampled
     return grpo_loss(
         logprobs,
@@ -103,6 +104,7 @@ def expected_loss(logprobs, rollout, aggregation, beta=BETA):
         ref_logprobs=sampled.ref_logprobs,
         aggregation=aggregation,
         max_length=MAX_NEW_TOKENS,
+        **options,
     )
 
 
@@ -196,20 +198,7 @@ def test_each_objective_reaches_the_loss_of_every_micro_batch(tiny_policy, case,
     module = grpo_module(tiny_policy, beta=BETA, loss_aggregation=aggregation, micro_batch_size=2, **options)
     parts = list(module.weighted_losses(rollout))
     assert len(parts) == 2
-    sampled = rollout.sampled
-    expected = grpo_loss(
-        logprobs,
-        sampled.old_logprobs,
-        rollout.advantages,
-        rollout.loss_mask,
-        eps_low=EPS_LOW,
-        eps_high=EPS_HIGH,
-        beta=BETA,
-        ref_logprobs=sampled.ref_logprobs,
-        aggregation=aggregation,
-        max_length=MAX_NEW_TOKENS,
-        **options,
-    )
+    expected = expected_loss(logprobs, rollout, aggregation, **options)
     for field in ("loss", "policy_loss", "kl"):
         torch.testing.assert_close(weighted_sum(parts, field), getattr(expected, field), msg=field)
     assert not torch.isclose(expected.loss, expected_loss(logprobs, rollout, aggregation).loss)
