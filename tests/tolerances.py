@@ -159,3 +159,21 @@ def logprob_atol(vocab_size: int, sums: Sequence[int], logit_l1: float) -> float
     lengths ``sums`` (one per sum a token's computation goes through, where the two ways may order it differently)
     otherwise, for logits whose terms sum to at most ``logit_l1`` in magnitude (see the module docstring)."""
     return 2 * sum_error_bound(vocab_size) + 2 * 2 * logit_l1 * sum(sum_error_bound(n) for n in sums)
+
+
+def entropy_atol(vocab_size: int, logit_max: float, sums: Sequence[int] = (), logit_l1: float = 0.0) -> float:
+    """The most two float32 computations of a distribution's entropy ``H = logsumexp(z) - sum_v softmax(z)_v z_v``
+    can differ, for logits ``|z_v| <= logit_max`` (``logit_l1`` and ``sums`` as in :func:`logprob_atol`, for logits
+    that the two ways compute with differently ordered sums).
+
+    Each way errs by: ``gamma_V`` from the log-sum-exp's sum (relative, so absolute after the log);
+    ``gamma_V * logit_max`` from the sum of ``V`` terms ``p_v z_v`` (``sum_v |p_v z_v| <= logit_max``); and the
+    rounding of each ``p_v = exp(z_v - lse)``, relative ``u (2 + |z_v - lse|)`` (the argument's rounding carried by
+    the exponential, the result's own, the product's), with ``|z_v - lse| <= 2 logit_max + log V``, weighted by
+    ``sum_v p_v |z_v| <= logit_max``. Logits that differ by ``delta`` move ``H`` by at most ``max_v |z_v - E_p z| *
+    delta <= 2 logit_max * delta`` (``dH/dz_v = -p_v (z_v - E_p z)``)."""
+    gamma = sum_error_bound(vocab_size)
+    spread = 2 * logit_max + math.log(vocab_size)
+    one_way = gamma + gamma * logit_max + UNIT_ROUNDOFF * (2 + spread) * logit_max
+    logit_delta = 2 * 2 * logit_l1 * sum(sum_error_bound(n) for n in sums)
+    return 2 * one_way + 2 * logit_max * logit_delta

@@ -163,6 +163,10 @@ class GRPOSettings:
             policy) over its tokens exceeds this; None: no such mask. Both masks act only when the rollout is stale
             (``num_iterations > 1`` or a delayed pipeline); a masked completion adds nothing to the loss but stays in
             its normaliser, and the masked fraction is logged as ``train/off_policy_masked``. VLM only.
+        top_entropy_quantile: train the policy term only on the tokens whose entropy is in the top fraction of a
+            micro-batch's loss tokens (Wang et al. 2025, "high-entropy minority tokens": 0.2; TRL's option of the same
+            name); the KL still covers every token and the normaliser is unchanged. 1: every token. VLM only, not with
+            the fused loss (it never sees the logits).
     """
 
     eps_low: float | None = None
@@ -177,6 +181,7 @@ class GRPOSettings:
     objective: Literal["ppo_clip", "cispo"] = "ppo_clip"
     off_policy_max_log_ratio: float | None = None
     off_policy_max_kl: float | None = None
+    top_entropy_quantile: float = 1.0
 
     def __post_init__(self):
         for name in ("eps_low", "eps_high"):
@@ -208,6 +213,10 @@ class GRPOSettings:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"grpo.{name} must be > 0 or null, got {value}")
+        if not 0 < self.top_entropy_quantile <= 1:
+            raise ValueError(
+                f"grpo.top_entropy_quantile must be in (0, 1] (1: every token), got {self.top_entropy_quantile}"
+            )
 
     @property
     def masks_off_policy(self) -> bool:

@@ -1,10 +1,15 @@
+import copy
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tolerances import entropy_atol
 from torch import nn
 
 from app.algorithms import chunked_token_logprobs, token_logprobs_naive
+from app.algorithms.logprobs import chunked_token_logprobs_and_entropy, token_entropy_naive
 
 
 def _inputs(n, length, h, v, bias=True, seed=0, dtype=torch.float32):
@@ -167,3 +172,79 @@ def test_log_probs_divide_the_logits_by_the_temperature(logprobs):
     expected = 2.0 - torch.log(torch.tensor(4.0).exp() + torch.tensor(-2.0).exp() + torch.tensor(2.0).exp())
     got = logprobs(hidden, lm_head, torch.tensor([[2]]), temperature=0.5)
     torch.testing.assert_close(got, expected.view(1, 1))
+
+
+# ------------------------------------------------------------------------------------------------------- entropy
+def _entropy_reference_float64(hidden, lm_head, temperature):
+    """``-sum_v p_v log p_v`` of the tempered logits, in float64."""
+    with torch.no_grad():
+        head64 = copy.deepcopy(lm_head).double()
+        logp = torch.log_softmax(head64(hidden.detach().double()) / temperature, dim=-1)  # [N, L, V]
+    return -(logp.exp() * logp).sum(dim=-1)  # [N, L]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    length=st.integers(1, 9),
+    h=st.integers(1, 24),
+    v=st.integers(2, 300),
+    chunk_size=st.integers(1, 40),
+    temperature=st.sampled_from([0.3, 1.0, 1.7]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_entropy_from_the_chunks_is_the_distributions_entropy(n, length, h, v, chunk_size, temperature, seed):
+    lm_head, hidden, targets, weights = _inputs(n, length, h, v, seed=seed)
+    logprobs, entropy = chunked_token_logprobs_and_entropy(
+        hidden, lm_head, targets, chunk_size=chunk_size, temperature=temperature
+    )
+    want = _entropy_reference_float64(hidden, lm_head, temperature)
+    with torch.no_grad():  # |z| and max_j sum_i |W_ji h_i| + |b_j| of the tempered logits, for the bound
+        logit_max = float((lm_head(hidden) / temperature).abs().max())
+        terms = hidden.abs() @ lm_head.weight.abs().T + lm_head.bias.abs()  # [N, L, V]
+        logit_l1 = float(terms.max()) / temperature
+    # float32 (logits from a contraction over H plus the bias, then divided) against float64: the logits' rounding
+    # is covered by a sum of H + 1 terms (the division's u |z| <= (H + 1) u logit_l1)
+    atol = entropy_atol(v, logit_max, sums=[h + 1], logit_l1=logit_l1)
+    assert entropy.dtype == torch.float32 and entropy.shape == (n, length)
+    assert not entropy.requires_grad
+    assert (entropy.double() - want).abs().max() <= atol
+    assert ((entropy >= -atol) & (entropy <= torch.log(torch.tensor(float(v))) + atol)).all()  # 0 <= H <= log V
+    # the log-probs (and so their gradients) are those without entropy, bit for bit
+    without = chunked_token_logprobs(hidden, lm_head, targets, chunk_size=chunk_size, temperature=temperature)
+    assert torch.equal(logprobs, without)
+
+
+def test_entropy_matches_the_naive_reference_and_leaves_the_gradients_alone():
+    lm_head, hidden, targets, weights = _inputs(3, 4, 16, 97)
+    logprobs, entropy = chunked_token_logprobs_and_entropy(hidden, lm_head, targets, chunk_size=5)
+    naive = token_entropy_naive(hidden, lm_head)
+    logit_max = float(lm_head(hidden).detach().abs().max())
+    assert (entropy - naive.detach()).abs().max() <= entropy_atol(97, logit_max)  # same [C, H] x [H, V] contractions
+    (logprobs * weights).sum().backward()
+    with_entropy = [hidden.grad.clone()] + [p.grad.clone() for p in lm_head.parameters()]
+    _, without = _value_and_grads(chunked_token_logprobs, lm_head, hidden, targets, weights, chunk_size=5)
+    for got, want in zip(with_entropy, without, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_entropy_of_a_uniform_and_of_a_certain_distribution():
+    v = 50
+    zero_head = nn.Linear(4, v, bias=False)
+    nn.init.zeros_(zero_head.weight)
+    hidden, targets = torch.randn(2, 3, 4), torch.zeros(2, 3, dtype=torch.long)
+    _, uniform = chunked_token_logprobs_and_entropy(hidden, zero_head, targets, chunk_size=4)
+    torch.testing.assert_close(uniform, torch.full((2, 3), math.log(v)), atol=entropy_atol(v, 0.0), rtol=0)
+    peaked = nn.Linear(4, v, bias=True)
+    nn.init.zeros_(peaked.weight)
+    with torch.no_grad():
+        peaked.bias.fill_(-60.0)
+        peaked.bias[7] = 60.0  # p_7 = 1 - 49 e^-120: entropy ~ 1e-50
+    _, certain = chunked_token_logprobs_and_entropy(hidden, peaked, targets, chunk_size=4)
+    assert certain.abs().max() <= entropy_atol(v, 60.0)
+
+
+def test_empty_completions_have_empty_entropy():
+    lm_head, hidden, targets, _ = _inputs(2, 0, 8, 20)
+    logprobs, entropy = chunked_token_logprobs_and_entropy(hidden, lm_head, targets)
+    assert logprobs.shape == entropy.shape == (2, 0)

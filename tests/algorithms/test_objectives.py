@@ -25,6 +25,7 @@ from app.algorithms import (
     clipped_surrogate,
     grpo_loss,
     gspo_surrogate,
+    high_entropy_mask,
     off_policy_mask,
     sequence_log_ratio,
 )
@@ -93,10 +94,20 @@ def reference(
     max_length=MAX_LENGTH,
     max_log_ratio=None,
     max_kl=None,
+    entropy=None,
+    top_entropy_quantile=1.0,
 ):
-    """Loss, policy loss, KL, clip fraction, masked fraction, kept rows and d loss / d logprobs, in float64 loops."""
+    """Loss, policy loss, KL, clip fraction, masked fraction, kept rows and d loss / d logprobs, in float64 loops.
+
+    With ``top_entropy_quantile < 1`` a token's policy term counts only if its entropy is at or above the
+    ``1 - quantile`` quantile (linear interpolation) of the masked tokens' entropies."""
     lp, lo, adv, m = (np.asarray(x.detach(), dtype=np.float64) for x in (logprobs, old, advantages, mask))
     m = m.astype(bool)
+    high = np.ones_like(m)
+    if top_entropy_quantile < 1:
+        h = np.asarray(entropy, dtype=np.float64)
+        threshold = np.quantile(h[m], 1 - top_entropy_quantile)
+        high = m & (h >= threshold)
     lr = np.asarray(ref, dtype=np.float64) if ref is not None else None
     n, length = lp.shape
     c = token_weights(m, aggregation, max_length)
@@ -124,7 +135,7 @@ def reference(
             loss_i = -(bounded if clipped else s) * adv[i]
             dloss_ds = 0.0 if clipped else -adv[i]
             clipped_tokens += clipped * len(tokens)
-            weight = sum(c[i, t] for t in tokens)  # the row's loss sits on each of its tokens
+            weight = sum(c[i, t] * high[i, t] for t in tokens)  # the row's loss sits on each of its (selected) tokens
             policy += keep[i] * weight * loss_i
             for t in tokens:  # ds / dlogp_t = s / |M_i|
                 grad[i, t] += keep[i] * weight * dloss_ds * s / len(tokens)
@@ -142,8 +153,8 @@ def reference(
                 clipped_tokens += bounded * adv[i] < rho * adv[i]
             else:
                 loss_t = dloss = 0.0  # done per row above
-            policy += keep[i] * c[i, t] * loss_t
-            grad[i, t] += keep[i] * c[i, t] * dloss
+            policy += keep[i] * high[i, t] * c[i, t] * loss_t
+            grad[i, t] += keep[i] * high[i, t] * c[i, t] * dloss
             if lr is not None:
                 d = lr[i, t] - lp[i, t]
                 kl_total += keep[i] * c[i, t] * (math.exp(d) - d - 1)
@@ -412,6 +423,61 @@ def test_masked_rows_stay_in_the_normaliser_so_micro_batches_add_up(aggregation,
     for name in ("loss", "policy_loss", "kl"):
         weighted = sum(share * getattr(part, name) for share, part in zip(shares, parts, strict=True))
         torch.testing.assert_close(weighted, getattr(full, name), msg=name, **TIGHT)
+
+
+# ---------------------------------------------------------------------------------------- high-entropy tokens
+def entropies(seed: int, mask: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """Per-token entropies in [0, 3), distinct, NaN on padding (which must never leak into the threshold)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    values = torch.rand(mask.shape, generator=g, dtype=torch.float64) * 3
+    return torch.where(mask, values, torch.nan).to(dtype)
+
+
+@pytest.mark.parametrize("quantile", [0.2, 0.5, 0.999])
+def test_high_entropy_mask_keeps_the_top_fraction_of_the_masked_tokens(quantile, random_seed):
+    _, _, _, _, mask = case(random_seed)
+    entropy = entropies(random_seed, mask)
+    high = high_entropy_mask(entropy, mask, quantile)
+    assert not (high & ~mask).any()
+    kept, total = int(high.sum()), int(mask.sum())
+    values = entropy[mask].numpy()
+    assert kept == int((values >= np.quantile(values, 1 - quantile)).sum())  # numpy's linear quantile
+    assert quantile * total - 1 <= kept <= quantile * total + 1  # distinct values: the top fraction, up to rounding
+    assert entropy[high].min() >= entropy[mask & ~high].max()  # every kept token above every left-out one
+    assert torch.equal(high_entropy_mask(entropy, mask, 1.0), mask)
+    assert not high_entropy_mask(entropy, torch.zeros_like(mask), quantile).any()
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"importance_sampling_level": "sequence"}, {"objective": "cispo"}],
+    ids=["ppo_clip", "gspo", "cispo"],
+)
+def test_high_entropy_losses_match_the_float64_reference(aggregation, options, random_seed):
+    logprobs, old, ref, advantages, mask = case(random_seed, spread=0.6)
+    entropy = entropies(random_seed, mask)
+    options = dict(options, beta=0.1, aggregation=aggregation, entropy=entropy, top_entropy_quantile=0.3)
+    out, grad = run(logprobs, old, advantages, mask, ref, **options)
+    expected = reference(logprobs, old, advantages, mask, ref=ref, **reference_options(options))
+    for name in ("loss", "policy_loss", "kl"):
+        torch.testing.assert_close(getattr(out, name), torch.tensor(expected[name], dtype=torch.float64), **TIGHT)
+    torch.testing.assert_close(grad, torch.from_numpy(expected["grad"]), msg="gradient", **TIGHT)
+    every = run(logprobs, old, advantages, mask, ref, **(options | {"top_entropy_quantile": 1.0}))
+    assert torch.equal(every[0].kl, out.kl)  # the KL covers every token
+    assert not torch.allclose(every[0].policy_loss, out.policy_loss)
+    left_out = mask & ~high_entropy_mask(entropy, mask, 0.3)
+    assert (grad[left_out] == 0).all() if options["beta"] == 0 else (grad[left_out] != 0).any()
+
+
+def test_high_entropy_selection_needs_the_entropy():
+    logprobs, old, _, advantages, mask = case(0)
+    with pytest.raises(ValueError, match="top_entropy_quantile = 0.2 < 1 needs the per-token entropy"):
+        grpo_loss(logprobs, old, advantages, mask, top_entropy_quantile=0.2)
+    with pytest.raises(ValueError, match=r"top_entropy_quantile must be in \(0, 1\], got 0"):
+        high_entropy_mask(entropies(0, mask), mask, 0.0)
+    with pytest.raises(ValueError, match="entropy has shape"):
+        grpo_loss(logprobs, old, advantages, mask, entropy=torch.zeros(2), top_entropy_quantile=0.2)
 
 
 # ------------------------------------------------------------------------------------------- float32, defaults

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from PIL import Image
-from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, logprob_atol
+from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, entropy_atol, logprob_atol
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from app.embedded.models import resolve_pretrained
@@ -58,6 +58,12 @@ def biased_logits(policy: VLMPolicy, bias: dict[int, float]):
 
 def reference_logprobs_full_forward(hf_model, prompt_inputs, completion_ids, completion_mask, temperature=1.0):
     """Log-probs from one plain forward of the HF model over prompt + completion: the full [N, P+L, V] logits."""
+    logits = reference_logits_full_forward(hf_model, prompt_inputs, completion_ids, completion_mask, temperature)
+    return torch.log_softmax(logits, dim=-1).gather(-1, completion_ids[..., None]).squeeze(-1)
+
+
+def reference_logits_full_forward(hf_model, prompt_inputs, completion_ids, completion_mask, temperature=1.0):
+    """The tempered logits ``[N, L, V]`` that predict the completion tokens, from one plain forward of the HF model."""
     prompt = prompt_inputs.tensors
     inputs = dict(prompt)
     inputs["input_ids"] = torch.cat([prompt["input_ids"], completion_ids], dim=1)
@@ -65,8 +71,7 @@ def reference_logprobs_full_forward(hf_model, prompt_inputs, completion_ids, com
     inputs["mm_token_type_ids"] = torch.cat([prompt["mm_token_type_ids"], torch.zeros_like(completion_ids)], dim=1)
     logits = hf_model(**inputs).logits.float() / temperature  # [N, P+L, V]
     length = completion_ids.shape[1]
-    logits = logits[:, -length - 1 : -1]  # [N, L, V] predicting the completion tokens
-    return torch.log_softmax(logits, dim=-1).gather(-1, completion_ids[..., None]).squeeze(-1)
+    return logits[:, -length - 1 : -1]  # [N, L, V] predicting the completion tokens
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +178,26 @@ def test_sequence_logprobs_equal_a_plain_full_forward(tiny_policy, rollout, temp
     assert ours.dtype == torch.float32 and ours.shape == c.completion_ids.shape
     mask = c.completion_mask.bool()
     torch.testing.assert_close(ours[mask], ref[mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_entropy_beside_the_logprobs_is_the_full_forward_s_and_changes_nothing_else(tiny_policy, rollout, temperature):
+    prompts, c = rollout
+    logprobs, entropy = tiny_policy.sequence_logprobs_and_entropy(
+        prompts, c.completion_ids, c.completion_mask, temperature
+    )
+    alone = tiny_policy.sequence_logprobs(prompts, c.completion_ids, c.completion_mask, temperature)
+    assert torch.equal(logprobs, alone) and logprobs.requires_grad and not entropy.requires_grad
+    with torch.no_grad():
+        logits = reference_logits_full_forward(
+            tiny_policy.hf_model, prompts, c.completion_ids, c.completion_mask, temperature
+        )
+        want = -(torch.log_softmax(logits, dim=-1).exp() * torch.log_softmax(logits, dim=-1)).sum(dim=-1)  # [N, L]
+    mask = c.completion_mask.bool()
+    # the same forward; only the head's 64-term dot products may sum in another order (chunk vs whole batch)
+    logit_max = TINY_VLM_LOGIT_L1 / temperature
+    atol = entropy_atol(TINY_VLM_VOCAB, logit_max, sums=[64], logit_l1=logit_max)
+    torch.testing.assert_close(entropy[mask], want[mask], atol=atol, rtol=0)  # 5e-4 at T = 1 (a wrong T: 1e-2 off)
 
 
 def test_sequence_logprobs_in_small_chunks_match(tiny_policy, rollout):

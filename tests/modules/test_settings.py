@@ -51,8 +51,14 @@ def test_the_grpo_objective_options_are_checked_naming_the_field():
     assert not GRPOSettings().masks_off_policy
     assert GRPOSettings(off_policy_max_kl=0.1).masks_off_policy
     assert GRPOSettings(off_policy_max_log_ratio=0.1).masks_off_policy
+    for bad in (0.0, -0.1, 1.5, float("nan")):
+        with pytest.raises(
+            ValueError, match=rf"grpo.top_entropy_quantile must be in \(0, 1\] \(1: every token\), got {bad}"
+        ):
+            GRPOSettings(top_entropy_quantile=bad)
     defaults = GRPOSettings()
     assert (defaults.importance_sampling_level, defaults.objective) == ("token", "ppo_clip")
+    assert defaults.top_entropy_quantile == 1.0 and GRPOSettings(top_entropy_quantile=0.2).top_entropy_quantile == 0.2
 
 
 @pytest.mark.parametrize(
@@ -62,10 +68,12 @@ def test_the_grpo_objective_options_are_checked_naming_the_field():
         ({"objective": "cispo"}, "grpo.objective: cispo"),
         ({"off_policy_max_log_ratio": 0.5}, "grpo.off_policy_max_log_ratio"),
         ({"off_policy_max_kl": 0.5}, "grpo.off_policy_max_kl"),
+        ({"top_entropy_quantile": 0.2}, "grpo.top_entropy_quantile"),
     ],
 )
 def test_flow_grpo_refuses_the_vlm_only_objectives_naming_them(option, named):
-    """Its loss sees one denoising step at a time: no sequence ratio, no per-trajectory mask, no CISPO."""
+    """Its loss sees one denoising step at a time: no sequence ratio, no per-trajectory mask, no CISPO, and a Gaussian
+    step has no token entropy to select on."""
     with pytest.raises(ValueError, match=f"token-level ppo_clip objective only .*drop {named}$"):
         FlowGRPOModule(None, [], grpo=option)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
-from tolerances import assert_close_training
+from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, assert_close_training, entropy_atol
 from torch.utils.data import DataLoader
 
 from app.algorithms import group_advantages
@@ -324,16 +324,16 @@ class UpdateProbe(VLMGRPOModule):
         self.batches.append(batch)
         return super().training_step(batch, batch_idx)
 
-    def _update(self, rollouts, optimizer):
+    def _update(self, rollouts, optimizer, scale=1.0):
         (rollout,) = rollouts  # no dynamic sampling here: one rollout per update
         grpo, sampled, agg = self.grpo, rollout.sampled, self.loss_aggregation
         c = sampled.completions
         named = [(n, p) for n, p in self.policy.model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         assert [id(p) for p in params] == [id(p) for p in self.policy.trainable_parameters()]
-        logprobs = self.policy.sequence_logprobs(
+        logprobs, entropy = self.policy.sequence_logprobs_and_entropy(
             sampled.prompt_inputs, c.completion_ids, c.completion_mask, self.sampling.temperature
-        )  # [N, L], with gradient
+        )  # [N, L] with gradient, [N, L]
         old = sampled.old_logprobs if sampled.old_logprobs is not None else logprobs.detach()
         every, eps = torch.ones(len(c.texts), dtype=torch.bool), (grpo.eps_low, grpo.eps_high)
         variants = {a: (every, rollout.loss_mask, a, grpo.beta, eps) for a in AGGREGATIONS}
@@ -363,13 +363,14 @@ class UpdateProbe(VLMGRPOModule):
             ]
         before = {n: p.detach().clone() for n, p in named}
         spy = _GradSpy(optimizer, params)
-        stats = super()._update(rollouts, spy)
+        stats = super()._update(rollouts, spy, scale)
         self.updates.append(
             dict(
                 rollout=rollout,
                 logprobs=logprobs.detach(),
                 before=before,
-                stats={k: float(v) for k, v in stats.items()},
+                stats={k: float(v) for k, v in stats.items() if k != "entropy"},
+                entropy=float(entropy[rollout.loss_mask.bool()].mean()),
                 grads=spy.grads,
                 reference=reference,
                 reference_grads=reference_grads,
@@ -548,6 +549,13 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
         if grpo.gradient_clip_val > 0:
             expected_logged["train/grad_norm"] = last["grad_norm"]
         logged = dict(logged)
+        # the entropy over the loss's tokens, from the update's micro-batches, against the whole batch's at once (the
+        # head's 64-term sums may round in another order); one task, so its own figure is the same
+        logit_max = TINY_VLM_LOGIT_L1 / module.sampling.temperature
+        atol = entropy_atol(TINY_VLM_VOCAB, logit_max, sums=[64], logit_l1=logit_max)
+        task = rollout.samples[0].task
+        assert logged.pop(f"train/entropy/{task}") == logged["train/entropy"]
+        assert logged.pop("train/entropy") == pytest.approx(updates[-1]["entropy"], abs=atol, rel=0)
         assert logged.pop("train/reward_wait_s") >= 0  # seconds, whatever they were
         assert logged.keys() == expected_logged.keys()  # the progress bar's "reward" is not a logger metric
         for key, value in expected_logged.items():
@@ -758,6 +766,11 @@ def test_lr_warmup_counts_optimizer_steps(new_policy, new_datamodule, fit):
 
 
 # ------------------------------------------------------------------------------------------------ micro-batches
+def scalars(stats: dict) -> dict[str, float]:
+    """An update's statistics as floats (the entropy tally as its mean over every token)."""
+    return {k: float(v.mean() if k == "entropy" else v) for k, v in stats.items()}
+
+
 class GradRecorder:
     """Stands in for the optimizer in ``_update``: keeps the accumulated gradients instead of stepping."""
 
@@ -782,21 +795,21 @@ class MicroBatchProbe(VLMGRPOModule):
     def training_step(self, batch, batch_idx):
         rollout = self.rollout(batch)
         self.results = {}
-        forward = self.policy.sequence_logprobs
+        forward = self.policy.sequence_logprobs_and_entropy
 
         def counting_forward(prompt_inputs, completion_ids, *args, **kwargs):
             rows.append(completion_ids.shape[0])
             return forward(prompt_inputs, completion_ids, *args, **kwargs)
 
-        self.policy.sequence_logprobs = counting_forward
+        self.policy.sequence_logprobs_and_entropy = counting_forward
         try:
             for size in self.sizes:
                 self.grpo = dataclasses.replace(self.grpo, micro_batch_size=size)
                 recorder, rows = GradRecorder(self.policy.trainable_parameters()), []
                 stats = self._update([rollout], recorder)
-                self.results[size] = (recorder.grads, {k: float(v) for k, v in stats.items()}, rows)
+                self.results[size] = (recorder.grads, scalars(stats), rows)
         finally:
-            del self.policy.sequence_logprobs
+            del self.policy.sequence_logprobs_and_entropy
         self.rollout_batch = rollout
         return None
 
@@ -831,7 +844,7 @@ def test_micro_batching_gives_the_same_gradients(options, new_policy, new_datamo
         grads, stats, _ = module.results[size]
         for g, ref in zip(grads, full_grads, strict=True):
             torch.testing.assert_close(g, ref, atol=1e-6, rtol=1e-4)
-        for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
+        for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "entropy"):
             assert stats[key] == pytest.approx(full_stats[key], abs=1e-6, rel=1e-4), key
 
 
@@ -850,7 +863,7 @@ class SparseMaskProbe(VLMGRPOModule):
             self.loss_aggregation = aggregation
             recorder = GradRecorder(self.policy.trainable_parameters())
             stats = self._update([dataclasses.replace(rollout, loss_mask=mask)], recorder)
-            self.results[aggregation] = {k: float(v) for k, v in stats.items()}
+            self.results[aggregation] = scalars(stats)
         return None
 
 

@@ -2,8 +2,8 @@
 by its share of the aggregation's normaliser sums to the loss of the whole batch, with the module's clip range, beta,
 aggregation, generation budget and sampling temperature; the rollout logs; the loss mask ``loss_mask`` builds (through
 the skeleton's ``finish_rollout``); and ``loss_mass``, each rollout's weight when several make one update. The
-objectives (GSPO, CISPO, off-policy masking) reach every micro-batch's loss, the masked fraction is logged when masking
-is on, and the fused loss computes GSPO and refuses what Liger cannot compute. The module's own arguments (defaults,
+objectives (GSPO, CISPO, off-policy masking, high-entropy tokens) reach every micro-batch's loss, the masked fraction is
+logged when masking is on, the entropy always, and the fused loss computes GSPO and refuses what Liger cannot compute. The module's own arguments (defaults,
 settings blocks given as hyper-parameter dicts, what the hyper-parameters record) on a stand-in policy.
 
 The rollout: 2 prompts x K = 2 completions of L = 5 tokens (budget 6, so ``constant`` divides by 6, not L), one row
@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from doubles import LinearPolicy, Logs
+from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, entropy_atol
 
 from app.algorithms import grpo_loss
 from app.errors import ConfigError
@@ -204,6 +205,56 @@ def test_each_objective_reaches_the_loss_of_every_micro_batch(tiny_policy, case,
     assert not torch.isclose(expected.loss, expected_loss(logprobs, rollout, aggregation).loss)
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_high_entropy_tokens_are_chosen_in_each_micro_batch_and_the_entropy_is_logged(tiny_policy, case, aggregation):
+    """``top_entropy_quantile`` reaches every micro-batch's loss with that micro-batch's entropies, whose threshold is
+    the micro-batch's own (as in TRL, where it is each forward pass's); the update logs the entropy over the loss's
+    tokens, overall and per task."""
+    rollout, logprobs = case
+    sampled = rollout.sampled
+    with torch.no_grad():
+        _, entropy = tiny_policy.sequence_logprobs_and_entropy(
+            sampled.prompt_inputs, sampled.completions.completion_ids, COMPLETION_MASK, TEMPERATURE
+        )
+    module = grpo_module(
+        tiny_policy, beta=BETA, loss_aggregation=aggregation, micro_batch_size=2, top_entropy_quantile=0.5
+    )
+    parts = list(module.weighted_losses(rollout))
+    shares = [sum(SHARES[aggregation][:2]), sum(SHARES[aggregation][2:])]
+    assert [float(share) for _, share in parts] == pytest.approx(shares)
+    for (out, _), rows in zip(parts, (slice(0, 2), slice(2, 4)), strict=True):
+        expected = grpo_loss(
+            logprobs[rows],
+            sampled.old_logprobs[rows],
+            rollout.advantages[rows],
+            rollout.loss_mask[rows],
+            eps_low=EPS_LOW,
+            eps_high=EPS_HIGH,
+            beta=BETA,
+            ref_logprobs=sampled.ref_logprobs[rows],
+            aggregation=aggregation,
+            max_length=MAX_NEW_TOKENS,
+            entropy=entropy[rows],
+            top_entropy_quantile=0.5,
+        )
+        torch.testing.assert_close(out.loss, expected.loss)
+    assert not torch.isclose(weighted_sum(parts), expected_loss(logprobs, rollout, aggregation).loss)
+    # logged: the entropy's mean over the 8 tokens of the loss, for all and for the one task
+    tally = parts[0][0].entropy + parts[1][0].entropy
+    logs = Logs(module)
+    stats = {field: getattr(parts[0][0], field).detach() for field in LOSS_TERMS} | {"entropy": tally}
+    module._log_step(rollout, stats, batch_size=4)
+    ((values, _),) = logs.dicts
+    want = float(entropy[LOSS_MASK.bool()].mean())
+    task = rollout.samples[0].task
+    assert {rollout.samples[1].task} == {task}
+    # micro-batches of 2 rows against the whole batch: the head's 64-term sums may round in another order
+    logit_max = TINY_VLM_LOGIT_L1 / TEMPERATURE
+    atol = entropy_atol(TINY_VLM_VOCAB, logit_max, sums=[64], logit_l1=logit_max)
+    assert float(values["train/entropy"]) == pytest.approx(want, abs=atol, rel=0)
+    assert float(values[f"train/entropy/{task}"]) == float(values["train/entropy"])
+
+
 def test_the_masked_fraction_is_logged_only_with_off_policy_masking(tiny_policy, case):
     rollout, _ = case
     for options, logged in (({}, None), (OBJECTIVES["masked"], 2 / 3)):
@@ -238,6 +289,8 @@ def test_the_fused_loss_computes_gspo_and_refuses_what_liger_does_not(tiny_polic
         grpo_module(tiny_policy, objective="cispo", **fused)  # the module's eps_low is 0.1
     with pytest.raises(ConfigError, match=r"cannot mask off-policy sequences \(grpo.off_policy_max_kl set\)"):
         grpo_module(tiny_policy, off_policy_max_kl=0.5, **fused)
+    with pytest.raises(ConfigError, match=r"cannot select high-entropy tokens \(grpo.top_entropy_quantile = 0.2\)"):
+        grpo_module(tiny_policy, top_entropy_quantile=0.2, **fused)
 
 
 # ------------------------------------------------------------------------------------ rollout logs and loss mask

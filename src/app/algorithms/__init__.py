@@ -1,9 +1,9 @@
 """RL objectives as pure tensor math: group advantages and the GRPO loss with its token- and sequence-level (GSPO)
-clipped surrogates, CISPO and off-policy sequence masking (see docs/algorithms.md#grpo), and the chunked per-token
-log-probs of a VLM policy (docs/algorithms.md#token-log-probabilities)."""
+clipped surrogates, CISPO, off-policy sequence masking and high-entropy token selection (see docs/algorithms.md#grpo),
+and the chunked per-token log-probs and entropies of a VLM policy (docs/algorithms.md#token-log-probabilities)."""
 
 from app.algorithms.advantages import AdvantageScale, group_advantages, zero_std_groups
-from app.algorithms.logprobs import chunked_token_logprobs, token_logprobs_naive
+from app.algorithms.logprobs import chunked_token_logprobs, chunked_token_logprobs_and_entropy, token_logprobs_naive
 from app.algorithms.loss import (
     Aggregation,
     GRPOLossOutput,
@@ -14,10 +14,12 @@ from app.algorithms.loss import (
     clipped_surrogate,
     grpo_loss,
     gspo_surrogate,
+    high_entropy_mask,
     k3_kl,
     off_policy_mask,
     sequence_log_ratio,
 )
+from app.algorithms.tally import TokenTally
 
 __all__ = [
     "AdvantageScale",
@@ -27,14 +29,17 @@ __all__ = [
     "ImportanceSamplingLevel",
     "Objective",
     "chunked_token_logprobs",
+    "chunked_token_logprobs_and_entropy",
     "cispo_surrogate",
     "clipped_surrogate",
     "group_advantages",
     "grpo_loss",
     "gspo_surrogate",
+    "high_entropy_mask",
     "k3_kl",
     "off_policy_mask",
     "sequence_log_ratio",
+    "TokenTally",
     "token_logprobs_naive",
     "zero_std_groups",
 ]

@@ -17,8 +17,9 @@ bound, so it gets ``1 + eps_high``) with no lower bound, and whose normaliser is
 ``token_mean`` (the count of this call's tokens is passed as ``num_items_in_batch``, so Liger never all-reduces it
 across ranks) and ``constant`` (rescaled by tokens / (N * max_length)), with ``eps_low >= 1`` (no lower bound, as
 ``cispo_surrogate`` has then). Refused with a :class:`~app.errors.ConfigError` naming the option: ``cispo`` with
-``sequence_mean`` or ``eps_low < 1``, and off-policy masking (:func:`check_fused_masking`: it needs each row's current
-log-probs before the loss, which the fused loss never materialises).
+``sequence_mean`` or ``eps_low < 1``, off-policy masking (:func:`check_fused_masking`: it needs each row's current
+log-probs before the loss, which the fused loss never materialises) and high-entropy token selection
+(:func:`check_fused_entropy_selection`: Liger computes no entropy, which is therefore not logged either).
 
 Statistics: Liger returns the clip fraction and (with a reference) the token-mean k3 KL, from which the KL in the
 loss's aggregation follows for ``token_mean`` and ``constant``, and the policy loss as ``loss - beta * kl``. It does not
@@ -66,6 +67,16 @@ def check_fused_masking(max_log_ratio: float | None, max_kl: float | None) -> No
         raise ConfigError(
             f"fused_linear_loss=True cannot mask off-policy sequences (grpo.{' and grpo.'.join(named)} set): the fused "
             "loss never materialises the log-probs the mask is decided on; unset it or set fused_linear_loss: false"
+        )
+
+
+def check_fused_entropy_selection(top_entropy_quantile: float) -> None:
+    """Training on the high-entropy tokens needs each token's entropy, which the fused loss never computes: a
+    quantile below 1 is refused with a :class:`~app.errors.ConfigError`."""
+    if top_entropy_quantile != 1:
+        raise ConfigError(
+            f"fused_linear_loss=True cannot select high-entropy tokens (grpo.top_entropy_quantile = "
+            f"{top_entropy_quantile}): Liger's fused loss computes no entropy; set it to 1 or fused_linear_loss: false"
         )
 
 

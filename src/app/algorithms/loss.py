@@ -1,5 +1,6 @@
 """GRPO loss: the token-level clipped surrogate (PPO-clip), its sequence-level form (GSPO) and the clipped-IS objective
-(CISPO), off-policy sequence masking, the k3 KL to the reference, and the three aggregations.
+(CISPO), off-policy sequence masking, training on the high-entropy tokens only, the k3 KL to the reference, and the
+three aggregations.
 
 Shapes: N completions (B prompts x K, group-major), L completion tokens. Log-probs are of the sampled tokens. The loss
 works in at least float32 (bf16/fp16 inputs are upcast); with ``old_logprobs = logprobs.detach()`` the ratio is exactly 1.
@@ -13,6 +14,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+
+from app.algorithms.tally import TokenTally
 
 Aggregation = Literal["token_mean", "sequence_mean", "constant"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
@@ -114,6 +117,24 @@ def off_policy_mask(
     return keep
 
 
+def high_entropy_mask(entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
+    """``[N, L]`` bool: the tokens of ``mask`` whose entropy is in the top ``quantile`` fraction of the masked tokens'.
+
+    The threshold is the ``1 - quantile`` quantile (linear interpolation, ``torch.quantile``) of the entropies of the
+    tokens in ``mask``; tokens at or above it are kept, so ties at the threshold all stay. ``quantile = 1`` keeps every
+    masked token; no masked token: none. Wang et al. 2025 train on the top 20 % (``quantile = 0.2``). No gradient.
+    Equation: docs/algorithms.md#high-entropy-tokens."""
+    if not 0 < quantile <= 1:
+        raise ValueError(f"top_entropy_quantile must be in (0, 1], got {quantile}")
+    with torch.no_grad():
+        mask = mask.bool()  # [N, L]
+        if quantile == 1 or not mask.any():
+            return mask
+        values = entropy.detach().float()[mask]  # [T]
+        threshold = torch.quantile(values, 1.0 - quantile)  # []
+        return mask & (entropy.detach().float() >= threshold)  # [N, L]
+
+
 def aggregate(
     per_token: Tensor, mask: Tensor, mode: Aggregation = "token_mean", max_length: int | None = None
 ) -> Tensor:
@@ -159,6 +180,9 @@ class GRPOLossOutput:
     whatever the objective."""
     off_policy_masked: Tensor = field(default_factory=lambda: torch.zeros(()))
     """Fraction of the rows with a token that off-policy masking left out of the loss (0 without masking)."""
+    entropy: TokenTally | None = None
+    """The policy's per-token entropy summed over the loss's tokens, per task (None where the loss never sees the
+    logits: the fused loss)."""
 
 
 def _upcast(tensor: Tensor) -> Tensor:
@@ -193,6 +217,8 @@ def grpo_loss(
     objective: Objective = "ppo_clip",
     off_policy_max_log_ratio: float | None = None,
     off_policy_max_kl: float | None = None,
+    entropy: Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
 ) -> GRPOLossOutput:
     """GRPO loss from per-token log-probs ``[N, L]``, advantages ``[N]`` and the loss mask ``[N, L]``.
 
@@ -202,9 +228,13 @@ def grpo_loss(
     :func:`cispo_surrogate` (``cispo``, token level only). Rows :func:`off_policy_mask` leaves out (either threshold
     set) contribute nothing to the loss, its policy part or its KL, but stay in the aggregation's normaliser, so the
     loss of micro-batches weighted by their share of the normaliser is still the full-batch loss; ``clip_fraction`` and
-    ``ratio_mean`` are taken over every masked token.
+    ``ratio_mean`` are taken over every masked token. With ``top_entropy_quantile < 1`` the policy term is kept only
+    on :func:`high_entropy_mask`'s tokens of ``entropy`` ``[N, L]`` (the KL on every token, the normaliser unchanged,
+    as Wang et al. 2025 and TRL do).
     """
-    _check_shapes(logprobs, advantages, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs)
+    _check_shapes(logprobs, advantages, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, entropy=entropy)
+    if top_entropy_quantile != 1 and entropy is None:
+        raise ValueError(f"top_entropy_quantile = {top_entropy_quantile} < 1 needs the per-token entropy")
     if beta < 0 or eps_low < 0 or eps_high < 0:
         raise ValueError(f"beta, eps_low and eps_high must be >= 0, got {beta}, {eps_low}, {eps_high}")
     if beta > 0 and ref_logprobs is None:
@@ -228,6 +258,9 @@ def grpo_loss(
         policy_tok = torch.where(kept, policy_tok, torch.zeros_like(policy_tok))  # [N, L]
         if kl_tok is not None:
             kl_tok = torch.where(kept, kl_tok, torch.zeros_like(kl_tok))  # [N, L]
+    if top_entropy_quantile != 1:
+        high = high_entropy_mask(entropy, mask, top_entropy_quantile)  # [N, L]
+        policy_tok = torch.where(high, policy_tok, torch.zeros_like(policy_tok))  # [N, L]
     per_token = policy_tok  # [N, L]
     kl = logprobs.new_zeros(())  # []
     if kl_tok is not None:

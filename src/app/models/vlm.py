@@ -20,7 +20,7 @@ from transformers import LogitsProcessorList
 
 from app.algorithms import GRPOLossOutput
 from app.algorithms.fused_linear import FusedLinearGRPOLoss
-from app.algorithms.logprobs import chunked_token_logprobs
+from app.algorithms.logprobs import chunked_token_logprobs, chunked_token_logprobs_and_entropy
 from app.dtypes import parse_dtype
 from app.embedded.models import load_vlm
 from app.formats import REASONING_INSTRUCTION
@@ -256,6 +256,17 @@ class VLMPolicy(SwitchableReference, nn.Module):
         forward, so that FSDP gathers the sharded embeddings and output head around it."""
         return self(prompt_inputs, completion_ids, completion_mask, temperature, hf_model)
 
+    def sequence_logprobs_and_entropy(
+        self,
+        prompt_inputs: PromptInputs,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`sequence_logprobs` and the entropy ``[N, L]`` (float32, detached) of the policy's tempered
+        next-token distribution at each completion position, from the same chunks of logits (no second pass)."""
+        return self(prompt_inputs, completion_ids, completion_mask, temperature, with_entropy=True)
+
     def fused_grpo_loss(
         self,
         loss: FusedLinearGRPOLoss,
@@ -284,8 +295,10 @@ class VLMPolicy(SwitchableReference, nn.Module):
         temperature: float = 1.0,
         hf_model: nn.Module | None = None,
         fused_loss: Callable[..., GRPOLossOutput] | None = None,
+        with_entropy: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """See :meth:`sequence_logprobs`; with ``fused_loss`` (see :meth:`fused_grpo_loss`), the fields of its
+        """See :meth:`sequence_logprobs`; with ``with_entropy``, ``(logprobs, entropy)``
+        (:meth:`sequence_logprobs_and_entropy`); with ``fused_loss`` (see :meth:`fused_grpo_loss`), the fields of its
         :class:`~app.algorithms.GRPOLossOutput` as a tuple (tensors FSDP's backward hooks can see)."""
         prompt = prompt_inputs.tensors
         prompt_length = prompt["input_ids"].shape[1]
@@ -306,10 +319,13 @@ class VLMPolicy(SwitchableReference, nn.Module):
         if fused_loss is not None:
             out = fused_loss(hidden, hf_model.lm_head, completion_ids, temperature=temperature)
             return tuple(getattr(out, f.name) for f in dataclasses.fields(out))
-        logprobs = chunked_token_logprobs(
+        chunked = chunked_token_logprobs_and_entropy if with_entropy else chunked_token_logprobs
+        out = chunked(
             hidden, hf_model.lm_head, completion_ids, chunk_size=self.logprob_chunk_size, temperature=temperature
         )
-        return logprobs.clone() if logprobs._base is not None else logprobs  # FSDP hooks need a non-view output
+        if with_entropy:
+            return tuple(_not_a_view(t) for t in out)
+        return _not_a_view(out)
 
     @torch.no_grad()
     def reference_logprobs(self, prompt_inputs, completion_ids, completion_mask, temperature: float = 1.0):
@@ -372,6 +388,11 @@ class VLMPolicy(SwitchableReference, nn.Module):
             units += repeated_blocks(network, ("DecoderLayer",))
             units.append(_vision_tower(network))
         return ShardingPlan(units=units, roots=[self])
+
+
+def _not_a_view(tensor: torch.Tensor) -> torch.Tensor:
+    """FSDP's hooks need outputs that are not views."""
+    return tensor.clone() if tensor._base is not None else tensor
 
 
 def _vision_tower(hf_model: nn.Module) -> nn.Module:

@@ -50,12 +50,14 @@ FLOW_LEARNING_RATE = 5e-6
 def check_flow_objective(grpo: GRPOSettings) -> None:
     """Refuse the VLM-only objectives with a ``ValueError`` naming the option: the loss is computed one trained step
     (one ``[N, 1]`` "token") at a time, so no call sees a trajectory's steps together, which a sequence ratio and a
-    per-trajectory mask need; CISPO (per step it would be defined) is not validated on per-step mean log-densities."""
+    per-trajectory mask need; CISPO (per step it would be defined) is not validated on per-step mean log-densities; a
+    Gaussian step has no token entropy to select on."""
     refused = {
         "grpo.importance_sampling_level: sequence": grpo.importance_sampling_level != "token",
         "grpo.objective: cispo": grpo.objective != "ppo_clip",
         "grpo.off_policy_max_log_ratio": grpo.off_policy_max_log_ratio is not None,
         "grpo.off_policy_max_kl": grpo.off_policy_max_kl is not None,
+        "grpo.top_entropy_quantile": grpo.top_entropy_quantile != 1,
     }
     named = [option for option, is_set in refused.items() if is_set]
     if named:

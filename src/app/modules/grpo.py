@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from app.algorithms import GRPOLossOutput, group_advantages, zero_std_groups
+from app.algorithms.tally import TokenTally
 from app.models.policy import Policy
 from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
 from app.modules.rollout_queue import RolloutQueue, grouped
@@ -163,6 +164,12 @@ class GRPOModule(PolicyModule):
         """What the completion table shows for output ``row``."""
         raise NotImplementedError
 
+    def gradient_scale(self, rollouts: list[Rollout]) -> float:
+        """The factor of this rank's loss in backward, so that the gradient the strategy averages over ranks is the
+        aggregation's over every rank (1: each rank's loss is normalised by its own rollout, and the ranks are
+        averaged). Asked once per step."""
+        return 1.0
+
     def rollout_logs(self, rollout: Rollout) -> dict[str, Tensor]:
         """Family-specific per-step statistics, logged beside the shared ones."""
         return {}
@@ -253,17 +260,19 @@ class GRPOModule(PolicyModule):
         """``num_iterations`` optimizer updates on the rollouts; the statistics of the last one."""
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
+        scale = self.gradient_scale(rollouts)  # all-reduced once per step where the family needs it
         for _ in range(self.grpo.num_iterations):
-            stats = self._update(rollouts, optimizer)
+            stats = self._update(rollouts, optimizer, scale)
             if scheduler is not None and not stats["skipped"]:
                 scheduler.step()
         return stats
 
-    def _update(self, rollouts: list[Rollout], optimizer) -> dict[str, Tensor]:
+    def _update(self, rollouts: list[Rollout], optimizer, scale: float = 1.0) -> dict[str, Tensor]:
         """One optimizer step over the rollouts, each weighted by its :meth:`loss_mass` (one rollout weighs 1),
         accumulating the gradients of their parts; skipped (and counted) when the loss or the gradients are not finite,
         or undone (and counted) when the step itself left NaN or inf behind (:meth:`guarded_step`; the trainer's
-        ``global_step`` still counts an undone step, not a skipped one). ``stats["skipped"]`` says which."""
+        ``global_step`` still counts an undone step, not a skipped one). ``stats["skipped"]`` says which. ``scale``
+        (:meth:`gradient_scale`) multiplies what is backpropagated, not what is logged."""
         sums: dict[str, Tensor] = {}
         masses = torch.stack([self.loss_mass(r) for r in rollouts])
         weights = (masses / masses.sum().clamp(min=_SOME_MASS)).tolist() if len(rollouts) > 1 else [1.0]
@@ -272,10 +281,13 @@ class GRPOModule(PolicyModule):
             for rollout, weight in zip(rollouts, weights, strict=True)
             for out, share in self.weighted_losses(rollout)
         )
+        entropy: TokenTally | None = None
         for out, share in parts:
-            self.manual_backward(out.loss * share)
+            self.manual_backward(out.loss * (share * scale))
             for key in LOSS_TERMS:
                 sums[key] = sums.get(key, 0.0) + getattr(out, key).detach() * share
+            if out.entropy is not None:
+                entropy = out.entropy if entropy is None else entropy + out.entropy
         parameters = self.policy.trainable_parameters()
         if self.grpo.gradient_clip_val > 0:
             norm = sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(parameters, self.grpo.gradient_clip_val)
@@ -288,6 +300,8 @@ class GRPOModule(PolicyModule):
         optimizer.zero_grad(set_to_none=True)
         self._count_skip(skipped)
         sums["skipped"] = skipped
+        if entropy is not None:
+            sums["entropy"] = entropy
         return sums
 
     # ---------------------------------------------------------------------------------------------- checkpoints
@@ -339,6 +353,9 @@ class GRPOModule(PolicyModule):
             values.pop(_LOGGED_AS[term])
         if "grad_norm" in stats:
             values["train/grad_norm"] = stats["grad_norm"]
+        if "entropy" in stats:  # the policy's per-token entropy over the loss's tokens, overall and per task
+            values["train/entropy"] = stats["entropy"].mean()
+            values.update({f"train/entropy/{task}": mean for task, mean in stats["entropy"].means().items()})
         values["train/skipped_updates"] = torch.tensor(float(self.skipped_updates))
         for name, component in rollout.rewards.components.items():
             values[f"train/reward/{name}"] = component.float().mean()

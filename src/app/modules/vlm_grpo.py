@@ -9,6 +9,7 @@ old policy's.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Literal
 
@@ -17,11 +18,13 @@ import torch
 from app.algorithms import GRPOLossOutput, grpo_loss
 from app.algorithms.fused_linear import (
     FusedLinearGRPOLoss,
+    check_fused_entropy_selection,
     check_fused_head,
     check_fused_masking,
     require_liger_loss,
     unavailable_statistics,
 )
+from app.algorithms.tally import TokenTally
 from app.models.vlm import VLMPolicy
 from app.modules.grpo import GRPOModule
 from app.modules.vlm_evaluation import VLMEvaluation, default_eval_rewards
@@ -42,6 +45,7 @@ from app.types import Generation, Rollout, SampledCompletions, VisualSample
 VLM_CLIP_RANGE = 0.2
 """The default ``eps_low`` / ``eps_high`` of token-level GRPO (PPO's and the GRPO paper's)."""
 VLM_LEARNING_RATE = 1e-6
+AGGREGATIONS = ("token_mean", "global_token_mean", "sequence_mean", "constant")
 
 
 class VLMGRPOModule(VLMEvaluation, GRPOModule):
@@ -57,7 +61,10 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         optimizer: AdamW (default learning rate 1e-6), warm-up, non-finite steps
             (:class:`~app.settings.OptimizerSettings`).
         pipeline: the delayed reward pipeline and dynamic sampling (:class:`~app.settings.PipelineSettings`).
-        loss_aggregation: ``token_mean``, ``sequence_mean`` or ``constant`` (Dr. GRPO, divides by B*K*max_new_tokens).
+        loss_aggregation: ``token_mean`` (divides by this rank's tokens of the step: TRL's ``bnpo``),
+            ``global_token_mean`` (by the step's tokens on every rank, all-reduced once per step: DAPO's token-level
+            mean; the same as ``token_mean`` on one process), ``sequence_mean`` or ``constant`` (Dr. GRPO, divides by
+            B*K*max_new_tokens).
         mask_truncated: leave completions that hit max_new_tokens without an end token out of the loss.
         records_per_step: completions handed to logging callbacks per step (``outputs["records"]``).
         eval_max_new_tokens: generation budget for greedy evaluation.
@@ -81,7 +88,7 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         grpo: GRPOSettings | None = None,
         optimizer: OptimizerSettings | None = None,
         pipeline: PipelineSettings | None = None,
-        loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean",
+        loss_aggregation: Literal["token_mean", "global_token_mean", "sequence_mean", "constant"] = "token_mean",
         mask_truncated: bool = False,
         records_per_step: int = 16,
         eval_max_new_tokens: int = 256,
@@ -93,9 +100,10 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         sampling = as_settings(SamplingSettings, sampling) or SamplingSettings()
         grpo = (as_settings(GRPOSettings, grpo) or GRPOSettings()).clip_range(VLM_CLIP_RANGE)
         super().__init__(policy, rewards, sampling, grpo, optimizer, VLM_LEARNING_RATE, pipeline, records_per_step)
-        if loss_aggregation not in ("token_mean", "sequence_mean", "constant"):
+        if loss_aggregation not in AGGREGATIONS:
             raise ValueError(
-                f"loss_aggregation must be 'token_mean', 'sequence_mean' or 'constant', got {loss_aggregation!r}"
+                f"loss_aggregation must be 'token_mean', 'global_token_mean', 'sequence_mean' or 'constant', got "
+                f"{loss_aggregation!r}"
             )
         self.loss_aggregation = loss_aggregation
         self.mask_truncated = mask_truncated
@@ -121,11 +129,12 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         require_liger_loss()
         check_fused_head(self.policy.hf_model.lm_head)
         check_fused_masking(self.grpo.off_policy_max_log_ratio, self.grpo.off_policy_max_kl)
+        check_fused_entropy_selection(self.grpo.top_entropy_quantile)
         return FusedLinearGRPOLoss(
             eps_low=self.grpo.eps_low,
             eps_high=self.grpo.eps_high,
             beta=self.grpo.beta,
-            aggregation=self.loss_aggregation,
+            aggregation=self.micro_batch_aggregation,
             max_length=self.sampling.max_new_tokens,
             compiled=torch.cuda.is_available() if compiled is None else compiled,
             importance_sampling_level=self.grpo.importance_sampling_level,
@@ -136,7 +145,7 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
     def unlogged_loss_terms(self) -> frozenset[str]:
         if self.fused_loss is None:
             return frozenset()
-        return unavailable_statistics(self.loss_aggregation, self.grpo.beta, self.stores_behaviour_logprobs)
+        return unavailable_statistics(self.micro_batch_aggregation, self.grpo.beta, self.stores_behaviour_logprobs)
 
     # --------------------------------------------------------------------------------------------------- rollout
     def generate_rollout(self, samples: list[VisualSample]) -> Generation[SampledCompletions]:
@@ -154,10 +163,26 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
             mask[completions.truncated] = 0
         return mask
 
+    @property
+    def micro_batch_aggregation(self) -> str:
+        """The aggregation of each micro-batch's loss: ``global_token_mean`` is ``token_mean`` on this rank, then
+        rescaled across ranks by :meth:`gradient_scale`."""
+        return "token_mean" if self.loss_aggregation == "global_token_mean" else self.loss_aggregation
+
+    def gradient_scale(self, rollouts: list[Rollout[SampledCompletions]]) -> float:
+        """``global_token_mean``: ``world_size * local tokens / all ranks' tokens`` (one all-reduce per step), so the
+        ranks' mean gradient is the gradient of the sum of every rank's token losses over all their tokens. 1 for the
+        other aggregations."""
+        if self.loss_aggregation != "global_token_mean" or self._trainer is None or self.trainer.world_size == 1:
+            return 1.0
+        local = torch.stack([self.loss_mass(r) for r in rollouts]).sum().to(self.device)  # []
+        total = self.trainer.strategy.reduce(local.clone(), reduce_op="sum")  # []
+        return float(self.trainer.world_size * local / total.clamp(min=1))
+
     def loss_mass(self, rollout: Rollout[SampledCompletions]) -> torch.Tensor:
         """The normaliser of :meth:`weighted_losses`' aggregation: kept tokens, kept rows, or all rows."""
         mask = rollout.loss_mask
-        if self.loss_aggregation == "token_mean":
+        if self.micro_batch_aggregation == "token_mean":
             return mask.sum().float()
         if self.loss_aggregation == "sequence_mean":
             return (mask.sum(dim=1) > 0).sum().float()
@@ -172,39 +197,47 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         total_tokens = mask.sum().clamp(min=1)
         total_rows = (mask.sum(dim=1) > 0).sum().clamp(min=1)
         loss_of = self._fused_micro_batch if self.fused_loss is not None else self._micro_batch_loss
+        aggregation = self.micro_batch_aggregation
         for rows in micro_batches(n, self.grpo.micro_batch_size):
             out = loss_of(rollout, rows)
             micro = mask[rows]
-            if self.loss_aggregation == "token_mean":
+            if aggregation == "token_mean":
                 share = micro.sum() / total_tokens
-            elif self.loss_aggregation == "sequence_mean":
+            elif aggregation == "sequence_mean":
                 share = (micro.sum(dim=1) > 0).sum() / total_rows
             else:
                 share = micro.shape[0] / n
             yield out, share
 
     def _micro_batch_loss(self, rollout: Rollout[SampledCompletions], rows: slice) -> GRPOLossOutput:
-        """The loss of the rows from their per-token log-probs (chunked over the vocabulary)."""
+        """The loss of the rows from their per-token log-probs (chunked over the vocabulary), with the policy's
+        per-token entropy from the same chunks, tallied per task over the loss's tokens."""
         grpo, sampled = self.grpo, rollout.sampled
-        logprobs = self.sampler.logprobs(sampled, rows)  # [n, L]
+        logprobs, entropy = self.sampler.logprobs_and_entropy(sampled, rows)  # [n, L] x 2
         old = sampled.old_logprobs[rows] if sampled.old_logprobs is not None else logprobs.detach()
         ref = sampled.ref_logprobs[rows] if sampled.ref_logprobs is not None else None
-        return grpo_loss(
+        mask = rollout.loss_mask[rows]  # [n, L]
+        out = grpo_loss(
             logprobs,
             old,
             rollout.advantages[rows],
-            rollout.loss_mask[rows],
+            mask,
             eps_low=grpo.eps_low,
             eps_high=grpo.eps_high,
             beta=grpo.beta,
             ref_logprobs=ref,
-            aggregation=self.loss_aggregation,
+            aggregation=self.micro_batch_aggregation,
             max_length=self.sampling.max_new_tokens,
             importance_sampling_level=grpo.importance_sampling_level,
             objective=grpo.objective,
             off_policy_max_log_ratio=grpo.off_policy_max_log_ratio,
             off_policy_max_kl=grpo.off_policy_max_kl,
+            entropy=entropy,
+            top_entropy_quantile=grpo.top_entropy_quantile,
         )
+        start, k = rows.indices(len(rollout.advantages))[0], rollout.group_size
+        tasks = [rollout.samples[(start + j) // k].task for j in range(mask.shape[0])]
+        return dataclasses.replace(out, entropy=TokenTally.of(entropy, mask, tasks))
 
     def _fused_micro_batch(self, rollout: Rollout[SampledCompletions], rows: slice) -> GRPOLossOutput:
         """The same loss from liger-kernel's fused linear GRPO loss (see ``fused_linear_loss``)."""

@@ -32,6 +32,10 @@ class CompletionPolicy(Protocol):
 
     def sequence_logprobs(self, prompt_inputs, completion_ids, completion_mask, temperature: float = 1.0) -> Tensor: ...
 
+    def sequence_logprobs_and_entropy(
+        self, prompt_inputs, completion_ids, completion_mask, temperature: float = 1.0
+    ) -> tuple[Tensor, Tensor]: ...
+
     def reference_logprobs(
         self, prompt_inputs, completion_ids, completion_mask, temperature: float = 1.0
     ) -> Tensor: ...
@@ -69,6 +73,16 @@ class VLMSampler:
         where they are enabled: the one place a stored completion is re-scored for the loss."""
         completions = sampled.completions
         return self.policy.sequence_logprobs(
+            sampled.prompt_inputs.select(rows),
+            completions.completion_ids[rows],
+            completions.completion_mask[rows],
+            self.settings.temperature,
+        )
+
+    def logprobs_and_entropy(self, sampled: SampledCompletions, rows: slice) -> tuple[Tensor, Tensor]:
+        """:meth:`logprobs` and the policy's per-token entropy ``[n, L]`` (detached) from the same forward pass."""
+        completions = sampled.completions
+        return self.policy.sequence_logprobs_and_entropy(
             sampled.prompt_inputs.select(rows),
             completions.completion_ids[rows],
             completions.completion_mask[rows],
