@@ -440,6 +440,35 @@ def test_settings_blocks_given_as_hyper_parameter_dicts_are_built_into_settings(
 
 def test_an_unknown_loss_aggregation_is_refused_by_name():
     with pytest.raises(
-        ValueError, match=r"loss_aggregation must be 'token_mean', 'sequence_mean' or 'constant', got 'sum'"
+        ValueError,
+        match=r"loss_aggregation must be 'token_mean', 'global_token_mean', 'sequence_mean' or 'constant', got 'sum'",
     ):
         VLMGRPOModule(LinearPolicy(), [AccuracyReward()], loss_aggregation="sum")
+
+
+def test_global_token_mean_is_token_mean_within_a_rank_and_scales_by_the_ranks_token_counts(tiny_policy, case):
+    """On one rank the micro-batch losses, shares and masses are ``token_mean``'s and the gradient scale is 1; on two
+    ranks the scale is ``world * local tokens / all tokens`` from one all-reduce (a stand-in strategy sums here; the
+    two-process run is tests/parallel/test_global_tokens.py)."""
+    rollout, _ = case
+    token, global_ = (grpo_module(tiny_policy, beta=BETA, loss_aggregation=a, micro_batch_size=1) for a in AGG_PAIR)
+    for (a, share_a), (b, share_b) in zip(
+        token.weighted_losses(rollout), global_.weighted_losses(rollout), strict=True
+    ):
+        assert float(share_a) == float(share_b) and torch.equal(a.loss, b.loss)
+    assert float(global_.loss_mass(rollout)) == float(token.loss_mass(rollout)) == 8
+    assert global_.gradient_scale([rollout]) == 1.0  # no trainer: one process
+
+    class TwoRanks:
+        world_size = 2
+        strategy = SimpleNamespace(reduce=lambda tensor, reduce_op: tensor + 24 if reduce_op == "sum" else None)
+
+    for module, scale in ((global_, 2 * 8 / 32), (token, 1.0)):
+        module._trainer = TwoRanks()
+        try:
+            assert module.gradient_scale([rollout]) == pytest.approx(scale)  # this rank 8 tokens, the other 24
+        finally:
+            module._trainer = None
+
+
+AGG_PAIR = ("token_mean", "global_token_mean")
