@@ -65,6 +65,16 @@ class PromptInputs:
         copies_of = self.copies_of[start:stop] if self.copies_of is not None else None
         return PromptInputs(out, self.images_per_row[start:stop], copies_of)
 
+    def trimmed(self) -> PromptInputs:
+        """These rows without the leading columns that are left padding in every row: the same prompts to the model
+        (Qwen-VL counts positions over the attention mask), at the rows' own longest length."""
+        mask = self.tensors["attention_mask"]  # [N, P]
+        first = int(mask.any(dim=0).int().argmax()) if mask.numel() else 0  # the first column with a real token
+        if first == 0:
+            return self
+        out = {k: v if k in ("pixel_values", "image_grid_thw") else v[:, first:] for k, v in self.tensors.items()}
+        return PromptInputs(out, self.images_per_row, self.copies_of)
+
 
 @dataclass
 class CompletionBatch:

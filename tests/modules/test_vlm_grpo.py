@@ -805,6 +805,7 @@ class MicroBatchProbe(VLMGRPOModule):
         try:
             for size in self.sizes:
                 self.grpo = dataclasses.replace(self.grpo, micro_batch_size=size)
+                self.sampler.micro_batch_size = size  # the sampler cuts the micro-batches (built from grpo)
                 recorder, rows = GradRecorder(self.policy.trainable_parameters()), []
                 stats = self._update([rollout], recorder)
                 self.results[size] = (recorder.grads, scalars(stats), rows)
@@ -839,7 +840,7 @@ def test_micro_batching_gives_the_same_gradients(options, new_policy, new_datamo
     assert mask.sum(dim=1).unique().numel() > 1, "completions should differ in length"
     full_grads, full_stats, full_rows = module.results[None]
     assert full_rows == [2 * K] and any(g.abs().sum() > 0 for g in full_grads)
-    assert module.results[3][2] == [3, 3, 2] and module.results[1][2] == [1] * 2 * K  # the rollout, split in order
+    assert module.results[3][2] == [3, 3, 2] and module.results[1][2] == [1] * 2 * K  # the rollout, split
     for size in MicroBatchProbe.sizes[1:]:
         grads, stats, _ = module.results[size]
         for g, ref in zip(grads, full_grads, strict=True):

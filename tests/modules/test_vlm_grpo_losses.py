@@ -336,19 +336,23 @@ def test_loss_mask_leaves_out_dropped_groups_and_truncated_rows(tiny_policy, mas
 
 def test_log_probs_of_a_rollout_are_computed_in_micro_batches_at_the_given_temperature(tiny_policy, case):
     """What generation stores (old and reference log-probs) goes through the policy in micro-batches of the module's
-    size (its sampler's), each at the sampling temperature, and comes back in row order."""
+    size (its sampler's) of rows of similar length, each re-padded to its longest completion and at the sampling
+    temperature, and comes back in row order at the rollout's length. The completions hold 5, 3, 1 and 2 tokens:
+    rows 0, 1 and 3 make the first micro-batch (5 tokens wide), row 2 the second (1 token wide)."""
     rollout, _ = case
     module = grpo_module(tiny_policy, micro_batch_size=3)
     calls = []
 
-    def row_numbers(prompt_inputs, completion_ids, completion_mask, temperature):
-        calls.append((len(prompt_inputs), completion_ids.shape[0], completion_mask.shape[0], temperature))
-        return completion_ids[:, :1].float()
+    def token_ids(prompt_inputs, completion_ids, completion_mask, temperature):
+        calls.append((len(prompt_inputs), tuple(completion_ids.shape), tuple(completion_mask.shape), temperature))
+        return completion_ids.float()
 
     completions = rollout.sampled.completions
-    out = module.sampler._in_micro_batches(row_numbers, rollout.sampled.prompt_inputs, completions)
-    assert calls == [(3, 3, 3, TEMPERATURE), (1, 1, 1, TEMPERATURE)]
-    assert torch.equal(out, completions.completion_ids[:, :1].float())
+    out = module.sampler._in_micro_batches(token_ids, rollout.sampled.prompt_inputs, completions)
+    assert calls == [(3, (3, 5), (3, 5), TEMPERATURE), (1, (1, 1), (1, 1), TEMPERATURE)]
+    expected = completions.completion_ids.float().clone()
+    expected[2, 1:] = 0  # row 2 was scored 1 token wide: the rest is padding, outside every mask
+    assert out.shape == (4, L) and torch.equal(out, expected)
 
 
 # ----------------------------------------------------------------------------------- several rollouts in one update

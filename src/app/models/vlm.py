@@ -27,6 +27,7 @@ from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_liger_kernels, require_liger, validate_attn_implementation
 from app.models.lora import lora_adapter
 from app.models.lora_merge import merged_lora
+from app.models.packing import packed_hidden_states, packs
 from app.models.policy import SwitchableReference
 from app.parallel.fsdp import gathered
 from app.parallel.loading import keeping_new_parameters, lean_loading_requested
@@ -79,6 +80,9 @@ class VLMPolicy(SwitchableReference, nn.Module):
             :mod:`app.models.lora_merge`). Sampled tokens can differ from the unmerged computation by rounding only;
             the training log-probs always use the unmerged adapters.
         logprob_chunk_size: completion tokens per chunk when computing log-probs (bounds the float32 logits in memory).
+        padding_free: run the log-prob forward on the rows' real tokens packed into one row, with per-sequence
+            positions (:mod:`app.models.packing`; the same log-probs). None: when the attention is variable-length
+            (``flash_attention_2``), where it saves the padding's work; sdpa and eager would need a ``[T, T]`` mask.
         instruction: appended to every question; the reasoning-format instruction of the papers by default.
         seed: seed of the embedded model's random weights (ignored for real checkpoints).
     """
@@ -97,6 +101,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         static_cache: bool = False,
         merge_lora_for_rollout: bool = True,
         logprob_chunk_size: int = 1024,
+        padding_free: bool | None = None,
         instruction: str = REASONING_INSTRUCTION,
         seed: int = 0,
     ):
@@ -116,6 +121,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         self.model_name = model
         self.instruction = instruction
         self.logprob_chunk_size = logprob_chunk_size
+        self.padding_free = padding_free
         self.shared_prefix = shared_prefix
         self.static_cache = static_cache
         self.merge_lora_for_rollout = merge_lora_for_rollout
@@ -314,7 +320,10 @@ class VLMPolicy(SwitchableReference, nn.Module):
         if shared is not None:  # the vision tower and the positions once per distinct prompt, not once per row
             inputs.pop("pixel_values")
             inputs.update(shared)
-        hidden = hf_model.model(**inputs, use_cache=False).last_hidden_state  # [N, P+L, H]
+        if packs(hf_model, self.padding_free):  # the rows' real tokens in one row: no layer computes on padding
+            hidden = packed_hidden_states(hf_model.model, inputs, inputs.pop("position_ids", None))  # [N, P+L, H]
+        else:
+            hidden = hf_model.model(**inputs, use_cache=False).last_hidden_state  # [N, P+L, H]
         hidden = hidden[:, prompt_length - 1 : -1]  # [N, L, H] states that predict the completion tokens
         if fused_loss is not None:
             out = fused_loss(hidden, hf_model.lm_head, completion_ids, temperature=temperature)

@@ -29,7 +29,6 @@ from app.models.vlm import VLMPolicy
 from app.modules.grpo import GRPOModule
 from app.modules.vlm_evaluation import VLMEvaluation, default_eval_rewards
 from app.rewards import RewardComponent
-from app.sampling.batching import micro_batches
 from app.sampling.vlm_rollout import VLMSampler
 from app.settings import (
     GRPOSettings,
@@ -190,15 +189,16 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
 
     # -------------------------------------------------------------------------------------------------- training
     def weighted_losses(self, rollout: Rollout[SampledCompletions]) -> Iterator[tuple[GRPOLossOutput, torch.Tensor]]:
-        """The loss of each micro-batch, weighted by its share of the aggregation's normaliser (tokens, rows, or
-        rows of the constant ``B*K*max_new_tokens``), so the weighted sum is the full-batch aggregate."""
+        """The loss of each micro-batch (rows of similar length, :meth:`~app.sampling.VLMSampler.micro_batches`),
+        weighted by its share of the aggregation's normaliser (tokens, rows, or rows of the constant
+        ``B*K*max_new_tokens``), so the weighted sum is the full-batch aggregate."""
         mask = rollout.loss_mask
         n = mask.shape[0]
         total_tokens = mask.sum().clamp(min=1)
         total_rows = (mask.sum(dim=1) > 0).sum().clamp(min=1)
         loss_of = self._fused_micro_batch if self.fused_loss is not None else self._micro_batch_loss
         aggregation = self.micro_batch_aggregation
-        for rows in micro_batches(n, self.grpo.micro_batch_size):
+        for rows in self.sampler.micro_batches(rollout.sampled):
             out = loss_of(rollout, rows)
             micro = mask[rows]
             if aggregation == "token_mean":
@@ -209,7 +209,7 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
                 share = micro.shape[0] / n
             yield out, share
 
-    def _micro_batch_loss(self, rollout: Rollout[SampledCompletions], rows: slice) -> GRPOLossOutput:
+    def _micro_batch_loss(self, rollout: Rollout[SampledCompletions], rows: list[int]) -> GRPOLossOutput:
         """The loss of the rows from their per-token log-probs (chunked over the vocabulary), with the policy's
         per-token entropy from the same chunks, tallied per task over the loss's tokens."""
         grpo, sampled = self.grpo, rollout.sampled
@@ -235,22 +235,23 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
             entropy=entropy,
             top_entropy_quantile=grpo.top_entropy_quantile,
         )
-        start, k = rows.indices(len(rollout.advantages))[0], rollout.group_size
-        tasks = [rollout.samples[(start + j) // k].task for j in range(mask.shape[0])]
+        tasks = [rollout.samples[row // rollout.group_size].task for row in rows]
         return dataclasses.replace(out, entropy=TokenTally.of(entropy, mask, tasks))
 
-    def _fused_micro_batch(self, rollout: Rollout[SampledCompletions], rows: slice) -> GRPOLossOutput:
-        """The same loss from liger-kernel's fused linear GRPO loss (see ``fused_linear_loss``)."""
+    def _fused_micro_batch(self, rollout: Rollout[SampledCompletions], rows: list[int]) -> GRPOLossOutput:
+        """The same loss from liger-kernel's fused linear GRPO loss (see ``fused_linear_loss``), on the rows re-padded
+        to their own longest completion."""
         sampled = rollout.sampled
+        batch = self.sampler.micro_batch(sampled, rows)
         return self.policy.fused_grpo_loss(
             self.fused_loss,
-            sampled.prompt_inputs.select(rows),
-            sampled.completions.completion_ids[rows],
-            sampled.completions.completion_mask[rows],
+            batch.prompt_inputs,
+            batch.completion_ids,
+            batch.completion_mask,
             rollout.advantages[rows],
-            rollout.loss_mask[rows],
-            old_logprobs=sampled.old_logprobs[rows] if sampled.old_logprobs is not None else None,
-            ref_logprobs=sampled.ref_logprobs[rows] if sampled.ref_logprobs is not None else None,
+            batch.cut(rollout.loss_mask),
+            old_logprobs=batch.cut(sampled.old_logprobs),
+            ref_logprobs=batch.cut(sampled.ref_logprobs),
             temperature=self.sampling.temperature,
         )
 
