@@ -119,7 +119,8 @@ class VLMSampler:
         mask = completions.completion_mask.index_select(0, index)  # [n, L]
         width = max(int(mask.sum(dim=1).max()), 1) if len(index) else 0
         ids = completions.completion_ids.index_select(0, index)[:, :width]  # [n, width]
-        prompts = take_rows(sampled.prompt_inputs, list(rows)).trimmed()
+        every_row = list(rows) == list(range(len(sampled.prompt_inputs)))  # one micro-batch: no copy of the prompts
+        prompts = (sampled.prompt_inputs if every_row else take_rows(sampled.prompt_inputs, list(rows))).trimmed()
         return MicroBatch(list(rows), prompts, ids, mask[:, :width], completions.completion_ids.shape[1])
 
     def logprobs(self, sampled: SampledCompletions, rows: Sequence[int]) -> Tensor:
