@@ -13,6 +13,8 @@ in norm (under 1e-2 here; a position of another sequence attended to moves log-p
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from PIL import Image
@@ -130,3 +132,29 @@ def test_packing_defaults_to_variable_length_attention_only(tiny_policy):
         config = FlashConfig()
 
     assert packs(FlashModel(), None) and not packs(FlashModel(), False)
+
+
+HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_FLASH_ATTN and torch.cuda.is_available()), reason="needs flash-attn and CUDA")
+def test_packed_flash_attention_matches_padded_sdpa_on_cuda():
+    """Under flash-attention 2 the default packs (variable-length attention); its log-probs are the padded sdpa ones.
+    bf16 weights: the two kernels round differently at bf16's 2^-8, which the log-softmax carries at most once per
+    layer's sums; 5e-2 is far under what attention across sequences moves (1e-1 and more, as on CPU)."""
+    from app.models import VLMPolicy
+
+    torch.manual_seed(0)
+    flash = VLMPolicy("tiny-qwen2.5-vl", dtype="bfloat16", attn_implementation="flash_attention_2").to("cuda")
+    assert packs(flash.hf_model, flash.padding_free)
+    sdpa = VLMPolicy("tiny-qwen2.5-vl", dtype="bfloat16", attn_implementation="sdpa").to("cuda")
+    sdpa.load_state_dict(flash.state_dict())
+    prompts = flash.encode_prompts(MIXED, group_size=K)
+    ids, mask = completions(flash, prompts, [7, 2, 5, 1, 9, 3])
+    ids, mask = ids.cuda(), mask.cuda()
+    with torch.no_grad():
+        packed = flash.sequence_logprobs(prompts, ids, mask)
+        padded = sdpa.sequence_logprobs(sdpa.encode_prompts(MIXED, group_size=K), ids, mask)
+    m = mask.bool()
+    torch.testing.assert_close(packed[m], padded[m], atol=5e-2, rtol=0)

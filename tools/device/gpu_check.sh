@@ -55,7 +55,8 @@ import app.models, app.modules  # the package imports against these versions
 print("app imports")
 PY
 part gpu_tests 150 "$PY" -m pytest -m gpu -p no:cacheprovider -o addopts="-ra -q" \
-  tests/models/test_kernels.py tests/algorithms/test_fused_linear.py tests/sampling/test_token_sampling.py
+  tests/models/test_kernels.py tests/algorithms/test_fused_linear.py tests/sampling/test_token_sampling.py \
+  tests/models/test_packing.py
 part vlm_3b 300 "$PY" benchmarks/gpu_vlm_grpo.py --variants sdpa sdpa+liger flash_attention_2+liger \
   --modes lora full --shared on off --new-tokens 256 --out "$OUT/vlm_3b.jsonl"
 fsdp_args=(--config configs/trisr_dots.yaml --validate_before_and_after false --trainer.accelerator "${ACCEL:-gpu}"
