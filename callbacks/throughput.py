@@ -1,9 +1,12 @@
 """Throughput of GRPO training: samples/s, generated tokens/s, seconds per phase of a step, and MFU on GPU.
 
 The rates come from Lightning's :class:`~lightning.fabric.utilities.throughput.Throughput` over a sliding window of
-steps, timed on training steps only (validation pauses the clock). A step's N = B * K samples are the outputs drawn
-(completions or images); generated tokens are N times ``train/completion_length`` (VLM modules log it). Phase times
-come from ``outputs["timings"]`` (``rollout``, ``reward``, ``update`` seconds) that the GRPO modules return.
+steps, timed on training steps only (validation pauses the clock). A step's samples are the N = B * K outputs it trained
+on (completions or images, ``outputs["rewards"]``); its generated tokens are the real tokens of those completions
+(``outputs["generated_tokens"]``, which the VLM modules return). A step that trained nothing (the delayed pipeline's
+first step only primes the queue, and its outputs are empty) logs its time and adds no samples; the rates start from
+the first step that trained. Phase times come from ``outputs["timings"]`` (``rollout``, ``reward``,
+``update`` seconds) that the GRPO modules return.
 
 MFU is an estimate, logged only where Lightning knows the device's peak FLOP/s (CUDA): FLOPs per step =
 ``(2 + 6 * num_iterations) * parameters * generated tokens`` (one forward per generated token, forward + backward per
@@ -16,7 +19,6 @@ import time
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.fabric.utilities.throughput import Throughput, get_available_flops
 
 
@@ -70,14 +72,15 @@ class ThroughputLogger(L.Callback):
         seconds = time.perf_counter() - self._started
         self._started = None
         self._train_time += seconds
+        if not outputs:  # trained nothing: its time counts toward the next rate, it adds no samples
+            self._log(trainer, {"train/time/step": seconds})
+            return
         self._batches += 1
-        samples = len(batch) * int(getattr(pl_module, "group_size", 1)) if isinstance(batch, (list, tuple)) else 0
-        self._samples += samples
-        length = trainer.callback_metrics.get("train/completion_length")
-        tokens = round(float(length) * samples) if isinstance(length, torch.Tensor) and length.numel() == 1 else None
+        self._samples += self._trained_samples(outputs, batch, pl_module)
+        tokens = outputs.get("generated_tokens") if isinstance(outputs, dict) else None
         if tokens is not None:
-            self._tokens += tokens
-        flops = self._flops_per_token * tokens if tokens is not None and self._throughput.available_flops else None
+            self._tokens += int(tokens)
+        flops = self._flops_per_token * int(tokens) if tokens is not None and self._throughput.available_flops else None
         self._throughput.update(
             time=self._train_time,
             batches=self._batches,
@@ -95,6 +98,17 @@ class ThroughputLogger(L.Callback):
         values.update({f"train/throughput/{names[k]}": float(v) for k, v in rates.items() if k in names})
         timings = outputs.get("timings") if isinstance(outputs, dict) else None
         values.update({f"train/time/{phase}": float(s) for phase, s in (timings or {}).items()})
+        self._log(trainer, values)
+
+    @staticmethod
+    def _trained_samples(outputs: Any, batch: Any, pl_module: L.LightningModule) -> int:
+        """The outputs the step trained on: the rows of its rewards (GRPO), else the batch's prompts times K."""
+        rewards = outputs.get("rewards") if isinstance(outputs, dict) else None
+        if rewards is not None and hasattr(rewards, "total"):
+            return len(rewards.total)
+        return len(batch) * int(getattr(pl_module, "group_size", 1)) if isinstance(batch, (list, tuple)) else 0
+
+    def _log(self, trainer: L.Trainer, values: dict[str, float]) -> None:
         self.last = values
         if trainer.is_global_zero:
             for logger in trainer.loggers:

@@ -73,3 +73,36 @@ def test_a_misspelt_dataset_argument_fails_parsing_naming_the_key(tmp_path, caps
         AppCLI(args=["fit", "--config", str(path), "--print_config"])
     assert exit_info.value.code not in (0, None)
     assert "Option 'dot_radus' is not accepted" in capsys.readouterr().err
+
+
+def load_repro(name: str, monkeypatch):
+    """A ``benchmarks/repro`` script as a module (it imports its neighbour ``common`` by name)."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "repro"))
+    return importlib.import_module(name)
+
+
+def test_objectives_arms_parse_as_their_settings(monkeypatch, capsys):
+    """Every arm of benchmarks/repro/objectives.py is a valid quickstart GRPO run: its overrides parse, land in the
+    settings they name, and build a valid ``GRPOSettings``."""
+    from app.settings import GRPOSettings
+
+    objectives = load_repro("objectives", monkeypatch)
+    assert set(objectives.LABELS) == set(objectives.ARMS) and objectives.BASELINE in objectives.ARMS
+    for arm in objectives.ARMS:
+        args = ["--config", str(ROOT / "configs" / objectives.GRPO)]
+        for item in objectives.arm_overrides(arm, objectives.MASK_KL):
+            key, _, value = item.partition("=")
+            args += [f"--{key}", value]
+        module = print_config(args, capsys)["model"]["init_args"]
+        grpo = module["grpo"] or {}  # null: the defaults
+        GRPOSettings(**grpo)  # runs the settings' own checks (CISPO with a sequence ratio is refused, ...)
+        assert (module["pipeline"] or {"delay": 0})["delay"] == (0 if arm == "grpo_delay0" else 1), arm
+        for item in objectives.arm_overrides(arm, objectives.MASK_KL):
+            key, _, value = item.partition("=")
+            parsed = module
+            for part in key.removeprefix("model.init_args.").split("."):
+                parsed = parsed[part]
+            assert parsed == (type(parsed)(value) if isinstance(parsed, (int, float)) else value), (arm, key)
+    assert objectives.arm_overrides("masked", 0.5)[-1] == f"{objectives.G}off_policy_max_kl=0.5"

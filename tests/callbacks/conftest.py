@@ -71,6 +71,7 @@ class StandInGRPO(L.LightningModule):
             "advantages": advantages,
             "images": images,
             "timings": {"rollout": 0.01, "reward": 0.002, "update": 0.005},
+            "generated_tokens": n * 20,  # every completion 20 tokens long, as train/completion_length says
         }
 
     def train_dataloader(self):

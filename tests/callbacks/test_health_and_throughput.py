@@ -2,6 +2,9 @@ import math
 
 import pytest
 
+from app.modules import VLMGRPOModule
+from app.rewards import FormatReward
+from app.settings import PipelineSettings, SamplingSettings
 from callbacks.health import TrainingHealthMonitor, TrainingHealthWarning
 from callbacks.throughput import ThroughputLogger
 
@@ -66,3 +69,28 @@ def test_mfu_is_the_estimated_flops_over_the_peak(tmp_path, stand_in, make_train
     assert scalars["train/throughput/mfu"][2] == pytest.approx(flops / scalars["train/time/step"][2] / 1e9, rel=1e-3)
     with pytest.raises(ValueError, match="peak_flops"):
         ThroughputLogger(peak_flops=0)
+
+
+def test_the_delayed_pipelines_priming_step_logs_its_time_and_the_rates_count_trained_completions(
+    new_policy, new_datamodule, fit
+):
+    """With ``delay: 1`` the first step trains nothing (empty outputs, no ``train/completion_length``); the rates then
+    count each trained step's completions and their real tokens (``outputs["generated_tokens"]``)."""
+    module = VLMGRPOModule(
+        new_policy("tiny-qwen2-vl", lora_r=4),
+        rewards=[FormatReward()],
+        sampling=SamplingSettings(group_size=2, max_new_tokens=8),
+        pipeline=PipelineSettings(delay=1, workers="inline"),
+    )
+    callback = ThroughputLogger(window_size=2)
+    trainer, recorder = fit(module, new_datamodule(train_size=16, batch_size=2), max_steps=3, callbacks=[callback])
+    first, *trained = [step["outputs"] for step in recorder.steps]
+    assert not first and len(trained) == 3
+    last = trained[-1]
+    n = len(last["rewards"].total)  # B * K = 4
+    assert n == 4 and n <= last["generated_tokens"] <= n * 8  # at least one token (EOS), at most max_new_tokens each
+    seconds = callback.last["train/time/step"]  # window 2: the rates over the last step alone
+    assert callback.last["train/throughput/samples_per_sec"] == pytest.approx(n / seconds, rel=1e-6)
+    assert callback.last["train/throughput/tokens_per_sec"] == pytest.approx(
+        last["generated_tokens"] / seconds, rel=1e-6
+    )

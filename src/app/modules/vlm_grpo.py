@@ -259,6 +259,10 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
     def completion_text(self, rollout: Rollout[SampledCompletions], row: int) -> str:
         return rollout.sampled.completions.texts[row]
 
+    def step_outputs(self, rollout: Rollout[SampledCompletions]) -> dict[str, int]:
+        """The real tokens of the trained completions, for callbacks.throughput.ThroughputLogger."""
+        return {"generated_tokens": int(rollout.sampled.completions.completion_mask.sum())}
+
     def rollout_logs(self, rollout: Rollout[SampledCompletions]) -> dict[str, torch.Tensor]:
         completions = rollout.sampled.completions
         return {
