@@ -81,6 +81,7 @@ LABELS = {
     "top_entropy": "top-20 % entropy tokens",
 }
 BASELINE = "grpo"
+CHANCE = 0.5  # the quickstart asks yes/no on balanced validation prompts: one fixed answer scores 0.5
 LOGGED = ("train/off_policy_masked", "train/clip_fraction")
 
 
@@ -162,6 +163,21 @@ def verdict(gaps: list[float]) -> str:
     if all(g < 0 for g in gaps) and -mean > spread:
         return "below"
     return "inconclusive"
+
+
+def chance_starts(results: list[SeedResult], arms: list[str]) -> str:
+    """A sentence on the seeds whose SFT start answers at chance (a fixed answer), and which arms moved from there."""
+    stuck = [r for r in results if abs(r.start - CHANCE) < 1e-9]
+    if not stuck:
+        return ""
+    seeds = ", ".join(str(r.seed) for r in stuck)
+    moved = [f"{arm} on seed {r.seed} ({r.acc[arm]:.3f})" for r in stuck for arm in arms if r.acc[arm] != CHANCE]
+    after = "; the only arms that left chance: " + ", ".join(moved) if moved else "; no arm left chance"
+    return (
+        f"The SFT policy of seed(s) {seeds} ends at chance ({CHANCE:.3f}: format learned, one fixed answer), so those "
+        f"seeds test escaping a collapsed start rather than improving a competent one{after}. They stay in the "
+        "table and the verdicts (the seeds were fixed before the run)."
+    )
 
 
 def short(overrides: list[str]) -> str:
@@ -256,6 +272,7 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
             + " / ".join(f"{v:.3f}" for v in starts)
             + ").",
             "",
+            *([chance_starts(results, args.arms), ""] if chance_starts(results, args.arms) else []),
             *rows,
             "",
             "Logged during training (means over the logged steps, every `log_every_n_steps` = 5; mean ± std over "
