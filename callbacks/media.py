@@ -1,10 +1,15 @@
-"""Pictures for logging callbacks: tensors to PIL images, captioned cells, and sending an image or a table to whichever
-loggers the trainer has (TensorBoard, Weights & Biases, MLflow; the last two are optional dependencies and are only
-touched when the user configured their logger)."""
+"""Pictures for logging callbacks: tensors to PIL images, captioned cells, and sending an image, a video or a table to
+whichever loggers the trainer has (TensorBoard, Weights & Biases, MLflow; the last two are optional dependencies, the
+``wandb`` and ``mlflow`` extras, and are only touched when the user configured their logger: docs/trackers.md).
+
+Videos travel as animated GIFs that Pillow encodes, to every logger: no moviepy, no FFmpeg (TensorBoard's
+``add_video`` and ``wandb.Video`` of an array both need moviepy)."""
 
 from __future__ import annotations
 
+import io
 import os
+import tempfile
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -84,6 +89,51 @@ def log_image(trainer: L.Trainer, key: str, image: Image.Image, step: int) -> No
             logger.log_image(key, [image], step=step)
         elif isinstance(logger, MLFlowLogger):
             logger.experiment.log_image(logger.run_id, image, f"{key}/step_{step:06d}.png")
+
+
+def save_gif(frames: Sequence[Image.Image], target: str | io.BytesIO, fps: int) -> None:
+    """Write ``frames`` (PIL images of one size) as an animated GIF that loops, ``fps`` frames per second."""
+    duration = max(1, round(1000 / fps))
+    frames[0].save(target, format="GIF", save_all=True, append_images=list(frames[1:]), duration=duration, loop=0)
+
+
+def gif_bytes(frames: Sequence[Image.Image], fps: int) -> bytes:
+    """The animated GIF of ``frames`` (:func:`save_gif`), in memory."""
+    buffer = io.BytesIO()
+    save_gif(frames, buffer, fps)
+    return buffer.getvalue()
+
+
+def log_video(trainer: L.Trainer, key: str, frames: Sequence[Image.Image], step: int, fps: int) -> None:
+    """Send the clip ``frames`` (PIL images of one size, in order) as an animated GIF to every logger of ``trainer``:
+    TensorBoard as an image summary holding the GIF (what ``add_video`` writes; the Images tab plays it), Weights &
+    Biases as a ``wandb.Video``, MLflow as the artifact file ``<key>/step_<step>.gif``."""
+    if not frames:
+        raise ValueError(f"no frames to log as {key!r}")
+    data = gif_bytes(frames, fps)
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            _tensorboard_gif(logger, key, data, frames[0].size, step)
+        elif isinstance(logger, WandbLogger):
+            logger.log_video(key, [io.BytesIO(data)], step=step, format=["gif"])
+        elif isinstance(logger, MLFlowLogger):
+            _mlflow_file(logger, key, f"step_{step:06d}.gif", data)
+
+
+def _tensorboard_gif(logger: TensorBoardLogger, key: str, gif: bytes, size: tuple[int, int], step: int) -> None:
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    image = Summary.Image(width=size[0], height=size[1], colorspace=3, encoded_image_string=gif)
+    logger.experiment._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=key, image=image)]), step)
+
+
+def _mlflow_file(logger: MLFlowLogger, folder: str, name: str, data: bytes) -> None:
+    """``data`` as the run's artifact ``<folder>/<name>``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        logger.experiment.log_artifact(logger.run_id, path, artifact_path=folder)
 
 
 def log_table(

@@ -116,12 +116,14 @@ class RewardBreakdownLogger(L.Callback):
 
     @staticmethod
     def _histograms(trainer: L.Trainer, components: dict[str, Tensor], step: int) -> None:
+        values = {f"train/reward_hist/{name}": v.detach().float().cpu() for name, v in components.items()}
         for logger in trainer.loggers:
-            for name, values in components.items():
-                v = values.detach().float().cpu()
-                if isinstance(logger, TensorBoardLogger):
-                    logger.experiment.add_histogram(f"train/reward_hist/{name}", v, step)
-                elif isinstance(logger, WandbLogger):
-                    import wandb
+            if isinstance(logger, TensorBoardLogger):
+                for key, v in values.items():
+                    logger.experiment.add_histogram(key, v, step)
+            elif isinstance(logger, WandbLogger):
+                import wandb
 
-                    logger.experiment.log({f"train/reward_hist/{name}": wandb.Histogram(v.numpy())}, step=step)
+                # through log_metrics, which logs the step as ``trainer/global_step``: W&B drops a row passed
+                # ``step=`` below its own counter, which every other log call of Lightning's logger advances
+                logger.log_metrics({key: wandb.Histogram(v.numpy()) for key, v in values.items()}, step=step)

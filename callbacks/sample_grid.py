@@ -4,7 +4,9 @@ A row of the grid is one prompt: its text (with its condition image, for image-t
 then its K samples, each captioned with its reward. The training module returns ``outputs["images"]`` (the first
 ``records_per_step`` decoded samples, ``[n, 3, H, W]`` or ``[n, F, 3, H, W]`` in [0, 1], group-major) and
 ``outputs["records"]`` (their rewards); the prompts come from the batch. Videos are encoded as GIF by Pillow or as MP4
-by OpenCV's FFmpeg writer; every frame of the video is the whole grid at that frame.
+by OpenCV's FFmpeg writer; every frame of the video is the whole grid at that frame. The loggers get the grid of the
+last frame as an image (``samples/grid``) and, for videos, the whole clip as an animated GIF (``samples/video``,
+:func:`callbacks.media.log_video`) whatever ``video_format`` the file on disk has.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from callbacks.media import captioned, log_image, text_cell, tile, to_pil
+from callbacks.media import captioned, log_image, log_video, save_gif, text_cell, tile, to_pil
 
 
 def grid_frames(
@@ -65,7 +67,7 @@ def grid_frames(
 def write_video(frames: list[Image.Image], path: str, fps: int) -> None:
     """Encode ``frames`` as an animated GIF (Pillow) or an MP4 (OpenCV, ``mp4v``), chosen by the file extension."""
     if path.endswith(".gif"):
-        frames[0].save(path, save_all=True, append_images=frames[1:], duration=max(1, round(1000 / fps)), loop=0)
+        save_gif(frames, path, fps)
         return
     width, height = frames[0].size
     writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
@@ -81,7 +83,7 @@ def write_video(frames: list[Image.Image], path: str, fps: int) -> None:
 class SampleGridLogger(L.Callback):
     """Every ``every_n_steps`` optimizer steps, draw the step's samples as a grid (prompt | K samples with rewards),
     save it as ``<log_dir>/<dirname>/step_<step>.png`` (video models: also ``step_<step>.gif`` or ``.mp4``) and send the
-    PNG to the loggers (TensorBoard, W&B, MLflow).
+    PNG to the loggers (TensorBoard, W&B, MLflow) as ``samples/grid``, and a video's whole clip as ``samples/video``.
 
     Args:
         every_n_steps: draw when ``trainer.global_step`` is a multiple of this (at most once per global step).
@@ -158,4 +160,5 @@ class SampleGridLogger(L.Callback):
             video = os.path.join(self._dirpath, f"step_{step:06d}.{self.video_format}")
             write_video(frames, video, self.fps)
             self.written.append(video)
+            log_video(trainer, "samples/video", frames, step, self.fps)
         log_image(trainer, "samples/grid", frames[-1], step)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import Logger
 from PIL import Image
 
 from app.types import CompletionRecord, RewardOutput, VisualSample
@@ -81,13 +82,17 @@ class StandInGRPO(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def trainer_for(tmp_path, callbacks, max_steps: int = 4, logger: bool = True) -> L.Trainer:
+def trainer_for(tmp_path, callbacks, max_steps: int = 4, logger: bool | Logger = True) -> L.Trainer:
+    """A CPU trainer that logs every step; ``logger``: True for TensorBoard under ``tmp_path/tb``, False for none, or
+    the logger itself."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
+    if logger is True:
+        logger = TensorBoardLogger(tmp_path, name="tb")
     return L.Trainer(
         accelerator="cpu",
         max_steps=max_steps,
-        logger=TensorBoardLogger(tmp_path, name="tb") if logger else False,
+        logger=logger,
         callbacks=callbacks,
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -1,3 +1,4 @@
+import io
 import os
 
 import pytest
@@ -48,6 +49,23 @@ def test_fit_writes_png_grids_and_sends_them_to_tensorboard(tmp_path, stand_in, 
         assert grid.size == (3 * 32 + 4 * 2, 48 + 2 * 2)  # one prompt, K = 2 samples
     _, events = tensorboard(trainer.logger.log_dir)
     assert [e.step for e in events.Images("samples/grid")] == [2, 4]
+
+
+def test_tensorboard_gets_the_whole_clip_of_a_video_model(tmp_path, stand_in, make_trainer, tensorboard):
+    callback = SampleGridLogger(every_n_steps=2, max_prompts=1, cell_size=32, video_format="mp4")
+    trainer = make_trainer(tmp_path, [callback], max_steps=2)
+    trainer.fit(stand_in(frames=3))
+    _, events = tensorboard(trainer.logger.log_dir)
+    (video,) = events.Images("samples/video")
+    (grid,) = events.Images("samples/grid")  # the last frame, as before
+    size = (3 * 32 + 4 * 2, 48 + 2 * 2)
+    assert video.step == grid.step == 2 and (video.width, video.height) == (grid.width, grid.height) == size
+    with Image.open(io.BytesIO(video.encoded_image_string)) as gif:  # a GIF whatever the file on disk is
+        assert (gif.format, gif.n_frames, gif.size) == ("GIF", 3, size)
+        gif.seek(2)
+        last = gif.convert("RGB")
+    with Image.open(io.BytesIO(grid.encoded_image_string)) as png:
+        assert png.convert("RGB").getpixel((40, 10)) == last.getpixel((40, 10))  # a sample's pixel, same frame
 
 
 @pytest.mark.parametrize("video_format", ["gif", "mp4"])
