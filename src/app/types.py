@@ -103,11 +103,15 @@ class RewardOutput:
         total: ``[N]`` weighted sum of the components.
         components: name -> ``[N]`` unweighted component values.
         num_nonfinite: non-finite values (NaN, inf) the components returned for this batch, replaced by 0.
+        unscored: ``[N]`` bool, the rows a component could not score and skipped (a remote reward that is down, with
+            ``on_failure: skip``); their values are placeholders and their groups stay out of the loss. None: every row
+            was scored.
     """
 
     total: torch.Tensor
     components: dict[str, torch.Tensor]
     num_nonfinite: int = 0
+    unscored: torch.Tensor | None = None
 
 
 @dataclass

@@ -229,6 +229,7 @@ TOY_LOGGED = {
     "train/frac_zero_std",
     "train/nonfinite_rewards",
     "train/skipped_updates",
+    "train/skipped_groups",
     "train/reward/value",
     "train/toy/rows",
     "train/policy_lag",

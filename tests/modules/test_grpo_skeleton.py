@@ -37,6 +37,7 @@ from app.algorithms import group_advantages, grpo_loss
 from app.models import Policy
 from app.modules import FlowGRPOModule, GRPOModule, NonFiniteTrainingError, VLMGRPOModule
 from app.rewards import PendingRewards, RewardError
+from app.rewards.base import PartialScores
 from app.rewards.groups import split_groups
 from app.settings import GRPOSettings, OptimizerSettings, PipelineSettings
 from app.types import Generation, RewardOutput, VisualSample
@@ -52,6 +53,48 @@ def test_score_gives_group_advantages_and_drops_equal_groups_only_when_asked():
     assert scored.advantages[3:].abs().max() == 0 and scored.keep.all()
     dropped = ToyGRPO(LinearPolicy(), grpo=GRPOSettings(drop_zero_std_groups=True)).score(module.outputs, samples())
     assert dropped.keep.tolist() == [True, True, True, False, False, False]
+
+
+class SkipsFirstGroup(ValueReward):
+    """The completion values, but the rows of the first group left unscored (a remote reward whose request failed)."""
+
+    def score(self, completions, samples):
+        unscored = torch.zeros(len(completions), dtype=torch.bool)
+        unscored[:K] = True
+        return PartialScores(super().score(completions, samples), unscored)
+
+
+def test_a_group_a_reward_could_not_score_is_left_out_of_the_update_counted_and_logged(caplog):
+    module = ToyGRPO(LinearPolicy(), rewards=[SkipsFirstGroup(name="value"), ValueReward(name="other")])
+    with caplog.at_level(logging.WARNING, logger="app.modules.grpo"):
+        scored = module.score(module.outputs, samples())
+    assert scored.rewards.unscored.tolist() == [True] * K + [False] * K
+    assert scored.keep.tolist() == [False] * K + [True] * K and scored.advantages[:K].abs().max() == 0
+    assert scored.rewards.components["value"][:K].tolist() == [0.0] * K  # placeholders, in no loss and no mean
+    assert module.skipped_groups == 1 and "1 of 2 groups left out of this update" in caplog.text
+    rollout = module.finish_rollout(Generation(samples(), None), scored)
+    logs = Logs(module)
+    stats = {term: torch.tensor(0.0) for term in ("policy_loss", "kl", "clip_fraction", "ratio_mean")}
+    module._log_step(rollout, stats, batch_size=2)
+    ((logged, _),) = logs.dicts
+    assert logged["train/skipped_groups"] == 1.0
+    assert logged["train/reward/value"] == logged["train/reward/other"] == 5.0  # the scored group's 5, 5, 5 only
+    assert logged["train/reward/total"] == 10.0
+
+
+def test_a_rollout_no_reward_could_score_updates_nothing():
+    class SkipsAll(ValueReward):
+        def score(self, completions, samples):
+            return PartialScores(super().score(completions, samples), torch.ones(len(completions), dtype=torch.bool))
+
+    module = ToyGRPO(LinearPolicy(), rewards=[SkipsAll()])
+    attach(module)
+    logs = Logs(module)
+    before = module.policy.weight.detach().clone()
+    module.training_step(samples(), 0)
+    assert torch.equal(module.policy.weight, before) and module.skipped_groups == 2
+    ((logged, _),) = logs.dicts
+    assert logged["train/skipped_groups"] == 2.0 and not any(key.startswith("train/reward/") for key in logged)
 
 
 class GroupMean(ValueReward):
@@ -183,6 +226,7 @@ LOGGED = {
     "train/frac_zero_std": 0.5,
     "train/nonfinite_rewards": 3.0,
     "train/skipped_updates": 2.0,
+    "train/skipped_groups": 0.0,
     "train/reward/accuracy": 0.75,  # each component unweighted
     "train/reward/format": 0.25,
 }

@@ -21,6 +21,7 @@ A family supplies only what differs:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
@@ -37,6 +38,8 @@ from app.modules.rollout_queue import RolloutQueue, grouped
 from app.rewards import RewardComponent, WeightedReward
 from app.settings import GRPOSettings, OptimizerSettings, PipelineSettings, as_settings, plain
 from app.types import CompletionRecord, Generation, RewardOutput, Rollout, VisualSample
+
+log = logging.getLogger(__name__)
 
 _SOME_MASS = 1e-12  # divides all-zero loss masses (weights 0, not NaN); masses are counts: any value in (0, 1] is equal
 
@@ -103,6 +106,7 @@ class GRPOModule(PolicyModule):
         if grpo.beta > 0:
             policy.enable_reference()
         self._consecutive_nonfinite_rewards = 0
+        self.skipped_groups = 0  # groups left out of updates because a reward could not score them
         self.rollout_queue = RolloutQueue(self.pipeline, self.rewards)  # what a step carries to the next
         self.record_hyperparameters(
             sampling=plain(sampling), grpo=plain(grpo), pipeline=plain(self.pipeline), records_per_step=records_per_step
@@ -211,11 +215,31 @@ class GRPOModule(PolicyModule):
         all_nonfinite = rewards.num_nonfinite >= n * len(self.rewards.components)
         self._check_rewards(all_nonfinite and n > 0)
         total = rewards.total.float().to(self.device)  # [N]
-        advantages = group_advantages(total, k, scale=self.grpo.advantage_scale)  # [N]
-        keep = torch.ones_like(advantages, dtype=torch.bool)  # [N]
+        scored = self._scored_rows(rewards, k)  # [N] bool
+        advantages = torch.zeros_like(total)  # [N]; 0 in skipped groups, which stay out of the loss
+        if scored.any():
+            advantages[scored] = group_advantages(total[scored], k, scale=self.grpo.advantage_scale)
+        keep = scored.clone()  # [N]
         if self.grpo.drop_zero_std_groups or self.pipeline.dynamic_sampling:
-            keep = ~zero_std_groups(total, k).repeat_interleave(k)  # [N]
+            keep &= ~zero_std_groups(total, k).repeat_interleave(k)  # [N]
         return ScoredGroups(rewards, advantages, keep)
+
+    def _scored_rows(self, rewards: RewardOutput, k: int) -> Tensor:
+        """``[N]`` bool: the rows of the groups every reward scored. A group with a row that a reward skipped
+        (``RewardOutput.unscored``: a remote reward that failed, with ``on_failure: skip``) is left out whole, counted
+        in :attr:`skipped_groups` and logged."""
+        n = len(rewards.total)
+        if rewards.unscored is None:
+            return torch.ones(n, dtype=torch.bool, device=self.device)
+        skipped = rewards.unscored.to(self.device).view(-1, k).any(dim=1)  # [B]
+        self.skipped_groups += int(skipped.sum())
+        log.warning(
+            "%d of %d groups left out of this update: a reward could not score them (%d skipped so far)",
+            int(skipped.sum()),
+            len(skipped),
+            self.skipped_groups,
+        )
+        return (~skipped).repeat_interleave(k)
 
     def training_step(self, batch: list[VisualSample], batch_idx: int) -> dict[str, Any] | None:
         """Generate this batch's rollout and submit its rewards, then train on the rollout whose turn it is (with
@@ -336,8 +360,9 @@ class GRPOModule(PolicyModule):
         self, rollout: Rollout, stats: dict[str, Tensor], batch_size: int, extra: dict[str, Tensor] | None = None
     ) -> None:
         total = rollout.rewards.total.float()
+        unscored = rollout.rewards.unscored
+        scored = slice(None) if unscored is None else ~unscored.to(total.device)  # skipped rows hold placeholders
         values = {
-            "train/reward/total": total.mean(),
             "train/loss/policy": stats["policy_loss"],
             "train/kl": stats["kl"],
             "train/clip_fraction": stats["clip_fraction"],
@@ -357,12 +382,16 @@ class GRPOModule(PolicyModule):
             values["train/entropy"] = stats["entropy"].mean()
             values.update({f"train/entropy/{task}": mean for task, mean in stats["entropy"].means().items()})
         values["train/skipped_updates"] = torch.tensor(float(self.skipped_updates))
-        for name, component in rollout.rewards.components.items():
-            values[f"train/reward/{name}"] = component.float().mean()
+        values["train/skipped_groups"] = torch.tensor(float(self.skipped_groups))
+        if unscored is None or not unscored.all():  # a rollout no reward scored has no mean reward to show
+            values["train/reward/total"] = total[scored].mean()
+            for name, component in rollout.rewards.components.items():
+                values[f"train/reward/{name}"] = component.float()[scored].mean()
         values = {key: value.to(self.device) for key, value in values.items()}
         # batch_size only weighs epoch means: these on_step values never read it (on_epoch=True would need it)
         self.log_dict(values, batch_size=batch_size)
-        self.log("reward", values["train/reward/total"], prog_bar=True, logger=False, batch_size=batch_size)
+        if "train/reward/total" in values:
+            self.log("reward", values["train/reward/total"], prog_bar=True, logger=False, batch_size=batch_size)
 
     def _records(self, rollout: Rollout) -> list[CompletionRecord]:
         k, rewards, samples = rollout.group_size, rollout.rewards, rollout.samples

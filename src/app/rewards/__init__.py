@@ -7,6 +7,7 @@ See :mod:`app.rewards.base` for how to write a reward.
   :class:`FunctionSequenceReward` (alpha / beta partial credit).
 - OT-GRPO consistency (label-free): :class:`ConsistencyReward` (random / one-to-all / minimal pairing).
 - CoRe TriSR: :class:`TriSRReward` and its terms; :class:`TripletOverallAccuracy`, :class:`TripletPartialAccuracy`.
+- Served by another process: :class:`RemoteReward` (:mod:`app.rewards.serve`, :mod:`app.rewards.wire`).
 - Stabilisers: :class:`CosineLengthReward`, :class:`RepetitionPenalty`, :class:`SoftOverlongPenalty`.
 """
 
@@ -18,6 +19,7 @@ from app.rewards.consistency import ConsistencyReward
 from app.rewards.format import FormatReward
 from app.rewards.function_sequence import FunctionSequenceReward
 from app.rewards.numeric import NumericToleranceReward
+from app.rewards.remote import RemoteReward
 from app.rewards.stabilizers import CosineLengthReward, RepetitionPenalty, SoftOverlongPenalty
 from app.rewards.trisr import (
     AttributeGroundingReward,
@@ -38,6 +40,7 @@ __all__ = [
     "FunctionSequenceReward",
     "JudgmentAlignmentReward",
     "NumericToleranceReward",
+    "RemoteReward",
     "PendingRewards",
     "RepetitionPenalty",
     "RewardComponent",

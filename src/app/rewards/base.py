@@ -28,7 +28,7 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
@@ -80,6 +80,29 @@ def _score_in_worker(shipment: _Shipment, completions, samples, grouping: dict[s
     if before is None:  # the caller's own object: its side state is already there
         return values
     return WorkerResult(values, component.side_state_delta(before))
+
+
+@dataclass
+class PartialScores:
+    """What a reward returns when it could score only some rows of a batch and was asked to skip the rest rather than
+    fail (:class:`~app.rewards.remote.RemoteReward` with ``on_failure: skip``).
+
+    Attributes:
+        values: ``[N]``; the rows in ``unscored`` hold placeholders that nothing trains on.
+        unscored: ``[N]`` bool, the rows it could not score. The trainer leaves their groups out of the loss and counts
+            them (``train/skipped_groups``).
+    """
+
+    values: Tensor
+    unscored: Tensor
+
+
+class VerifiedScores(NamedTuple):
+    """A reward's values for a batch with its contract enforced (:meth:`RewardComponent.verified`)."""
+
+    values: Tensor  # [N] float32, finite
+    num_nonfinite: int  # values that were NaN or inf, replaced by 0
+    unscored: Tensor | None  # [N] bool, rows the reward skipped (PartialScores), or None: it scored every row
 
 
 _MISSING = object()
@@ -257,15 +280,21 @@ class RewardComponent(Metric):
         Non-finite values (NaN, inf) are replaced by 0 and counted; the caller decides how to report them.
         A wrong length or shape is a bug in the reward and raises ``ValueError``.
         """
+        values, num_nonfinite, _ = self.verified(self.raw_score(completions, samples, group_size), len(completions))
+        return values, num_nonfinite
+
+    def raw_score(
+        self, completions: Sequence[str], samples: Sequence[VisualSample], group_size: int | None = None
+    ) -> Any:
+        """What :meth:`score` gives for the batch (a future's result once it is done), not checked yet: pass it to
+        :meth:`verified`."""
         if len(completions) != len(samples):
             raise ValueError(
                 f"reward {self.name!r}: got {len(completions)} completions but {len(samples)} samples; "
                 "pass one sample per completion (repeat each prompt's sample K times)"
             )
         values = self.score(completions, samples, **self._grouping(group_size))
-        if isinstance(values, Future):
-            values = values.result()
-        return self.check_values(values, len(completions))
+        return values.result() if isinstance(values, Future) else values
 
     def collect(self, raw: Any) -> Any:
         """The raw values in ``raw``, what a future of :meth:`score_async` gave. A :class:`WorkerResult` (scored on a
@@ -339,17 +368,36 @@ class RewardComponent(Metric):
     def check_values(self, values: Any, num_completions: int) -> tuple[Tensor, int]:
         """The contract of :meth:`checked_score` on values already computed: ``([N] float32, number non-finite)``.
         A :class:`WorkerResult` is collected first (:meth:`collect`)."""
-        values = torch.as_tensor(self.collect(values), dtype=torch.float32)
+        values, num_nonfinite, _ = self.verified(values, num_completions)
+        return values, num_nonfinite
+
+    def verified(self, raw: Any, num_completions: int) -> VerifiedScores:
+        """``raw`` (what :meth:`score` or a future of :meth:`score_async` gave) with the contract enforced: one
+        finite float32 per completion (non-finite ones replaced by 0 and counted) and, for :class:`PartialScores`,
+        the rows left unscored (their placeholders set to 0, not counted as non-finite)."""
+        raw = self.collect(raw)
+        unscored = None
+        if isinstance(raw, PartialScores):
+            unscored = torch.as_tensor(raw.unscored, dtype=torch.bool).flatten()
+            if unscored.shape != (num_completions,):
+                raise ValueError(
+                    f"reward {self.name!r}: the unscored mask must have shape [{num_completions}], "
+                    f"got {list(unscored.shape)}"
+                )
+            raw = raw.values
+        values = torch.as_tensor(raw, dtype=torch.float32)
         if values.shape != (num_completions,):
             raise ValueError(
                 f"reward {self.name!r}: score must return shape [{num_completions}] (one value per completion), "
                 f"got {list(values.shape)}"
             )
+        if unscored is not None:
+            values = torch.where(unscored.to(values.device), torch.zeros_like(values), values)
         finite = torch.isfinite(values)
         num_nonfinite = int((~finite).sum())
         if num_nonfinite:
             values = torch.where(finite, values, torch.zeros_like(values))
-        return values, num_nonfinite
+        return VerifiedScores(values, num_nonfinite, unscored if unscored is not None and unscored.any() else None)
 
     def update(self, completions: Sequence[str], samples: Sequence[VisualSample], scores: Tensor | None = None) -> None:
         """Accumulate the scores of a batch.

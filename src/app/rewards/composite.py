@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from app.rewards.base import RewardComponent, RewardError
+from app.rewards.base import RewardComponent, RewardError, VerifiedScores
 from app.types import RewardOutput, VisualSample
 
 
@@ -100,15 +100,13 @@ class WeightedReward(torch.nn.Module):
             accumulate: also add the values to each component's metric state (as :meth:`update` would), without
                 scoring twice.
         """
-        values: dict[str, Tensor] = {}
-        nonfinite = 0
+        scored: dict[str, VerifiedScores] = {}
         for component in self.components:
-            scores, num_nonfinite = component.checked_score(completions, samples, group_size)
-            nonfinite += self._count_nonfinite(component, num_nonfinite)
+            raw = component.raw_score(completions, samples, group_size)
+            scored[component.name] = verified = component.verified(raw, len(completions))
             if accumulate:
-                component.update(completions, samples, scores=scores)
-            values[component.name] = scores
-        return self._total(values, len(completions), nonfinite)
+                component.update(completions, samples, scores=verified.values)
+        return self._combine(scored, len(completions), stacklevel=6)  # the caller, above nn.Module's two frames
 
     def submit(
         self,
@@ -136,29 +134,43 @@ class WeightedReward(torch.nn.Module):
         ``timeout`` seconds fails with :class:`~app.rewards.RewardError` naming it. The side state a component scored in
         a worker process accumulated is added to it here (:meth:`~app.rewards.RewardComponent.collect`), once per batch.
         """
-        values: dict[str, Tensor] = {}
-        nonfinite = 0
+        scored: dict[str, VerifiedScores] = {}
         for component in self.components:
             future = pending.futures[component.name]
             try:
                 raw = component.collect(future.result(timeout))
             except FutureTimeoutError:
                 raise RewardError(f"reward {component.name!r} gave no result within {timeout} s") from None
+            except RewardError:  # already names the reward and the cause
+                raise
             except Exception as error:
                 raise RewardError(f"reward {component.name!r} failed: {type(error).__name__}: {error}") from error
-            scores, num_nonfinite = component.check_values(raw, pending.num_completions)
-            nonfinite += self._count_nonfinite(component, num_nonfinite)
-            values[component.name] = scores
-        return self._total(values, pending.num_completions, nonfinite)
+            scored[component.name] = component.verified(raw, pending.num_completions)
+        return self._combine(scored, pending.num_completions, stacklevel=4)
 
-    def _count_nonfinite(self, component: RewardComponent, num_nonfinite: int) -> int:
+    def _combine(self, scored: dict[str, VerifiedScores], num_completions: int, stacklevel: int) -> RewardOutput:
+        """The :class:`RewardOutput` of every component's verified values: non-finite values counted and reported
+        (the warning points ``stacklevel`` frames up), the rows any component left unscored marked."""
+        nonfinite = 0
+        for component in self.components:
+            nonfinite += self._count_nonfinite(component, scored[component.name].num_nonfinite, stacklevel)
+        unscored = None
+        for component in self.components:
+            rows = scored[component.name].unscored
+            if rows is not None:
+                unscored = rows if unscored is None else unscored | rows
+        output = self._total({name: s.values for name, s in scored.items()}, num_completions, nonfinite)
+        output.unscored = unscored
+        return output
+
+    def _count_nonfinite(self, component: RewardComponent, num_nonfinite: int, stacklevel: int) -> int:
         if num_nonfinite:
             self.num_nonfinite += num_nonfinite
             self.nonfinite_counts[component.name] += num_nonfinite
             warnings.warn(
                 f"reward {component.name!r} returned {num_nonfinite} non-finite value(s) (NaN/inf); replaced by 0",
                 RuntimeWarning,
-                stacklevel=5,  # the caller, above nn.Module's two call frames
+                stacklevel=stacklevel,
             )
         return num_nonfinite
 

@@ -1,0 +1,143 @@
+"""The reward server's wire format (app.rewards.wire): a batch survives the trip bit for bit, prompts travel once, and
+every malformed field is named."""
+
+import base64
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from app.rewards.wire import (
+    WireError,
+    decode_array,
+    decode_request,
+    decode_side_state,
+    decode_values,
+    encode_array,
+    encode_request,
+    encode_values,
+    flatten_side_state,
+)
+from app.types import VisualSample
+
+
+def through_json(payload):
+    return json.loads(json.dumps(payload, allow_nan=False))
+
+
+def sample(question="How many dots?", meta=None):
+    image = Image.fromarray(np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3))
+    return VisualSample([image], question, "dots", answer="3", reasoning="count", meta=meta or {"split": "in_domain"})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        torch.rand(2, 3, 5, 7, generator=torch.Generator().manual_seed(0)),  # a decoded video in [0, 1]
+        torch.rand(3, 4, 4, dtype=torch.float64),
+        np.random.default_rng(0).integers(0, 256, (6, 6, 3), dtype=np.uint8),
+    ],
+    ids=["float32-video", "float64-image", "uint8-array"],
+)
+def test_arrays_come_back_bit_for_bit(value):
+    back = decode_array(through_json(encode_array(value)), "x")
+    expected = value.numpy() if isinstance(value, torch.Tensor) else value
+    assert back.dtype == expected.dtype and back.shape == expected.shape and np.array_equal(back, expected)
+
+
+def test_a_bfloat16_tensor_travels_as_its_exact_float32_values():
+    value = torch.randn(3, 4).bfloat16()
+    assert np.array_equal(decode_array(encode_array(value), "x"), value.float().numpy())
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
+def test_images_keep_their_mode_and_pixels(mode):
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (5, 6, 4), dtype=np.uint8), "RGBA").convert(mode)
+    back = decode_array(encode_array(image), "x")
+    assert back.mode == mode and np.array_equal(np.asarray(back), np.asarray(image))
+
+
+def test_a_request_sends_each_prompt_once_and_its_rows_get_one_shared_sample_back():
+    first, second = sample(), sample("Which is left?", meta={"pair": [1, 2], "split": "ood"})
+    completions = ["<answer>3</answer>", "no", torch.zeros(3, 2, 2), "<answer>x</answer>"]
+    body = through_json(encode_request("accuracy", completions, [first, first, second, second], group_size=2))
+    assert len(body["samples"]) == 2 and [row["sample"] for row in body["rows"]] == [0, 0, 1, 1]
+    reward, got, samples, group_size = decode_request(body)
+    assert (reward, group_size) == ("accuracy", 2)
+    assert got[:2] == completions[:2] and got[3] == completions[3] and np.array_equal(got[2], np.zeros((3, 2, 2)))
+    assert samples[0] is samples[1] and samples[2] is samples[3] and samples[1] is not samples[2]
+    assert samples[2].question == "Which is left?" and samples[2].meta == {"pair": [1, 2], "split": "ood"}
+    assert (samples[0].answer, samples[0].reasoning, samples[0].task) == ("3", "count", "dots")
+    assert np.array_equal(np.asarray(samples[0].images[0]), np.asarray(first.images[0]))
+
+
+def test_tuples_in_meta_travel_as_lists_and_numpy_scalars_as_numbers():
+    meta = {"vbvr": {"config": {"colour": (255, 0, 0), "count": np.int64(3), "size": np.float32(0.5)}}}
+    _, _, (got,), _ = decode_request(through_json(encode_request(None, ["x"], [sample(meta=meta)], None)))
+    assert got.meta == {"vbvr": {"config": {"colour": [255, 0, 0], "count": 3, "size": 0.5}}}
+
+
+def test_meta_that_json_cannot_hold_is_named_by_its_path():
+    with pytest.raises(WireError, match=r"samples\[0\]\.meta\.vbvr\.mask is a ndarray"):
+        encode_request(None, ["x"], [sample(meta={"vbvr": {"mask": np.zeros(3)}})], None)
+
+
+def test_a_completion_that_is_neither_text_nor_an_array_is_refused():
+    with pytest.raises(WireError, match="cannot send a dict"):
+        encode_request(None, [{"a": 1}], [sample()], None)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda b: b.update(version=2), "version must be 1"),
+        (lambda b: b.update(group_size=0), "group_size must be a positive integer"),
+        (lambda b: b["rows"][0].update(sample=5), r"rows\[0\]\.sample must index samples \(0\.\.0\)"),
+        (lambda b: b["rows"][0].update(completion={"png": "not base64!"}), r"rows\[0\]\.completion: png data"),
+        (lambda b: b["rows"][0].update(completion={"npy": base64.b64encode(b"junk").decode()}), "unreadable npy"),
+        (lambda b: b["samples"][0].update(question=3), r"samples\[0\]\.question must be a string"),
+        (lambda b: b["samples"][0]["images"].append({"npy": b["samples"][0]["images"][0]["png"]}), "unreadable npy"),
+        (lambda b: b.update(rows="x"), "samples and rows must be lists"),
+    ],
+)
+def test_a_malformed_request_is_refused_naming_the_field(change, message):
+    body = through_json(encode_request(None, ["x"], [sample()], None))
+    change(body)
+    with pytest.raises(WireError, match=message):
+        decode_request(body)
+
+
+def test_values_travel_with_non_finite_ones_as_null_and_back_as_nan():
+    values = torch.tensor([0.25, float("nan"), float("inf"), -1.0])
+    encoded = through_json(encode_values(values))
+    assert encoded == [0.25, None, None, -1.0]
+    back = decode_values(encoded, 4)
+    assert back[0] == 0.25 and back[3] == -1.0 and torch.isnan(back[1:3]).all()
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ([1.0], "1 values for 2 completions"),
+        ([1.0, "0.5"], r"values\[1\] is '0.5'"),
+        ([1.0, True], r"values\[1\] is True"),
+        ([1.0, float("nan")], r"values\[1\] is nan"),  # a bare NaN token, parsed leniently
+        ({"a": 1}, "values must be a list"),
+    ],
+)
+def test_an_answer_with_wrong_values_is_refused(values, message):
+    with pytest.raises(WireError, match=message):
+        decode_values(values, 2)
+
+
+def test_side_state_is_flattened_to_names_and_keys_and_zero_increments_are_left_out():
+    delta = {"": {"num_malformed": 2, "failed_checks": Counter({("maze", "path"): 1, ("dots", "count"): 0})}}
+    delta["inner"] = {"hits": torch.tensor([1.0, 2.0])}
+    flat = flatten_side_state(delta)
+    assert flat == {"num_malformed": 2.0, "failed_checks/maze/path": 1.0, "inner.hits": 3.0}
+    assert decode_side_state(through_json(flat)) == flat
+    with pytest.raises(WireError, match="side_state must map names to finite numbers"):
+        decode_side_state({"num_malformed": "2"})
