@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG_FINGERPRINTS = {
     "configs/consistency_dots.yaml": ("ae8ad7b3702f22e6", "5320c0c4519dc71d", "405964605de807f9"),
     "configs/flow_grpo_sd3_5_medium.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
+    "configs/flow_grpo_sd3_5_medium_clip_vbvr.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/flow_grpo_wan2_1_i2v_14b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/flow_grpo_wan2_1_t2v_1_3b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/flow_grpo_wan2_2_ti2v_5b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
