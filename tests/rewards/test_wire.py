@@ -44,13 +44,25 @@ def sample(question="How many dots?", meta=None):
 )
 def test_arrays_come_back_bit_for_bit(value):
     back = decode_array(through_json(encode_array(value)), "x")
-    expected = value.numpy() if isinstance(value, torch.Tensor) else value
-    assert back.dtype == expected.dtype and back.shape == expected.shape and np.array_equal(back, expected)
+    assert type(back) is type(value)  # a tensor comes back as a tensor, an array as an array
+    assert (
+        back.dtype == value.dtype and back.shape == value.shape and np.array_equal(np.asarray(back), np.asarray(value))
+    )
+
+
+def test_a_permuted_view_comes_back_with_its_strides_so_reductions_give_the_same_bits():
+    image = torch.rand(64, 64, 3, generator=torch.Generator().manual_seed(0)).permute(2, 0, 1)  # [3, H, W] of HWC
+    encoded = encode_array(image)
+    back = decode_array(through_json(encoded), "x")
+    assert encoded["dims"] == [1, 2, 0] and back.stride() == image.stride() and torch.equal(back, image)
+    assert back[0].mean().item() == image[0].mean().item()  # summed in memory order, as in-process
+    with pytest.raises(WireError, match="dims must be a permutation of the 3 dimensions"):
+        decode_array({**encoded, "dims": [0, 0, 1]}, "x")
 
 
 def test_a_bfloat16_tensor_travels_as_its_exact_float32_values():
     value = torch.randn(3, 4).bfloat16()
-    assert np.array_equal(decode_array(encode_array(value), "x"), value.float().numpy())
+    assert torch.equal(decode_array(encode_array(value), "x"), value.float())
 
 
 @pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
@@ -67,7 +79,7 @@ def test_a_request_sends_each_prompt_once_and_its_rows_get_one_shared_sample_bac
     assert len(body["samples"]) == 2 and [row["sample"] for row in body["rows"]] == [0, 0, 1, 1]
     reward, got, samples, group_size = decode_request(body)
     assert (reward, group_size) == ("accuracy", 2)
-    assert got[:2] == completions[:2] and got[3] == completions[3] and np.array_equal(got[2], np.zeros((3, 2, 2)))
+    assert got[:2] == completions[:2] and got[3] == completions[3] and torch.equal(got[2], torch.zeros(3, 2, 2))
     assert samples[0] is samples[1] and samples[2] is samples[3] and samples[1] is not samples[2]
     assert samples[2].question == "Which is left?" and samples[2].meta == {"pair": [1, 2], "split": "ood"}
     assert (samples[0].answer, samples[0].reasoning, samples[0].task) == ("3", "count", "dots")

@@ -11,8 +11,9 @@ HTTP, lossless for everything a reward reads.
      "rows": [{"sample": 0, "completion": <completion>}, ...]}   # one per completion, in order
 
 A ``<completion>`` is ``{"text": "..."}`` for a VLM's text, or an ``<array>``: ``{"png": "<base64>"}`` for a PIL image
-(mode and pixels kept) and ``{"npy": "<base64>"}`` for a numpy array or a tensor (``numpy.save`` bytes: dtype, shape
-and every value kept; a diffusers decode in [0, 1] arrives bit for bit). Rows that answer the same prompt name the
+(mode and pixels kept), ``{"npy": "<base64>"}`` for a numpy array and ``{"pt": "<base64>"}`` for a tensor, which the
+server hands the reward as a CPU tensor again (both ``numpy.save`` bytes: dtype, shape, memory order and every value
+kept, so a diffusers decode in [0, 1] arrives bit for bit; a bfloat16 tensor travels as its exact float32 values). Rows that answer the same prompt name the
 same sample, and the server gives them the same :class:`~app.types.VisualSample` object, as the trainer does (group
 rewards find a group by it). ``meta`` must be JSON: numbers, strings, booleans, null, lists and string-keyed objects
 (tuples travel as lists).
@@ -55,31 +56,44 @@ class WireError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------------- arrays
-def encode_array(value: Any) -> dict[str, str]:
-    """A PIL image as PNG, a numpy array or a tensor as ``.npy`` bytes, base64 in a one-key object."""
+ARRAY_KINDS = ("png", "npy", "pt")
+"""How an array travels: a PIL image as PNG, a numpy array and a tensor as ``.npy`` bytes."""
+
+
+def encode_array(value: Any) -> dict[str, Any]:
+    """A PIL image as PNG, a numpy array or a tensor as ``.npy`` bytes, base64 under its kind. An array whose memory
+    is laid out in another order than its dimensions (an ``[H, W, 3]`` image viewed as ``[3, H, W]``) is sent in its
+    memory order with ``"dims"``, the permutation that restores its view: it comes back with the same strides, so
+    reductions over it add in the same order and give the same bits."""
     if isinstance(value, Image.Image):
         buffer = io.BytesIO()
         value.save(buffer, format="PNG")
         return {"png": base64.b64encode(buffer.getvalue()).decode("ascii")}
+    kind = "npy"
     if isinstance(value, torch.Tensor):
-        value = value.detach().cpu()
+        kind, value = "pt", value.detach().cpu()
         value = (value.float() if value.dtype == torch.bfloat16 else value).numpy()
-    if isinstance(value, np.ndarray):
-        if value.dtype == object:
-            raise WireError("an object array cannot travel; send numbers")
-        buffer = io.BytesIO()
-        np.save(buffer, value, allow_pickle=False)
-        return {"npy": base64.b64encode(buffer.getvalue()).decode("ascii")}
-    raise WireError(f"cannot send a {type(value).__name__} as an array (a PIL image, a numpy array or a tensor)")
+    if not isinstance(value, np.ndarray):
+        raise WireError(f"cannot send a {type(value).__name__} as an array (a PIL image, a numpy array or a tensor)")
+    if value.dtype == object:
+        raise WireError("an object array cannot travel; send numbers")
+    order = sorted(range(value.ndim), key=lambda d: -value.strides[d])  # outermost in memory first (stable)
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(value.transpose(order)), allow_pickle=False)
+    encoded: dict[str, Any] = {kind: base64.b64encode(buffer.getvalue()).decode("ascii")}
+    if order != list(range(value.ndim)):
+        encoded["dims"] = order
+    return encoded
 
 
-def decode_array(value: Any, where: str) -> Image.Image | np.ndarray:
-    """The PIL image or numpy array of :func:`encode_array`'s object; ``where`` names the field in errors."""
-    if not isinstance(value, Mapping) or len(value) != 1 or not {"png", "npy"} & set(value):
-        raise WireError(f"{where}: expected {{'png': ...}} or {{'npy': ...}}, got {_brief(value)}")
-    ((kind, data),) = value.items()
+def decode_array(value: Any, where: str) -> Image.Image | np.ndarray | torch.Tensor:
+    """The PIL image, numpy array or tensor of :func:`encode_array`'s object; ``where`` names the field in errors."""
+    kinds = set(ARRAY_KINDS) & set(value) if isinstance(value, Mapping) else set()
+    if len(kinds) != 1 or set(value) - kinds - {"dims"}:
+        raise WireError(f"{where}: expected one of {{'png' | 'npy' | 'pt': base64}}, got {_brief(value)}")
+    (kind,) = kinds
     try:
-        raw = base64.b64decode(data, validate=True)
+        raw = base64.b64decode(value[kind], validate=True)
     except (TypeError, ValueError) as error:
         raise WireError(f"{where}: {kind} data is not base64 ({error})") from None
     try:
@@ -87,13 +101,18 @@ def decode_array(value: Any, where: str) -> Image.Image | np.ndarray:
             with Image.open(io.BytesIO(raw)) as image:
                 image.load()
                 return image.copy()
-        return np.load(io.BytesIO(raw), allow_pickle=False)
+        array = np.load(io.BytesIO(raw), allow_pickle=False)
     except Exception as error:  # PIL and numpy raise many kinds on corrupt bytes
         raise WireError(f"{where}: unreadable {kind} ({type(error).__name__}: {error})") from None
+    order = value.get("dims", list(range(array.ndim)))
+    if not isinstance(order, list) or sorted(order) != list(range(array.ndim)):
+        raise WireError(f"{where}: dims must be a permutation of the {array.ndim} dimensions, got {_brief(order)}")
+    array = array.transpose(np.argsort(order))
+    return torch.from_numpy(array) if kind == "pt" else array
 
 
 # ------------------------------------------------------------------------------------------------ the request
-def encode_completion(completion: Any) -> dict[str, str]:
+def encode_completion(completion: Any) -> dict[str, Any]:
     if isinstance(completion, str):
         return {"text": completion}
     return encode_array(completion)
