@@ -8,6 +8,10 @@ next rollout and the update whenever R <= T_r + T_u.
 
     OMP_NUM_THREADS=1 python benchmarks/pipeline.py                 # both families, 10 timed steps per cell
     OMP_NUM_THREADS=1 python benchmarks/pipeline.py --family flow --steps 20
+    OMP_NUM_THREADS=1 python benchmarks/pipeline.py --family vlm --remote --prompts 8   # served, 64 per request
+
+With ``--remote`` the reward is served by another process (``python -m app.rewards.serve``, restarted per cell) and
+the module scores it through :class:`~app.rewards.RemoteReward`, one request per rollout (``--prompts`` x K outputs).
 
 Step times are medians over the timed steps (after 2 warm-up steps; with delay 1 the priming step is not timed). The
 bound of a delay-1 step is taken from its own rollout and update times (they vary with sampled completion lengths and
@@ -28,7 +32,7 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from app.rewards import RewardComponent  # noqa: E402
+from app.rewards import RemoteReward, RewardComponent  # noqa: E402
 from app.settings import OptimizerSettings, PipelineSettings  # noqa: E402
 from app.types import VisualSample  # noqa: E402
 
@@ -86,16 +90,16 @@ def vlm_module(reward: RewardComponent, pipeline: PipelineSettings):
     )
 
 
-def vlm_data(num_batches: int):
+def vlm_data(num_batches: int, prompts: int = 4):
     from app.data import VisualTaskDataModule
     from app.tasks.dots import DotsDataset
 
     return VisualTaskDataModule(
         functools.partial(DotsDataset, dot_radius=12),
-        train_size=4 * num_batches,
+        train_size=prompts * num_batches,
         val_size=4,
         test_size=4,
-        batch_size=4,
+        batch_size=prompts,
         seed=0,
         image_size=64,
     )
@@ -113,20 +117,30 @@ def flow_module(reward: RewardComponent, pipeline: PipelineSettings):
     )
 
 
-def flow_data(num_batches: int):
-    prompts = [
-        VisualSample(images=[], question=f"a red square, number {i}", task="red") for i in range(4 * num_batches)
+def flow_data(num_batches: int, prompts: int = 4):
+    samples = [
+        VisualSample(images=[], question=f"a red square, number {i}", task="red") for i in range(prompts * num_batches)
     ]
-    return DataLoader(prompts, batch_size=4, collate_fn=list)
+    return DataLoader(samples, batch_size=prompts, collate_fn=list)
 
 
 FAMILIES = {"vlm": (vlm_module, vlm_data), "flow": (flow_module, flow_data)}
 
 
-def run(family: str, seconds: float, delay: int, steps: int) -> StepTimer:
+def run(family: str, seconds: float, delay: int, steps: int, remote: bool = False, prompts: int = 4) -> StepTimer:
+    if not remote:
+        return _run(family, CostlyReward(seconds), delay, steps, prompts)
+    from remote_reward import served
+
+    config = f"rewards:\n  - class_path: pipeline.CostlyReward\n    init_args: {{seconds: {seconds}}}\n"
+    with served(config) as url:
+        return _run(family, RemoteReward(url, "costly", max_batch=1024), delay, steps, prompts)
+
+
+def _run(family: str, reward: RewardComponent, delay: int, steps: int, prompts: int) -> StepTimer:
     build, data = FAMILIES[family]
     L.seed_everything(0)
-    module = build(CostlyReward(seconds), PipelineSettings(delay=delay, workers="thread"))
+    module = build(reward, PipelineSettings(delay=delay, workers="thread"))
     timer = StepTimer()
     trainer = L.Trainer(
         max_steps=WARMUP + steps,
@@ -140,7 +154,7 @@ def run(family: str, seconds: float, delay: int, steps: int) -> StepTimer:
         limit_val_batches=0,
         callbacks=[timer],
     )
-    trainer.fit(module, data(WARMUP + steps + 2))
+    trainer.fit(module, data(WARMUP + steps + 2, prompts))
     timer.steps, timer.phases = timer.steps[WARMUP:], timer.phases[WARMUP:]
     return timer
 
@@ -154,10 +168,13 @@ def main() -> None:
     parser.add_argument("--family", choices=sorted(FAMILIES), nargs="*", default=["vlm", "flow"])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per cell")
     parser.add_argument("--fractions", type=float, nargs="*", default=[0.0, 0.25, 0.5, 1.0, 1.5])
+    parser.add_argument("--remote", action="store_true", help="serve the reward from another process")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per rollout (x K outputs per request)")
     args = parser.parse_args()
+    cell = functools.partial(run, remote=args.remote, prompts=args.prompts)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     for family in args.family:
-        base = run(family, 0.0, 0, args.steps)
+        base = cell(family, 0.0, 0, args.steps)
         rollout = median(p["rollout"] for p in base.phases)
         update = median(p["update"] for p in base.phases)
         print(f"\n{family}: rollout T_r = {rollout:.3f} s, update T_u = {update:.3f} s (median of a plain step, R = 0)")
@@ -168,8 +185,8 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|---|")
         for fraction in args.fractions:
             seconds = fraction * rollout
-            plain = median(run(family, seconds, 0, args.steps).steps)
-            delayed = run(family, seconds, 1, args.steps)
+            plain = median(cell(family, seconds, 0, args.steps).steps)
+            delayed = cell(family, seconds, 1, args.steps)
             # each step against its own bound: the rollout it drew and the update it made (they vary from step to
             # step: sampled completion lengths, the shared machine's load)
             work = [p["rollout"] + p["update"] for p in delayed.phases]

@@ -18,6 +18,7 @@ from app.rewards.base import PartialScores
 from app.rewards.groups import split_groups
 from app.rewards.remote import RemoteRefusedError
 from app.rewards.serve import RewardServer
+from app.rewards.wire import unpack
 from app.types import VisualSample
 
 K = 2
@@ -82,7 +83,7 @@ class ScriptedServer:
                 self._send(200, json.dumps(scripted.inner.info()).encode())
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                document, blobs = unpack(self.rfile.read(int(self.headers["Content-Length"])))
                 scripted.requests += 1
                 fault = scripted.faults.pop(0) if scripted.faults else None
                 if fault == "drop":
@@ -94,7 +95,7 @@ class ScriptedServer:
                     time.sleep(scripted.slow_s)
                 if fault == "500":
                     return self._send(500, b'{"error": "the scorer ran out of memory"}')
-                answer = scripted.inner.score(body)
+                answer = scripted.inner.score(document, blobs)
                 if fault == "short":
                     answer["values"] = answer["values"][:-1]
                 data = json.dumps(answer).encode()

@@ -124,6 +124,23 @@ def test_with_a_token_only_requests_that_carry_it_are_served():
         )
 
 
+class Unbounded(RewardComponent):
+    value_range = (0.0, float("inf"))
+
+    def score(self, completions, samples):
+        return torch.tensor([float(len(c)) for c in completions])
+
+
+def test_an_unbounded_range_travels_as_null_and_the_client_reads_it_back():
+    from app.rewards import RemoteReward  # noqa: PLC0415
+
+    with RewardServer([Unbounded()]) as server:
+        assert get(server.url, "/info")["rewards"][0]["value_range"] == [0.0, None]
+        reward = RemoteReward(server.url)
+        assert reward.checked_score(["abc"], [prompt()])[0].tolist() == [3.0]
+        assert reward.value_range == (0.0, float("inf"))
+
+
 def test_served_rewards_need_distinct_names():
     with pytest.raises(ValueError, match="distinct names, got \\['format', 'format'\\]"):
         RewardServer([FormatReward(), FormatReward()])

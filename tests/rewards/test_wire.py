@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from app.rewards.wire import (
+    Blobs,
     WireError,
     decode_array,
     decode_request,
@@ -20,6 +21,8 @@ from app.rewards.wire import (
     encode_request,
     encode_values,
     flatten_side_state,
+    pack,
+    unpack,
 )
 from app.types import VisualSample
 
@@ -153,3 +156,35 @@ def test_side_state_is_flattened_to_names_and_keys_and_zero_increments_are_left_
     assert decode_side_state(through_json(flat)) == flat
     with pytest.raises(WireError, match="side_state must map names to finite numbers"):
         decode_side_state({"num_malformed": "2"})
+
+
+def test_a_framed_body_carries_the_arrays_raw_and_decodes_to_the_same_batch():
+    image = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    first = sample()
+    blobs = Blobs()
+    document = encode_request("pixels", [image, "text"], [first, first], None, blobs)
+    assert document["rows"][0]["completion"] == {"pt": {"blob": 1}}  # blob 0: the prompt's PNG
+    got_document, got_blobs = unpack(pack(document, blobs))
+    _, (back, text), (s0, s1), _ = decode_request(got_document, got_blobs)
+    assert torch.equal(back, image) and text == "text" and s0 is s1
+    assert np.array_equal(np.asarray(s0.images[0]), np.asarray(first.images[0]))
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"JSON{}", "a framed body starts with b'RWB1'"),
+        (b"RWB1" + (5).to_bytes(8, "little") + b"{}", "truncated: a part of 5 bytes at byte 4"),
+        (b"RWB1", "holds no JSON document"),
+        (b"RWB1" + (2).to_bytes(8, "little") + b"{x", "document is not JSON"),
+    ],
+)
+def test_a_malformed_framed_body_is_refused_saying_where(body, message):
+    with pytest.raises(WireError, match=message):
+        unpack(body)
+
+
+def test_a_reference_to_a_missing_blob_is_refused():
+    document = encode_request(None, [torch.zeros(2)], [sample()], None, Blobs())
+    with pytest.raises(WireError, match=r"samples\[0\]\.images\[0\]: blob must index the 0 attachments, got"):
+        decode_request(document, Blobs())

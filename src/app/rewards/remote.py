@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from app.rewards.base import SCOPES, PartialScores, RewardComponent, RewardError
-from app.rewards.wire import WireError, decode_side_state, decode_values, encode_request
+from app.rewards.wire import FRAMED_TYPE, Blobs, WireError, decode_side_state, decode_values, encode_request, pack
 from app.types import VisualSample
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,8 @@ class RemoteReward(RewardComponent):
 
     def _score_span(self, completions: list[Any], samples: list[VisualSample], group_size: int | None) -> Tensor:
         try:
-            body = json.dumps(encode_request(self.served.name, completions, samples, group_size)).encode()
+            blobs = Blobs()
+            body = pack(encode_request(self.served.name, completions, samples, group_size, blobs), blobs)
         except WireError as error:  # a sample the wire cannot carry (meta that is not JSON): a configuration error
             raise RemoteRefusedError(f"reward {self.name!r}: cannot send this batch to {self.url}: {error}") from None
 
@@ -286,7 +287,8 @@ class RemoteReward(RewardComponent):
         scope, value_range = entry.get("scope"), entry.get("value_range")
         if scope not in SCOPES or not isinstance(value_range, list) or len(value_range) != 2:
             raise WireError(f"GET /info: reward {name!r} has no valid scope and value_range: {entry}")
-        return ServedReward(name, scope, (float(value_range[0]), float(value_range[1])))
+        low, high = (-math.inf if value_range[0] is None else value_range[0]), value_range[1]
+        return ServedReward(name, scope, (float(low), math.inf if high is None else float(high)))
 
     # ------------------------------------------------------------------------------------------------ requests
     def _with_retries(self, method: str, path: str, body: bytes | None, read):
@@ -320,7 +322,7 @@ class RemoteReward(RewardComponent):
             self.num_failed_requests += 1
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        headers = {"Content-Type": FRAMED_TYPE, "Accept": "application/json"}
         for header, variable in self.headers_from_env.items():
             value = os.environ.get(variable)
             if value is None:
