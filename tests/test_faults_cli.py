@@ -2,8 +2,10 @@
 (the full traceback only with ``APP_DEBUG=1``), output folders are probed before the first step, a config with several
 bad fields names them all, and an interrupted save leaves nothing behind that a later run keeps."""
 
+import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -179,6 +181,17 @@ def test_all_nan_rewards_stop_the_run_with_a_short_message(tmp_path, app_env):
     result = python_m_app(args, env)
     output = result.stdout + result.stderr
     assert_short(result.returncode, output, "every reward was non-finite", "'broken': 8")
+
+
+def test_a_reward_server_that_is_down_stops_the_run_with_a_short_message_naming_it(tmp_path, app_env):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    rewards = json.dumps([{"class_path": "app.rewards.RemoteReward", "init_args": {"url": url, "retries": 0}}])
+    result = python_m_app(tiny_fit(tmp_path, "--model.init_args.rewards", rewards), app_env())
+    output = result.stdout + result.stderr
+    assert_short(result.returncode, output, f"reward 'remote': GET {url}/info failed 1 time(s)", "on_failure: skip")
 
 
 # ----------------------------------------------------------------------------------------- missing data

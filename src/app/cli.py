@@ -41,6 +41,7 @@ from app.faults import AtomicCheckpointIO, CheckpointConnector, PreemptionCheckp
 from app.modules import NonFiniteTrainingError
 from app.output_folders import probe_output_folders
 from app.parallel.loading import lean_loading
+from app.rewards import RewardError
 
 PROG = "python -m app"
 LEAN_LOADING_COMMANDS = ("fit", "validate", "test", "predict")  # the commands that shard the policy under FSDP2
@@ -454,6 +455,14 @@ def main(argv: list[str] | None = None) -> None:
         if "reward" in text and "max_nonfinite_steps" not in text:  # what to change, where the message has none
             text += "\n  check the rewards (model.init_args.rewards), or raise model.init_args.optimizer.max_nonfinite_steps"
         _report(f"error: training stopped: {text}\n{DEBUG_HINT}")
+        raise SystemExit(1) from None
+    except RewardError as error:  # names the reward and the cause (a reward that raised, a server that failed)
+        if debug_enabled():
+            raise
+        hint = "  check the reward (model.init_args.rewards)"
+        if "http" in str(error):
+            hint += "; a served reward can skip what it cannot score: init_args.on_failure: skip"
+        _report(f"error: training stopped: {error}\n{hint}\n{DEBUG_HINT}")
         raise SystemExit(1) from None
     finally:
         _destroy_process_group()
