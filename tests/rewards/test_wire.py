@@ -163,10 +163,11 @@ def test_a_framed_body_carries_the_arrays_raw_and_decodes_to_the_same_batch():
     first = sample()
     blobs = Blobs()
     document = encode_request("pixels", [image, "text"], [first, first], None, blobs)
-    assert document["rows"][0]["completion"] == {"pt": {"blob": 1}}  # blob 0: the prompt's PNG
+    assert document["rows"][0]["completion"] == {"pt": {"blob": 1, "dtype": "<f4", "shape": [2, 3, 8, 8]}}  # 0: PNG
     got_document, got_blobs = unpack(pack(document, blobs))
     _, (back, text), (s0, s1), _ = decode_request(got_document, got_blobs)
     assert torch.equal(back, image) and text == "text" and s0 is s1
+    back.mul_(2)  # the reward may write into what it gets
     assert np.array_equal(np.asarray(s0.images[0]), np.asarray(first.images[0]))
 
 
@@ -188,3 +189,27 @@ def test_a_reference_to_a_missing_blob_is_refused():
     document = encode_request(None, [torch.zeros(2)], [sample()], None, Blobs())
     with pytest.raises(WireError, match=r"samples\[0\]\.images\[0\]: blob must index the 0 attachments, got"):
         decode_request(document, Blobs())
+
+
+@pytest.mark.parametrize(
+    "about, message",
+    [
+        ({"dtype": "<f4", "shape": [3]}, "8 bytes do not hold a float32 array of shape \\[3\\]"),
+        ({"dtype": "|O", "shape": [1]}, "a raw array needs a numeric dtype"),
+        ({"dtype": "<f4", "shape": [-2]}, "a raw array needs a numeric dtype and a shape of sizes"),
+        ({"dtype": "nonsense", "shape": [2]}, "dtype 'nonsense' is not a numpy dtype"),
+    ],
+)
+def test_a_raw_blob_that_does_not_match_its_description_is_refused(about, message):
+    with pytest.raises(WireError, match=message):
+        decode_array({"pt": {"blob": 0, **about}}, "x", Blobs([bytearray(8)]))
+
+
+@pytest.mark.parametrize("shape", [(), (0, 3), (2, 0, 4)])
+def test_empty_and_zero_dimensional_arrays_travel_in_a_framed_body(shape):
+    value = torch.ones(shape)
+    blobs = Blobs()
+    document = encode_array(value, blobs)
+    _, got = unpack(pack({"a": document}, blobs))
+    assert torch.equal(decode_array(document, "x", got), value)
+    assert torch.equal(decode_array(through_json(encode_array(value)), "x"), value)  # and as base64 npy

@@ -67,16 +67,17 @@ _LENGTH = struct.Struct("<Q")
 
 
 class Blobs:
-    """The binary attachments of a framed body: the arrays' bytes, referenced from the JSON as ``{"blob": i}``."""
+    """The binary attachments of a framed body: the arrays' bytes, referenced from the JSON as ``{"blob": i}`` (with
+    ``dtype`` and ``shape`` for an array's raw buffer, read back without a copy)."""
 
-    def __init__(self, parts: Sequence[bytes] = ()) -> None:
+    def __init__(self, parts: Sequence[bytes | bytearray | memoryview] = ()) -> None:
         self.parts = list(parts)
 
-    def add(self, data: bytes) -> dict[str, int]:
+    def add(self, data: bytes | memoryview, **about: Any) -> dict[str, Any]:
         self.parts.append(data)
-        return {"blob": len(self.parts) - 1}
+        return {"blob": len(self.parts) - 1, **about}
 
-    def get(self, reference: Any, where: str) -> bytes:
+    def get(self, reference: Any, where: str) -> bytes | bytearray | memoryview:
         index = reference.get("blob") if isinstance(reference, Mapping) else None
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.parts):
             raise WireError(f"{where}: blob must index the {len(self.parts)} attachments, got {_brief(reference)}")
@@ -103,7 +104,7 @@ def unpack(body: bytes) -> tuple[Any, Blobs]:
         (length,) = _LENGTH.unpack_from(view, position)
         if position + 8 + length > len(view):
             raise WireError(f"the framed body is truncated: a part of {length} bytes at byte {position}")
-        pieces.append(bytes(view[position + 8 : position + 8 + length]))
+        pieces.append(bytearray(view[position + 8 : position + 8 + length]))  # writable: arrays are read in place
         position += 8 + length
     if not pieces:
         raise WireError("the framed body holds no JSON document")
@@ -138,9 +139,18 @@ def encode_array(value: Any, blobs: Blobs | None = None) -> dict[str, Any]:
     if value.dtype == object:
         raise WireError("an object array cannot travel; send numbers")
     order = sorted(range(value.ndim), key=lambda d: -value.strides[d])  # outermost in memory first (stable)
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(value.transpose(order)), allow_pickle=False)
-    encoded: dict[str, Any] = {kind: _payload(buffer.getvalue(), blobs)}
+    dense = value.transpose(order)
+    dense = dense if dense.flags.c_contiguous else dense.copy(order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
+    if blobs is not None:  # the raw buffer, described beside it
+        encoded: dict[str, Any] = {
+            kind: blobs.add(
+                memoryview(dense.reshape(-1).view(np.uint8)), dtype=dense.dtype.str, shape=list(dense.shape)
+            )
+        }
+    else:
+        buffer = io.BytesIO()
+        np.save(buffer, dense, allow_pickle=False)
+        encoded = {kind: base64.b64encode(buffer.getvalue()).decode("ascii")}
     if order != list(range(value.ndim)):
         encoded["dims"] = order
     return encoded
@@ -148,6 +158,24 @@ def encode_array(value: Any, blobs: Blobs | None = None) -> dict[str, Any]:
 
 def _payload(data: bytes, blobs: Blobs | None) -> str | dict[str, int]:
     return blobs.add(data) if blobs is not None else base64.b64encode(data).decode("ascii")
+
+
+def _raw_array(raw: bytes | bytearray, about: Mapping[str, Any], where: str) -> np.ndarray:
+    """The array of a raw buffer described by ``about`` (``dtype``, ``shape``), without a copy."""
+    try:
+        dtype = np.dtype(about["dtype"])
+    except (TypeError, ValueError) as error:
+        raise WireError(f"{where}: dtype {_brief(about['dtype'])} is not a numpy dtype ({error})") from None
+    shape = about.get("shape")
+    if (
+        dtype.kind not in "biufc"
+        or not isinstance(shape, list)
+        or not all(isinstance(n, int) and n >= 0 for n in shape)
+    ):
+        raise WireError(f"{where}: a raw array needs a numeric dtype and a shape of sizes, got {_brief(dict(about))}")
+    if math.prod(shape) * dtype.itemsize != len(raw):
+        raise WireError(f"{where}: {len(raw)} bytes do not hold a {dtype} array of shape {shape}")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
 def decode_array(value: Any, where: str, blobs: Blobs | None = None) -> Image.Image | np.ndarray | torch.Tensor:
@@ -169,7 +197,12 @@ def decode_array(value: Any, where: str, blobs: Blobs | None = None) -> Image.Im
             with Image.open(io.BytesIO(raw)) as image:
                 image.load()
                 return image.copy()
-        array = np.load(io.BytesIO(raw), allow_pickle=False)
+        if isinstance(value[kind], Mapping) and "dtype" in value[kind]:
+            array = _raw_array(raw, value[kind], where)
+        else:
+            array = np.load(io.BytesIO(raw), allow_pickle=False)
+    except WireError:
+        raise
     except Exception as error:  # PIL and numpy raise many kinds on corrupt bytes
         raise WireError(f"{where}: unreadable {kind} ({type(error).__name__}: {error})") from None
     order = value.get("dims", list(range(array.ndim)))
