@@ -14,12 +14,15 @@ A ``<completion>`` is ``{"text": "..."}`` for a VLM's text, or an ``<array>``: `
 (mode and pixels kept), ``{"npy": "<base64>"}`` for a numpy array and ``{"pt": "<base64>"}`` for a tensor, which the
 server hands the reward as a CPU tensor again (both ``numpy.save`` bytes: dtype, shape, memory order and every value
 kept, so a diffusers decode in [0, 1] arrives bit for bit; a bfloat16 tensor travels as its exact float32 values).
-Base64 inside JSON costs about 6 ms per MB each way; :class:`RemoteReward` therefore sends a framed body instead
+Base64 inside JSON costs about 6 ms per MB each way, so :class:`RemoteReward` sends a framed body instead
 (``Content-Type: application/x-reward-batch``, :func:`pack`): the magic ``RWB1``, then the JSON document and each
-array's raw bytes, each preceded by its length as a little-endian uint64, the arrays written ``{"pt": {"blob": i}}``
-in the document. The server reads both. Rows that answer the same prompt name the same sample, and the server gives them the same :class:`~app.types.VisualSample` object, as the trainer does (group
-rewards find a group by it). ``meta`` must be JSON: numbers, strings, booleans, null, lists and string-keyed objects
-(tuples travel as lists).
+array's bytes, each preceded by its length as a little-endian uint64. In the document an array refers to its
+attachment: ``{"pt": {"blob": 3, "dtype": "<f4", "shape": [3, 64, 64]}, "dims": [1, 2, 0]}`` (the raw C-order buffer
+of the array in its memory order) or ``{"png": {"blob": 0}}``. The server reads both kinds of body.
+
+Rows that answer the same prompt name the same sample, and the server gives them the same
+:class:`~app.types.VisualSample` object, as the trainer does (group rewards find a group by it). ``meta`` must be
+JSON: numbers, strings, booleans, null, lists and string-keyed objects (tuples travel as lists).
 
 The answer to a scored batch::
 
