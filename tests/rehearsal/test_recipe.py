@@ -93,6 +93,27 @@ def test_kernels_that_need_cuda_are_swapped_and_listed(tmp_path):
     assert change.recipe is True and "CUDA" in change.why
 
 
+def test_learned_scorers_are_rehearsed_with_the_embedded_tiny_scorers_and_listed(tmp_path):
+    plan = plan_rehearsal(CONFIGS / "flow_grpo_sd3_5_medium_clip_vbvr.yaml", tmp_path)
+    clip = next(r for r in plan.config["model"]["init_args"]["rewards"] if r["class_path"].endswith("CLIPScoreReward"))
+    assert clip["init_args"]["model"] == "tiny-clip" and clip["init_args"]["weight"] == 0.2
+    change = next(c for c in plan.changes if c.field.endswith(".init_args.model") and "rewards" in c.field)
+    assert change.recipe == "openai/clip-vit-large-patch14" and "no download" in change.why
+
+
+def test_a_vlm_judge_reward_is_rehearsed_with_the_tiny_model_of_its_family(tmp_path):
+    text = (CONFIGS / "grpo_qwen2_5_vl_3b.yaml").read_text()  # its header's data commands kept
+    judge = (
+        "      - class_path: app.rewards.learned.VLMJudgeReward\n"
+        "        init_args: {model: Qwen/Qwen2.5-VL-7B-Instruct, device: 'cuda:1'}\n"
+    )
+    path = tmp_path / "judged.yaml"
+    path.write_text(text.replace("    rewards:\n", "    rewards:\n" + judge, 1))
+    plan = plan_rehearsal(path, tmp_path)
+    judged = next(r for r in plan.config["model"]["init_args"]["rewards"] if r["class_path"].endswith("VLMJudgeReward"))
+    assert judged["init_args"] == {"model": "tiny-qwen2.5-vl", "device": None}
+
+
 def test_the_header_commands_write_the_shards_the_data_module_reads(tmp_path):
     recipe = CONFIGS / "consistency_spatial_qwen2_5_vl_3b.yaml"
     assert header_task_commands(recipe.read_text())[0][:3] == ["spatial", "--out", "data/spatial/train"]

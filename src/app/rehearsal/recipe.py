@@ -3,7 +3,7 @@
 Kept as written: precision, the policy's dtype, the strategy block (DDP or FSDP2 with its mixed-precision policy), LoRA
 targets, optimizer and learning rate, sampling (but for its lengths), rewards and the data module with its generator
 commands. Changed (each a :class:`Change` with its reason): the model (the embedded tiny model of the same family and
-conditioning), the accelerator (CPU, two processes on gloo), CUDA-only kernels, sizes a CPU cannot run in seconds, where
+conditioning) and a learned-scorer reward's model (the embedded tiny scorer), the accelerator (CPU, two processes on gloo), CUDA-only kernels, sizes a CPU cannot run in seconds, where
 the run writes, validation (off), checkpointing (every step) and one reward added so that a random tiny model's groups
 have a spread of rewards (the recipe's own rewards give a random model the same value on every completion, so no
 advantage and no update: nothing to measure).
@@ -40,6 +40,10 @@ BATCH_SIZE = 2
 SAMPLES = 16  # per generated split
 SAMPLES_PER_SHARD = 4  # several shards per split: finite streams split shards between the ranks
 TRAIN_ITEMS = 16  # per rank, for procedural data modules
+TINY_SCORERS = {  # a learned-scorer reward's class name -> the embedded scorer it is rehearsed with
+    "CLIPScoreReward": "tiny-clip",
+    "PreferenceScoreReward": "tiny-pickscore",
+}
 VARIETY_REWARDS = {
     "vlm": "app.rehearsal.rewards.CharacterCountReward",
     "flow": "app.rehearsal.rewards.PixelMeanReward",
@@ -91,6 +95,7 @@ def plan_rehearsal(recipe_path: Path, out: Path, data_root: Path | None = None) 
     plan = RehearsalPlan(name=recipe_path.stem, config=copy.deepcopy(recipe))
     editor = _Editor(plan)
     _swap_model(editor)
+    _swap_scorers(editor)
     _cpu_processes(editor)
     _kernels(editor)
     _sizes(editor)
@@ -172,6 +177,25 @@ def _swap_model(editor: _Editor) -> None:
         known = ", ".join(name for _, name in TINY_MODELS)
         raise ConfigError(f"{editor.plan.name}: no embedded tiny model matches {POLICY}.model = {model!r} ({known})")
     editor.set(f"{POLICY}.model", tiny, "the embedded tiny model of the same family and conditioning")
+
+
+def _swap_scorers(editor: _Editor) -> None:
+    """Learned-scorer rewards (``app.rewards.learned``) score with embedded tiny models on the CPU: CLIP-type ones
+    with :data:`TINY_SCORERS`, a VLM judge with the tiny model of its checkpoint's family."""
+    rewards = editor.get("model.init_args.rewards") or []
+    for index, reward in enumerate(rewards):
+        if not isinstance(reward, dict) or not str(reward.get("class_path", "")).startswith("app.rewards.learned"):
+            continue
+        name, field_ = str(reward["class_path"]).rsplit(".", 1)[-1], f"model.init_args.rewards.{index}.init_args"
+        model = str(editor.get(f"{field_}.model", ""))
+        tiny = TINY_SCORERS.get(name) or next((t for p, t in TINY_MODELS if re.search(p, model.lower())), None)
+        if tiny is None:
+            raise ConfigError(f"{editor.plan.name}: no embedded scorer matches {field_}.model = {model!r}")
+        editor.set(f"{field_}.model", tiny, "the embedded tiny scorer of the same kind (no download)")
+        if editor.get(f"{field_}.processor") is not None:
+            editor.set(f"{field_}.processor", None, "the tiny scorer carries its own processor")
+        if editor.get(f"{field_}.device") is not None:
+            editor.set(f"{field_}.device", None, "no GPU: the scorer runs where the samples are")
 
 
 def _cpu_processes(editor: _Editor) -> None:
