@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 
 
 class ExportPolicy(L.Callback):
-    """Export ``pl_module.policy`` to ``output_dir`` when fit ends (rank 0 only).
+    """Export ``pl_module.policy`` to ``output_dir`` when fit ends (rank 0 only), with the moving average of its
+    weights when the module keeps one (``ema``).
 
     The folder loads with ``AutoModelForImageTextToText.from_pretrained`` / ``AutoProcessor.from_pretrained``; with
     LoRA it holds the merged weights plus the adapter in PEFT format under ``adapter/``. A GRPO config points its
@@ -36,7 +37,8 @@ class ExportPolicy(L.Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
-            path = pl_module.policy.export(self.output_dir)
+            with _evaluation_weights(pl_module):  # the moving average, when the module keeps one
+                path = pl_module.policy.export(self.output_dir)
             log.info("exported the policy to %s", path)
         trainer.strategy.barrier("export_policy")
 
@@ -45,6 +47,8 @@ def export_from_checkpoint(model: L.LightningModule, ckpt_path: str | Path, outp
     """Load a Lightning checkpoint's weights into ``model`` (built from the same config) and export its policy."""
     from app.modules.checkpoints import restore_frozen_parameters
 
+    if hasattr(model, "configure_model"):  # what fit builds beside the policy (its moving average) is in the state
+        model.configure_model()
     if is_sharded_checkpoint(ckpt_path):  # FSDP2's folder of shards: read in this one process
         try:
             checkpoint = read_sharded_checkpoint(ckpt_path, model)
@@ -67,7 +71,16 @@ def export_from_checkpoint(model: L.LightningModule, ckpt_path: str | Path, outp
             f"{mismatch}\n  is it a checkpoint of this config? export it with the config it was trained with"
         )
     model.load_state_dict(state)
-    return model.policy.export(output_dir)
+    with _evaluation_weights(model):
+        return model.policy.export(output_dir)
+
+
+def _evaluation_weights(module: L.LightningModule):
+    """The weights a module evaluates and exports with (:meth:`~app.modules.policy_module.PolicyModule.
+    evaluation_weights`), or its trained ones for a module without that method."""
+    from contextlib import nullcontext
+
+    return module.evaluation_weights() if hasattr(module, "evaluation_weights") else nullcontext()
 
 
 def find_checkpoint(ckpt_path: str | Path | None, root: str | Path) -> Path:

@@ -325,6 +325,34 @@ class PipelineSettings:
         return self.delay > 0 or self.dynamic_sampling
 
 
+# --------------------------------------------------------------------------------------------------------- EMA
+@dataclass(frozen=True)
+class EMASettings:
+    """An exponential moving average of the policy's trainable weights (:class:`~app.modules.ema.PolicyEMA`), used in
+    place of the trained weights for validation and export, as Flow-GRPO's ``ema`` option does.
+
+    After optimizer step ``t`` (``trainer.global_step``): before ``start_step`` the average follows the weights
+    (``ema = w``); from then on, every ``every_n_steps`` steps, ``ema <- decay * ema + (1 - decay) * w``.
+
+    Attributes:
+        decay: weight of the old average in each update, in (0, 1); an average over about 1 / (1 - decay) updates.
+        start_step: the first optimizer step that averages (the weights before it are taken as they are).
+        every_n_steps: steps between two updates of the average, counted from ``start_step``.
+    """
+
+    decay: float = 0.9
+    start_step: int = 0
+    every_n_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.decay < 1.0:
+            raise ValueError(f"ema.decay must be in (0, 1), got {self.decay}")
+        if self.start_step < 0 or self.every_n_steps < 1:
+            raise ValueError(
+                f"ema needs start_step >= 0 and every_n_steps >= 1, got {self.start_step} and {self.every_n_steps}"
+            )
+
+
 # -------------------------------------------------------------------------------------------------------- LoRA
 @dataclass
 class LoRASettings:

@@ -7,6 +7,7 @@ A case is ``<policy>-<strategy>[-same]``: policy ``vlm_lora``, ``vlm_full`` (ful
 ``flow_lora`` (tiny SD3) or ``flowi2v_lora`` (tiny Wan image-to-video, conditioned on VBVR problem frames); strategy ``single``, ``ddp``, ``fsdp`` (all ranks shard), ``fsdpbf16`` (FSDP2's bf16 mixed precision) or ``hsdp``
 (2 x world/2); ``-gc`` turns on activation checkpointing; ``-delay1`` the one-step-delayed reward pipeline (rewards
 in a thread);
+``-ema`` keeps a moving average of the weights (decay 0.5; rank 0 also writes ``OUT/<case>.ema.pt``, the full average);
 ``-same`` gives every rank the same prompts and random draws, so the run equals one process on that batch.
 Rank 0 writes ``OUT/<case>.pt``: the full trainable weights after fit; every rank writes ``OUT/<case>.rank<r>.pt``:
 its local parameter and optimizer-state sizes and the groups it trained on. Case ``vlm_lora-fsdp-resume`` also
@@ -31,6 +32,7 @@ from app.parallel import FSDP2Strategy
 from app.parallel.fsdp import local_numel
 from app.rewards import RewardComponent
 from app.settings import (
+    EMASettings,
     FlowSamplingSettings,
     GRPOSettings,
     LoRASettings,
@@ -85,6 +87,7 @@ class Report(L.Callback):
         return {
             "reward_mean": reward_mean_across_ranks(trainer.global_rank),
             "params": local_numel(trainable),
+            "average": local_numel(pl_module.policy_ema.averages) if pl_module.policy_ema is not None else (0, 0),
             "optimizer_state": local_numel(state),
             "batches": self.batches,
             "world_size": trainer.world_size,
@@ -104,9 +107,10 @@ def reward_mean_across_ranks(rank: int) -> float:
 
 
 def build(
-    policy_kind: str, checkpointing: bool = False, delay: int = 0
+    policy_kind: str, checkpointing: bool = False, delay: int = 0, ema: bool = False
 ) -> tuple[L.LightningModule, L.LightningDataModule]:
     pipeline = PipelineSettings(delay=delay)
+    average = EMASettings(decay=0.5) if ema else None
     if policy_kind.startswith("vlm"):
         lora = LoRASettings(r=4, alpha=8, dropout=0.0) if policy_kind == "vlm_lora" else None
         policy = VLMPolicy("tiny-qwen2-vl", lora=lora, instruction="", gradient_checkpointing=checkpointing)
@@ -117,6 +121,7 @@ def build(
             pipeline=pipeline,
             grpo=GRPOSettings(beta=0.0 if lora else 0.04, micro_batch_size=4),
             optimizer=OptimizerSettings(learning_rate=1e-3),
+            ema=average,
         )
         dataset, image_size = DotsDataset, 64
     else:
@@ -124,7 +129,12 @@ def build(
         policy = FlowPolicy(name, lora=LoRASettings(r=4, alpha=8), max_sequence_length=text_length)
         sampling = FlowSamplingSettings(group_size=2, num_steps=3, sampler="cps", eta=0.7)
         module = FlowGRPOModule(
-            policy, [BrightnessReward()], sampling, pipeline=pipeline, optimizer=OptimizerSettings(learning_rate=1e-3)
+            policy,
+            [BrightnessReward()],
+            sampling,
+            pipeline=pipeline,
+            optimizer=OptimizerSettings(learning_rate=1e-3),
+            ema=average,
         )
         dataset = (
             functools.partial(VBVRPromptDataset, tasks=["color_mixing"])
@@ -175,12 +185,21 @@ def full_trainable_state(module: L.LightningModule) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in state.items() if k in names}
 
 
+def full_average(module: L.LightningModule) -> dict[str, torch.Tensor]:
+    """The moving average of the weights, gathered (keyed by the parameter names, as the trainable state is)."""
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    names = [n for n, p in module.policy.named_parameters() if p.requires_grad]
+    if not state:  # gathered on rank 0 only (cpu_offload)
+        return {}
+    return {f"policy.{name}": state[f"policy_ema.average_{i}"].clone() for i, name in enumerate(names)}
+
+
 def run(out: Path, case: str) -> None:
     policy_kind, strategy_kind, *flags = case.split("-")
     same = "same" in flags
     world = int(os.environ.get("WORLD_SIZE", "1"))
     L.seed_everything(0, verbose=False)
-    module, data = build(policy_kind, checkpointing="gc" in flags, delay=int("delay1" in flags))
+    module, data = build(policy_kind, checkpointing="gc" in flags, delay=int("delay1" in flags), ema="ema" in flags)
     report = Report(same)
     callbacks: list = [report]
     if "resume" in flags:
@@ -194,17 +213,23 @@ def run(out: Path, case: str) -> None:
     rank = trainer.global_rank
     torch.save(report.report(trainer, module), out / f"{case}.rank{rank}.pt")
     weights = full_trainable_state(module)
+    average = full_average(module) if "ema" in flags else None
     if rank == 0:
         torch.save(weights, out / f"{case}.pt")
+        if average is not None:
+            torch.save(average, out / f"{case}.ema.pt")
     if "resume" in flags:  # a second fit from the step-2 checkpoint must end where the first one did
         L.seed_everything(123, verbose=False)  # the checkpoint's generator states must override this
-        module, data = build(policy_kind, delay=int("delay1" in flags))
+        module, data = build(policy_kind, delay=int("delay1" in flags), ema="ema" in flags)
         trainer = trainer_for(strategy_for(strategy_kind, world), out / case, STEPS + 1, [Report(same)], same)
         checkpoint = out / case / f"epoch=0-step={STEPS}.ckpt"
         trainer.fit(module, data, ckpt_path=str(checkpoint))
         resumed = full_trainable_state(module)
+        average = full_average(module) if "ema" in flags else None
         if rank == 0:
             torch.save(resumed, out / f"{case}.resumed.pt")
+            if average is not None:
+                torch.save(average, out / f"{case}.resumed.ema.pt")
 
 
 def run_cases(run_case) -> None:

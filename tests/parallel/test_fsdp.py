@@ -42,6 +42,8 @@ TWO_PROCESS_CASES = [
     "vlm_lora-fsdp-delay1-resume",
     "flowi2v_lora-ddp",
     "flowi2v_lora-fsdp",
+    "flow_lora-ddp-ema",
+    "flow_lora-fsdp-ema-resume",
 ]
 FOUR_PROCESS_CASES = ["vlm_lora-ddp", "vlm_lora-hsdp", "vlm_lora-hsdp-same"]
 
@@ -223,6 +225,22 @@ def test_delayed_pipeline_under_fsdp2_trains_what_ddp_trains_and_resumes_mid_pip
     for report in rank_reports(runs[2], "vlm_lora-fsdp-delay1-resume", 2):
         assert report["policy_lag"] == 1.0 and report["dropped_rollouts"] == 1
         assert report["global_step"] == 3 and len(report["batches"]) == 4  # the first batch only primed the pipeline
+
+
+@pytest.mark.slow
+def test_the_moving_average_is_sharded_averages_what_ddp_averages_and_resumes(runs):
+    """Each rank averages its shard of the weights (half of the average on each of 2 ranks); gathered, the average is
+    DDP's, and a run resumed from the sharded step-2 checkpoint ends with the straight run's average. The average of
+    two runs differs as much as their weights may (a convex mix of the same steps' weights): the same bounds."""
+    fsdp = weights(runs[2], "flow_lora-fsdp-ema-resume.ema")
+    assert fsdp.keys() == weights(runs[2], "flow_lora-fsdp-ema-resume").keys()
+    assert_same_weights(fsdp, weights(runs[2], "flow_lora-ddp-ema.ema"), "flow_lora")
+    assert_same_weights(weights(runs[2], "flow_lora-fsdp-ema-resume.resumed.ema"), fsdp, "flow_lora", shared_steps=2)
+    trained = weights(runs[2], "flow_lora-fsdp-ema-resume")
+    assert any(not torch.equal(fsdp[k], trained[k]) for k in fsdp)  # an average, not a copy of the last weights
+    for report in rank_reports(runs[2], "flow_lora-fsdp-ema-resume", 2):
+        local, full = report["average"]
+        assert full == report["params"][1] and 0.4 * full <= local <= 0.6 * full
 
 
 @pytest.mark.slow

@@ -51,7 +51,9 @@ def fit_optimizers(module) -> list[torch.optim.Optimizer]:
 
 def omit_frozen_parameters(module: nn.Module, checkpoint: dict, optimizers: Sequence[torch.optim.Optimizer]) -> None:
     """Drop from ``checkpoint["state_dict"]`` every parameter no optimizer in ``optimizers`` holds, and the buffers of
-    submodules without such a parameter (SD3's positional table, 0.2 G values at SD3.5-medium size, is one).
+    submodules without such a parameter (SD3's positional table, 0.2 G values at SD3.5-medium size, is one), except
+    those of a submodule that keeps training state in buffers (``checkpoint_buffers = True``: the policy's moving
+    average, :class:`~app.modules.ema.PolicyEMA`).
 
     Without optimizers (outside fit) nothing is dropped. A key that names a trained parameter under a second name (tied
     weights) stays, so loading cannot overwrite the trained value with a stale one."""
@@ -59,7 +61,8 @@ def omit_frozen_parameters(module: nn.Module, checkpoint: dict, optimizers: Sequ
         return
     trained_ids = optimized_parameter_ids(optimizers)
     variables = module.state_dict(keep_vars=True)  # every name of every parameter (tied ones too) and buffer
-    trained_owners = {""}  # module names holding a trained parameter somewhere below them
+    trained_owners = {""}  # module names holding a trained parameter somewhere below them, or training state
+    trained_owners.update(name for name, sub in module.named_modules() if getattr(sub, "checkpoint_buffers", False))
     for name, value in variables.items():
         if id(value) in trained_ids:
             parts = name.split(".")  # the module names above it, then its own

@@ -37,7 +37,14 @@ from app.modules.grpo import GRPOModule
 from app.rewards import RewardComponent, WeightedReward
 from app.sampling.batching import micro_batches
 from app.sampling.flow_rollout import FlowSampler, rows_of
-from app.settings import FlowSamplingSettings, GRPOSettings, OptimizerSettings, PipelineSettings, as_settings
+from app.settings import (
+    EMASettings,
+    FlowSamplingSettings,
+    GRPOSettings,
+    OptimizerSettings,
+    PipelineSettings,
+    as_settings,
+)
 from app.types import Generation, Rollout, SampledTrajectories, VisualSample
 
 __all__ = ["FlowGRPOModule"]
@@ -86,6 +93,8 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         eval_rewards: rewards logged as ``val/reward/<name>`` on deterministic (Euler) samples; default: ``rewards``.
         seed: seeds the rollout noise (offset by the global rank, state saved in checkpoints) and, per batch index,
             the validation noise, so every evaluation sees the same starting noise.
+        ema: a moving average of the trainable weights for validation and export (:class:`~app.settings.EMASettings`);
+            None: the trained weights.
     """
 
     def __init__(
@@ -99,6 +108,7 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         records_per_step: int = 16,
         eval_rewards: Sequence[RewardComponent] | None = None,
         seed: int = 0,
+        ema: EMASettings | None = None,
     ):
         sampling = as_settings(FlowSamplingSettings, sampling) or FlowSamplingSettings()
         if sampling.num_steps < 2:
@@ -107,7 +117,9 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
             )
         grpo = (as_settings(GRPOSettings, grpo) or GRPOSettings()).clip_range(FLOW_CLIP_RANGE)
         check_flow_objective(grpo)
-        super().__init__(policy, rewards, sampling, grpo, optimizer, FLOW_LEARNING_RATE, pipeline, records_per_step)
+        super().__init__(
+            policy, rewards, sampling, grpo, optimizer, FLOW_LEARNING_RATE, pipeline, records_per_step, ema
+        )
         self.sampler = FlowSampler(policy, sampling, grpo.micro_batch_size)
         self.eval_rewards = WeightedReward(eval_rewards) if eval_rewards is not None else self.rewards
         self.record_hyperparameters(seed=seed)

@@ -36,7 +36,7 @@ from app.models.policy import Policy
 from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
 from app.modules.rollout_queue import RolloutQueue, grouped
 from app.rewards import RewardComponent, WeightedReward
-from app.settings import GRPOSettings, OptimizerSettings, PipelineSettings, as_settings, plain
+from app.settings import EMASettings, GRPOSettings, OptimizerSettings, PipelineSettings, as_settings, plain
 from app.types import CompletionRecord, Generation, RewardOutput, Rollout, VisualSample
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,9 @@ class GRPOModule(PolicyModule):
         default_learning_rate: float,
         pipeline: PipelineSettings | None,
         records_per_step: int,
+        ema: EMASettings | None = None,
     ):
-        super().__init__(policy, optimizer, default_learning_rate)
+        super().__init__(policy, optimizer, default_learning_rate, ema)
         self.automatic_optimization = False
         self.sampling = sampling
         self.grpo = grpo

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 
 import lightning as L
 import torch
@@ -20,12 +20,13 @@ from app.modules.checkpoints import (
     saved_rank_state,
     seed_rng_states,
 )
+from app.modules.ema import PolicyEMA
 from app.modules.finite_step import FiniteStepGuard, named_tensors, nonfinite_flags
 from app.modules.optim import adamw_with_warmup
 from app.modules.precision import report_precision
 from app.parallel.fsdp import FSDP2Strategy, full_tensor, gathered, is_sharded, local_tensor, shard_policy
 from app.parallel.loading import deferred_networks, materialize
-from app.settings import OptimizerSettings, as_settings, plain, with_defaults
+from app.settings import EMASettings, OptimizerSettings, as_settings, plain, with_defaults
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +53,27 @@ class PolicyModule(L.LightningModule):
         policy: the model to train.
         optimizer: AdamW, its warm-up, and what happens to a non-finite step (:class:`~app.settings.OptimizerSettings`).
         default_learning_rate: the learning rate when ``optimizer.learning_rate`` is None (the module's default).
+        ema: a moving average of the trainable weights, used for validation and export (:class:`~app.settings.
+            EMASettings`, :mod:`app.modules.ema`); None: the trained weights are used.
     """
 
-    def __init__(self, policy: Policy, optimizer: OptimizerSettings | None, default_learning_rate: float):
+    def __init__(
+        self,
+        policy: Policy,
+        optimizer: OptimizerSettings | None,
+        default_learning_rate: float,
+        ema: EMASettings | None = None,
+    ):
         super().__init__()
         settings = as_settings(OptimizerSettings, optimizer) or OptimizerSettings()
         self.optimizer_settings = with_defaults(settings, learning_rate=default_learning_rate)
         self.policy = policy
+        self.ema_settings = as_settings(EMASettings, ema)
+        self.policy_ema: PolicyEMA | None = None  # built with the (sharded) parameters, in configure_model
+        self._evaluation_weights: ExitStack | None = None
         self.record_hyperparameters(optimizer=plain(self.optimizer_settings))
+        if self.ema_settings is not None:
+            self.record_hyperparameters(ema=plain(self.ema_settings))
         self.skipped_updates = 0  # non-finite updates skipped so far
         self._consecutive_skips = 0
         self._dropped_step = False  # automatic optimisation: this step's gradients were dropped as non-finite
@@ -74,6 +88,23 @@ class PolicyModule(L.LightningModule):
         if isinstance(strategy, FSDP2Strategy) and not is_sharded(self.policy):
             shard_policy(self.policy.sharding_plan(), strategy.shard_settings(), strategy.reshard_after_forward)
         materialize(deferred_networks(self.policy))
+        if self.ema_settings is not None and self.policy_ema is None:  # on the parameters the optimizer will hold
+            self.policy_ema = PolicyEMA(self.policy.trainable_parameters(), self.ema_settings)
+
+    # ---------------------------------------------------------------------------------------------------- EMA
+    def evaluation_weights(self) -> AbstractContextManager[None]:
+        """Inside, the policy holds the weights validation and export use: the moving average when ``ema`` is on
+        (the trained weights come back after), else the trained weights themselves."""
+        return self.policy_ema.swapped_in() if self.policy_ema is not None else nullcontext()
+
+    def on_validation_start(self) -> None:
+        self._evaluation_weights = ExitStack()
+        self._evaluation_weights.enter_context(self.evaluation_weights())
+
+    def on_validation_end(self) -> None:
+        if self._evaluation_weights is not None:
+            self._evaluation_weights.close()
+            self._evaluation_weights = None
 
     def gathered_policy(self) -> AbstractContextManager[None]:
         """Rollouts and evaluation run inside: the sharded policy is gathered once, and resharded after."""
@@ -150,6 +181,7 @@ class PolicyModule(L.LightningModule):
             optimizer.step(closure=guard.after(closure))
         local = guard.nonfinite()
         if not self._any_rank(local > 0):
+            self._average_step()
             return False
         where = f"{local} non-finite tensor(s) on this rank" if local else "non-finite tensors on another rank"
         if not guard.restorable:
@@ -170,7 +202,14 @@ class PolicyModule(L.LightningModule):
             "before the step",
             where,
         )
+        self._average_step()  # the step still counts (global_step), with the weights from before it
         return True
+
+    def _average_step(self) -> None:
+        """Take the weights of the optimizer step just made into the moving average, inside the training step, so
+        that a checkpoint written at the end of the batch holds the average of that step."""
+        if self.policy_ema is not None:
+            self.policy_ema.step()
 
     def _step_guard(self, optimizer) -> FiniteStepGuard:
         """The guard of ``optimizer`` (a ``LightningOptimizer`` or what it wraps), kept across steps so its copy's

@@ -31,6 +31,7 @@ from app.modules.vlm_evaluation import VLMEvaluation, default_eval_rewards
 from app.rewards import RewardComponent
 from app.sampling.vlm_rollout import VLMSampler
 from app.settings import (
+    EMASettings,
     GRPOSettings,
     OptimizerSettings,
     PassAtK,
@@ -77,6 +78,8 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
             GSPO and CISPO (``token_mean`` / ``constant``, ``eps_low >= 1``) but no off-policy masking; what it cannot
             compute is refused here with a ``ConfigError`` naming the option.
         fused_loss_compiled: let Liger ``torch.compile`` the loss math; None: on CUDA only.
+        ema: a moving average of the trainable weights for validation and export (:class:`~app.settings.EMASettings`);
+            None: the trained weights.
     """
 
     def __init__(
@@ -95,10 +98,11 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         pass_at_k: PassAtK | None = None,
         fused_linear_loss: bool = False,
         fused_loss_compiled: bool | None = None,
+        ema: EMASettings | None = None,
     ):
         sampling = as_settings(SamplingSettings, sampling) or SamplingSettings()
         grpo = (as_settings(GRPOSettings, grpo) or GRPOSettings()).clip_range(VLM_CLIP_RANGE)
-        super().__init__(policy, rewards, sampling, grpo, optimizer, VLM_LEARNING_RATE, pipeline, records_per_step)
+        super().__init__(policy, rewards, sampling, grpo, optimizer, VLM_LEARNING_RATE, pipeline, records_per_step, ema)
         if loss_aggregation not in AGGREGATIONS:
             raise ValueError(
                 f"loss_aggregation must be 'token_mean', 'global_token_mean', 'sequence_mean' or 'constant', got "
