@@ -143,7 +143,11 @@ class GRPOSettings:
             the reference copy).
         num_iterations: optimizer updates per rollout (mu in the GRPO paper). With 1 (and no delayed pipeline) the
             ratio is exactly 1 and the clip range has no effect.
-        advantage_scale: ``group`` (std of the group), ``batch`` (std of the batch) or ``none`` (Dr. GRPO).
+        advantage_scale: ``group`` (std of the group), ``batch`` (std of this rank's batch), ``global`` (std of every
+            rank's rewards of the step: one all-reduce; flow_grpo's ``global_std``), ``per_prompt`` (mean and std of
+            the prompt's last ``prompt_history`` rewards over steps, kept per rank and saved in checkpoints; flow_grpo's
+            ``per_prompt_stat_tracking``) or ``none`` (Dr. GRPO). Every scale but ``per_prompt`` centres on the group.
+        prompt_history: rewards kept per prompt for ``per_prompt`` (a prompt is its task and question).
         drop_zero_std_groups: leave groups whose rewards are all equal out of the loss (they carry no signal).
         micro_batch_size: rows per forward/backward; gradients accumulate over the micro-batches of a rollout and
             reproduce the full-batch gradient. None: all N = B * K rows at once.
@@ -173,7 +177,8 @@ class GRPOSettings:
     eps_high: float | None = None
     beta: float = 0.0
     num_iterations: int = 1
-    advantage_scale: Literal["group", "batch", "none"] = "group"
+    advantage_scale: Literal["group", "batch", "global", "per_prompt", "none"] = "group"
+    prompt_history: int = 64
     drop_zero_std_groups: bool = False
     micro_batch_size: int | None = None
     gradient_clip_val: float = 1.0
@@ -192,8 +197,11 @@ class GRPOSettings:
             raise ValueError(f"grpo.beta must be >= 0, got {self.beta}")
         if self.num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1, got {self.num_iterations}")
-        if self.advantage_scale not in ("group", "batch", "none"):
-            raise ValueError(f"grpo.advantage_scale must be 'group', 'batch' or 'none', got {self.advantage_scale!r}")
+        scales = ("group", "batch", "global", "per_prompt", "none")
+        if self.advantage_scale not in scales:
+            raise ValueError(f"grpo.advantage_scale must be one of {scales}, got {self.advantage_scale!r}")
+        if self.prompt_history < 1:
+            raise ValueError(f"grpo.prompt_history must be >= 1, got {self.prompt_history}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
         if self.gradient_clip_val < 0:

@@ -122,7 +122,32 @@ def test_scored_advantages_follow_the_module_s_advantage_scale(scale):
     total = torch.tensor([1.0, 2.0, 6.0, 5.0, 5.0, 4.0])
     expected = group_advantages(total, 3, scale=scale)
     assert not torch.equal(expected, group_advantages(total, 3, scale="group"))  # the scale matters for these rewards
-    assert torch.equal(module._scored(RewardOutput(total, {"value": total})).advantages, expected)
+    assert torch.equal(module._scored(RewardOutput(total, {"value": total}), samples()).advantages, expected)
+
+
+def test_global_scale_in_one_process_is_the_batch_scale():
+    module = ToyGRPO(LinearPolicy(), grpo=GRPOSettings(advantage_scale="global"))
+    total = torch.tensor([1.0, 2.0, 6.0, 5.0, 5.0, 4.0])
+    expected = group_advantages(total, 3, scale="batch")
+    torch.testing.assert_close(module._scored(RewardOutput(total, {"value": total}), samples()).advantages, expected)
+
+
+def test_per_prompt_scale_uses_each_prompt_s_history_and_it_resumes_from_a_checkpoint():
+    grpo = GRPOSettings(advantage_scale="per_prompt", prompt_history=6)
+    module = ToyGRPO(LinearPolicy(), grpo=grpo)
+    first, second = torch.tensor([1.0, 2.0, 6.0, 5.0, 5.0, 4.0]), torch.tensor([2.0, 2.0, 2.0, 7.0, 5.0, 6.0])
+    module._scored(RewardOutput(first, {"value": first}), samples())
+    state = module.rank_state()
+    got = module._scored(RewardOutput(second, {"value": second}), samples()).advantages
+    for b in range(2):  # each prompt against its own 6 rewards: the first step's 3 and this step's 3
+        history = torch.cat([first[3 * b : 3 * b + 3], second[3 * b : 3 * b + 3]]).double()
+        want = (second[3 * b : 3 * b + 3].double() - history.mean()) / (history.std(unbiased=False) + 1e-4)
+        torch.testing.assert_close(got[3 * b : 3 * b + 3].double(), want, rtol=1e-6, atol=1e-6)
+    assert got[:3].abs().min() > 0  # equal rewards, but below what the prompt got before: a signal
+    resumed = ToyGRPO(LinearPolicy(), grpo=grpo)
+    resumed.load_rank_state(state, fresh_seed=None)
+    again = resumed._scored(RewardOutput(second, {"value": second}), samples()).advantages
+    assert torch.equal(again, got)
 
 
 # ------------------------------------------------------------------------------------------------ the update

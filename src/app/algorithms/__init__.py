@@ -2,7 +2,7 @@
 clipped surrogates, CISPO, off-policy sequence masking and high-entropy token selection (see docs/algorithms.md#grpo),
 and the chunked per-token log-probs and entropies of a VLM policy (docs/algorithms.md#token-log-probabilities)."""
 
-from app.algorithms.advantages import AdvantageScale, group_advantages, zero_std_groups
+from app.algorithms.advantages import AdvantageScale, group_advantages, moments_std, reward_moments, zero_std_groups
 from app.algorithms.logprobs import chunked_token_logprobs, chunked_token_logprobs_and_entropy, token_logprobs_naive
 from app.algorithms.loss import (
     Aggregation,
@@ -19,9 +19,13 @@ from app.algorithms.loss import (
     off_policy_mask,
     sequence_log_ratio,
 )
+from app.algorithms.prompt_stats import PromptStatTracker
 from app.algorithms.tally import TokenTally
 
 __all__ = [
+    "PromptStatTracker",
+    "moments_std",
+    "reward_moments",
     "AdvantageScale",
     "Aggregation",
     "GRPOLossOutput",

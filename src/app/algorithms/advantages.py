@@ -13,6 +13,8 @@ import torch
 from torch import Tensor
 
 AdvantageScale = Literal["group", "batch", "none"]
+"""How :func:`group_advantages` divides; the modules' ``advantage_scale`` adds ``global`` (``batch`` with the std of
+every rank's rewards, :func:`moments_std`) and ``per_prompt`` (:class:`~app.algorithms.prompt_stats.PromptStatTracker`)."""
 
 
 def _groups(rewards: Tensor, group_size: int) -> Tensor:
@@ -39,19 +41,42 @@ def zero_std_groups(rewards: Tensor, group_size: int, atol: float = 1e-6) -> Ten
     return spread <= atol  # [B]
 
 
-def group_advantages(rewards: Tensor, group_size: int, scale: AdvantageScale = "group", eps: float = 1e-4) -> Tensor:
+def group_advantages(
+    rewards: Tensor,
+    group_size: int,
+    scale: AdvantageScale = "group",
+    eps: float = 1e-4,
+    batch_std: float | Tensor | None = None,
+) -> Tensor:
     """``A = (r - group mean) / (std + eps)``, ``[N]`` -> ``[N]``.
 
-    ``scale``: ``"group"`` divides by each group's std, ``"batch"`` by the std of all N rewards, ``"none"`` does not
-    divide (Dr. GRPO). Groups whose rewards are all equal get exactly 0, not rounding noise over ``eps``.
+    ``scale``: ``"group"`` divides by each group's std, ``"batch"`` by the std of all N rewards (or by ``batch_std``
+    when given: the std of a larger batch these rewards are part of, every rank's), ``"none"`` does not divide
+    (Dr. GRPO). Groups whose rewards are all equal get exactly 0, not rounding noise over ``eps``.
     """
     groups = _groups(rewards, group_size)  # [B, K]
     centered = groups - groups.mean(dim=1, keepdim=True)  # [B, K]
     if scale == "group":
         centered = centered / (groups.std(dim=1, unbiased=False, keepdim=True) + eps)  # [B, K]
     elif scale == "batch":
-        centered = centered / (groups.std(unbiased=False) + eps)  # [B, K]
+        spread = groups.std(unbiased=False) if batch_std is None else torch.as_tensor(batch_std).to(groups)
+        centered = centered / (spread + eps)  # [B, K]
     elif scale != "none":
         raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
     flat = zero_std_groups(rewards, group_size)[:, None]  # [B, 1]
     return torch.where(flat, torch.zeros_like(centered), centered).reshape(-1)  # [N]
+
+
+def reward_moments(rewards: Tensor) -> Tensor:
+    """``[count, sum, sum of squares]`` of ``rewards`` in float64: what ranks add up (one all-reduce) to get the std
+    of all their rewards (:func:`moments_std`)."""
+    values = rewards.detach().double().flatten()
+    return torch.stack([values.new_tensor(float(values.numel())), values.sum(), (values * values).sum()])
+
+
+def moments_std(moments: Tensor) -> Tensor:
+    """The population std of the rewards whose :func:`reward_moments` (summed over ranks) are ``moments``; float64,
+    so that ``E[r^2] - E[r]^2`` keeps its digits for rewards of any offset met in practice (|mean| / std < 1e5)."""
+    count, total, squares = moments.double().unbind()
+    mean = total / count.clamp(min=1)
+    return (squares / count.clamp(min=1) - mean * mean).clamp(min=0).sqrt()

@@ -30,7 +30,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from app.algorithms import GRPOLossOutput, group_advantages, zero_std_groups
+from app.algorithms import (
+    GRPOLossOutput,
+    PromptStatTracker,
+    group_advantages,
+    moments_std,
+    reward_moments,
+    zero_std_groups,
+)
 from app.algorithms.tally import TokenTally
 from app.models.policy import Policy
 from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
@@ -108,6 +115,7 @@ class GRPOModule(PolicyModule):
             policy.enable_reference()
         self._consecutive_nonfinite_rewards = 0
         self.skipped_groups = 0  # groups left out of updates because a reward could not score them
+        self.prompt_stats = PromptStatTracker(grpo.prompt_history) if grpo.advantage_scale == "per_prompt" else None
         self.rollout_queue = RolloutQueue(self.pipeline, self.rewards)  # what a step carries to the next
         self.record_hyperparameters(
             sampling=plain(sampling), grpo=plain(grpo), pipeline=plain(self.pipeline), records_per_step=records_per_step
@@ -208,22 +216,47 @@ class GRPOModule(PolicyModule):
         """Rewards of the N = B * K ``outputs`` (row ``b * K + k`` from prompt ``b``), their group advantages, and
         which rows stay in the loss."""
         k = self.group_size
-        return self._scored(self.rewards(outputs, grouped(samples, k), group_size=k))
+        return self._scored(self.rewards(outputs, grouped(samples, k), group_size=k), samples)
 
-    def _scored(self, rewards: RewardOutput) -> ScoredGroups:
-        """Group advantages and kept rows of collected rewards (the rest of :meth:`score`)."""
+    def _scored(self, rewards: RewardOutput, samples: Sequence[VisualSample] | None = None) -> ScoredGroups:
+        """Group advantages and kept rows of collected rewards (the rest of :meth:`score`); ``samples``: the B
+        prompts (``advantage_scale: per_prompt`` needs them)."""
         k, n = self.group_size, len(rewards.total)
         all_nonfinite = rewards.num_nonfinite >= n * len(self.rewards.components)
         self._check_rewards(all_nonfinite and n > 0)
         total = rewards.total.float().to(self.device)  # [N]
         scored = self._scored_rows(rewards, k)  # [N] bool
         advantages = torch.zeros_like(total)  # [N]; 0 in skipped groups, which stay out of the loss
-        if scored.any():
-            advantages[scored] = group_advantages(total[scored], k, scale=self.grpo.advantage_scale)
+        groups_kept = scored.view(-1, k)[:, 0].tolist() if n else []
+        prompts = samples if samples is not None else [None] * len(groups_kept)
+        kept_prompts = [sample for sample, kept in zip(prompts, groups_kept, strict=True) if kept]
+        advantages[scored] = self._advantages(total[scored], kept_prompts)
         keep = scored.clone()  # [N]
         if self.grpo.drop_zero_std_groups or self.pipeline.dynamic_sampling:
             keep &= ~zero_std_groups(total, k).repeat_interleave(k)  # [N]
         return ScoredGroups(rewards, advantages, keep)
+
+    def _advantages(self, total: Tensor, prompts: list[VisualSample]) -> Tensor:
+        """``[n]`` advantages of the scored rows ``total`` (whole groups of K, of ``prompts``) by
+        ``grpo.advantage_scale``; ``global`` all-reduces on every rank, whatever it scored."""
+        k, scale = self.group_size, self.grpo.advantage_scale
+        if scale == "global":
+            moments = self._summed_over_ranks(reward_moments(total).to(self.device))
+            return group_advantages(total, k, "batch", batch_std=moments_std(moments)) if len(total) else total
+        if not len(total):
+            return total
+        if scale == "per_prompt":
+            return self.prompt_stats.advantages([prompt_key(p) for p in prompts], total)
+        return group_advantages(total, k, scale=scale)
+
+    def _summed_over_ranks(self, value: Tensor) -> Tensor:
+        """``value`` summed over every rank of the run (itself in one process)."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            value = value.clone()
+            dist.all_reduce(value)
+        return value
 
     def _scored_rows(self, rewards: RewardOutput, k: int) -> Tensor:
         """``[N]`` bool: the rows of the groups every reward scored. A group with a row that a reward skipped
@@ -253,7 +286,7 @@ class GRPOModule(PolicyModule):
         ready = queue.take(self.device)
         if ready is None:
             return None
-        rollout = self.finish_rollout(ready, self._scored(queue.collect(ready)))
+        rollout = self.finish_rollout(ready, self._scored(queue.collect(ready), ready.samples))
         collected = time.perf_counter()
         rollouts, logs = [rollout], {}
         if self.pipeline.dynamic_sampling:
@@ -330,6 +363,18 @@ class GRPOModule(PolicyModule):
         return sums
 
     # ---------------------------------------------------------------------------------------------- checkpoints
+    def rank_state(self) -> dict:
+        """The random state, and this rank's per-prompt reward history (``advantage_scale: per_prompt``)."""
+        state = super().rank_state()
+        if self.prompt_stats is not None:
+            state["prompt_stats"] = self.prompt_stats.state()
+        return state
+
+    def load_rank_state(self, saved: dict, fresh_seed: int | None) -> None:
+        super().load_rank_state(saved, fresh_seed)
+        if self.prompt_stats is not None and "prompt_stats" in saved:
+            self.prompt_stats.load(saved["prompt_stats"])
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
         self.rollout_queue.save(checkpoint, self.global_rank)
@@ -409,3 +454,8 @@ class GRPOModule(PolicyModule):
             )
             for i in range(min(self.records_per_step, len(rewards.total)))
         ]
+
+
+def prompt_key(sample: VisualSample) -> str:
+    """What ``advantage_scale: per_prompt`` tracks a prompt by: its task and question."""
+    return f"{sample.task}\x1f{sample.question}"
