@@ -81,7 +81,14 @@ class FlowSamplingSettings:
         eta: the sampler's noise level, > 0 (``cps``: at most 1).
         timestep_fraction: fraction of the stochastic steps trained per rollout (a random subset); 1.0 trains all.
         sde_window: ``(start, end)``: only steps ``start <= i < end`` are stochastic (and trained), the others are
-            Euler steps; None: every step but the last.
+            ODE steps; None: every step but the last.
+        window_stride: MixGRPO's moving window: after every ``window_every_n_steps`` optimizer steps the window moves
+            this many denoising steps later (its size kept; it stops at the last trainable steps). 0: a fixed window.
+            Needs ``sde_window`` (the first position).
+        window_every_n_steps: optimizer steps between two moves of the window.
+        ode_tail: the solver of the deterministic steps after the window: ``euler`` (first order, as before it) or
+            ``unipc`` (diffusers' ``UniPCMultistepScheduler`` in flow mode, order 2, no gradients: MixGRPO-Flash's
+            higher-order ODE part).
         shared_initial_noise: the K trajectories of a prompt start from the same noise (DanceGRPO), so the rewards within
             a group differ only through the sampler's noise, which the policy gradient can credit; False (Flow-GRPO)
             draws one starting noise per trajectory, whose effect on the reward the gradient cannot credit.
@@ -99,6 +106,9 @@ class FlowSamplingSettings:
     eta: float = 0.7
     timestep_fraction: float = 1.0
     sde_window: tuple[int, int] | None = None
+    window_stride: int = 0
+    window_every_n_steps: int = 1
+    ode_tail: Literal["euler", "unipc"] = "euler"
     shared_initial_noise: bool = False
     guidance_scale: float = 1.0
     eval_sampler: Literal["euler", "unipc"] = "euler"
@@ -126,6 +136,26 @@ class FlowSamplingSettings:
                     f"{self.num_steps - 1} (the last step is never trained), got {self.sde_window}"
                 )
             self.sde_window = window
+        if self.window_stride < 0 or self.window_every_n_steps < 1:
+            raise ValueError(
+                f"need window_stride >= 0 and window_every_n_steps >= 1, got {self.window_stride} and "
+                f"{self.window_every_n_steps}"
+            )
+        if self.window_stride and self.sde_window is None:
+            raise ValueError("window_stride moves the sde_window: set sde_window, the window's first position")
+        if self.ode_tail not in ("euler", "unipc"):
+            raise ValueError(f"ode_tail must be 'euler' or 'unipc', got {self.ode_tail!r}")
+
+    def window_at(self, step: int) -> tuple[int, int] | None:
+        """The SDE window of the rollout drawn after ``step`` optimizer steps: ``sde_window`` moved by
+        ``window_stride`` every ``window_every_n_steps`` steps, up to the last trainable steps (the last denoising
+        step is never stochastic)."""
+        if self.sde_window is None or not self.window_stride:
+            return self.sde_window
+        start, end = self.sde_window
+        last_start = self.num_steps - 1 - (end - start)
+        moved = min(start + self.window_stride * (step // self.window_every_n_steps), max(last_start, start))
+        return moved, moved + (end - start)
 
 
 # -------------------------------------------------------------------------------------------------- the update

@@ -96,7 +96,7 @@ def loader(n: int = 4, batch_size: int = 2) -> DataLoader:
     return DataLoader(prompts(n), batch_size=batch_size, collate_fn=list)
 
 
-SAMPLING_FIELDS = {"sampler", "eta", "timestep_fraction", "sde_window", "shared_initial_noise", "guidance_scale"}
+SAMPLING_FIELDS = {field.name for field in dataclasses.fields(FlowSamplingSettings)} - {"group_size", "num_steps"}
 GRPO_FIELDS = {field.name for field in dataclasses.fields(GRPOSettings)}
 OPTIMIZER_FIELDS = {field.name for field in dataclasses.fields(OptimizerSettings)}
 
@@ -309,6 +309,17 @@ def test_sde_window_trains_only_its_steps(fit):
     sigmas = flow_sigmas(T, shift=3.0)
     assert seen == [[float(sigmas[1]), float(sigmas[2])]]
     assert recorder.metric("train/num_trained_steps") == [2.0]
+
+
+def test_a_moving_window_trains_later_steps_as_training_goes_on(fit):
+    module = flow_module(sde_window=(0, 1), window_stride=1, window_every_n_steps=1)
+    seen = trained_sigmas(module)
+    _, recorder = fit(module, loader(6), max_steps=3)
+    sigmas = flow_sigmas(T, shift=3.0)
+    windows = [module.sampling.window_at(step) for step in range(3)]
+    assert seen == [[float(sigmas[start])] for start, _ in windows]
+    assert recorder.metric("train/first_trained_step") == [float(start) for start, _ in windows]
+    assert len({start for start, _ in windows}) > 1  # it moved
 
 
 def test_timestep_fraction_trains_a_subset(fit):

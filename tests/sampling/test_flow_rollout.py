@@ -7,6 +7,7 @@ import torch
 
 from app.models import FlowPolicy
 from app.sampling import FlowSampler
+from app.sampling.flow import unipc_sample
 from app.settings import FlowSamplingSettings, LoRASettings
 
 PROMPTS = ["a red dot left of a blue dot", "three squares", "a green circle"]
@@ -69,6 +70,21 @@ def test_euler_denoising_is_the_ode_and_keeps_nothing(policy):
             x = x + (sigmas[i + 1] - sigmas[i]) * policy.velocity(x, sigmas[i : i + 1], conditioning)
     torch.testing.assert_close(out.final, x, rtol=1e-5, atol=1e-6)
     assert out.latents.shape[1] == 0 and out.logprobs.shape == (1, 0)
+
+
+def test_a_unipc_tail_takes_the_steps_after_the_window(policy):
+    sampler = FlowSampler(policy, FlowSamplingSettings(num_steps=6))
+    sigmas = policy.sigmas(6).float()
+    conditioning = sampler.conditioning(PROMPTS[:2])
+    noise = policy.initial_noise(2, torch.Generator().manual_seed(6))
+    mixed = sampler.denoise(conditioning, noise, sigmas, [1, 2], [1, 2], torch.Generator().manual_seed(7), "unipc")
+    # the same window on the schedule cut after it, then UniPC from there (steps 3, 4, 5) to the sample
+    head = sampler.denoise(conditioning, noise, sigmas[:4], [1, 2], [1, 2], torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        tail = unipc_sample(lambda z, sigma: sampler.velocity(z, sigma, conditioning), head.final, sigmas[3:])
+    assert torch.equal(mixed.final, tail) and torch.equal(mixed.logprobs, head.logprobs)
+    euler = sampler.denoise(conditioning, noise, sigmas, [1, 2], [1, 2], torch.Generator().manual_seed(7))
+    assert torch.equal(euler.logprobs, mixed.logprobs) and not torch.equal(euler.final, mixed.final)
 
 
 @pytest.mark.parametrize("shared", [True, False])

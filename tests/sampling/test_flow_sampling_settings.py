@@ -68,3 +68,32 @@ WINDOW = (
 def test_each_refused_value_is_named_in_the_message(settings, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         FlowSamplingSettings(**settings)
+
+
+def test_a_moving_window_steps_later_every_n_steps_and_stops_at_the_last_trainable_steps():
+    settings = FlowSamplingSettings(num_steps=8, sde_window=(0, 2), window_stride=2, window_every_n_steps=3)
+    windows = [settings.window_at(step) for step in range(0, 16)]
+    assert windows[:3] == [(0, 2)] * 3 and windows[3:6] == [(2, 4)] * 3 and windows[6] == (4, 6)
+    assert set(windows[9:]) == {(5, 7)}  # the window's steps all stochastic: it ends before the last step (7)
+    assert FlowSamplingSettings(num_steps=8, sde_window=(1, 3)).window_at(100) == (1, 3)  # a fixed window
+    assert FlowSamplingSettings(num_steps=8).window_at(5) is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (dict(window_stride=1), "window_stride moves the sde_window: set sde_window, the window's first position"),
+        (
+            dict(sde_window=(0, 2), window_stride=-1),
+            "need window_stride >= 0 and window_every_n_steps >= 1, got -1 and 1",
+        ),
+        (
+            dict(sde_window=(0, 2), window_every_n_steps=0),
+            "need window_stride >= 0 and window_every_n_steps >= 1, got 0 and 0",
+        ),
+        (dict(ode_tail="dpm"), "ode_tail must be 'euler' or 'unipc', got 'dpm'"),
+    ],
+)
+def test_a_bad_moving_window_is_refused_naming_the_value(settings, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        FlowSamplingSettings(**settings)

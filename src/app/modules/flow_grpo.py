@@ -147,7 +147,10 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         """K trajectories per prompt (:meth:`~app.sampling.FlowSampler.draw`): the trained transitions with their
         log-densities under the sampling policy (and the reference's when ``beta > 0``), and the decoded samples the
         rewards score."""
-        return Generation(samples, self.sampler.draw(samples, self.generator, reference=self.grpo.beta > 0))
+        window = self.sampling.window_at(self.global_step)  # MixGRPO: moves with training when window_stride > 0
+        return Generation(
+            samples, self.sampler.draw(samples, self.generator, reference=self.grpo.beta > 0, window=window)
+        )
 
     def loss_mask(self, generation: Generation[SampledTrajectories], keep: Tensor) -> Tensor:
         """``[N]`` bool: the kept trajectories (each of its trained steps is one "token")."""
@@ -185,7 +188,10 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         return "<image>"
 
     def rollout_logs(self, rollout: Rollout[SampledTrajectories]) -> dict[str, Tensor]:
-        return {"train/num_trained_steps": torch.tensor(float(len(rollout.sampled.step_indices)))}
+        logs = {"train/num_trained_steps": torch.tensor(float(len(rollout.sampled.step_indices)))}
+        if self.sampling.window_stride:  # where the moving window was when this rollout was drawn
+            logs["train/first_trained_step"] = torch.tensor(float(min(rollout.sampled.step_indices)))
+        return logs
 
     def step_outputs(self, rollout: Rollout[SampledTrajectories]) -> dict[str, Tensor]:
         return {"images": rollout.sampled.images[: self.records_per_step]}

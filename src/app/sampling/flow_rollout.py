@@ -6,7 +6,10 @@ Which steps are stochastic and which are trained (see docs/algorithms.md#trainin
 
 - The step onto ``s' = 0`` (the last one) is deterministic for every sampler: it is an Euler step and never trained.
 - Without ``sde_window`` every other step uses the sampler (``cps`` or ``sde``). With ``sde_window = (start, end)``
-  (MixGRPO / "ODE prefix then a short SDE window") only steps ``start <= i < end`` do; the rest are Euler steps.
+  (MixGRPO / "ODE prefix then a short SDE window") only steps ``start <= i < end`` do; the rest are ODE steps: Euler
+  before the window, and after it Euler or, with ``ode_tail: unipc``, diffusers' UniPC (order 2) from the window's end
+  to the sample. With ``window_stride`` the window moves later as training goes on
+  (:meth:`~app.settings.FlowSamplingSettings.window_at`).
 - ``timestep_fraction`` trains on ``max(1, int(fraction * S))`` of those S stochastic steps (Flow-GRPO's rounding):
   a RANDOM subset, drawn anew every rollout from the rollout generator and shared by all N trajectories of the batch
   (one sigma per forward pass). With 1.0 (default) every stochastic step is trained.
@@ -150,22 +153,28 @@ class FlowSampler:
             return conditioning
 
     @torch.no_grad()
-    def draw(self, samples: Sequence[VisualSample], generator: torch.Generator, reference: bool) -> SampledTrajectories:
+    def draw(
+        self,
+        samples: Sequence[VisualSample],
+        generator: torch.Generator,
+        reference: bool,
+        window: tuple[int, int] | None = None,
+    ) -> SampledTrajectories:
         """K trajectories per prompt (conditioned on the policy's problem frames where it takes them), the trained
         transitions with their log-densities under the sampling policy, with ``reference`` under the reference too,
-        and the decoded samples the rewards score. ``generator`` draws the trained steps and every noise."""
+        and the decoded samples the rewards score. ``generator`` draws the trained steps and every noise; ``window``:
+        the SDE window of this rollout (default: ``sde_window``; a moving one comes from ``window_at``)."""
         settings = self.settings
+        window = window if window is not None else settings.sde_window
         images = self.policy.condition_images(samples)  # problem frames of an image-conditioned policy, else None
         conditioning = self.conditioning([s.question for s in samples], settings.group_size, images=images)
         sigmas = self.policy.sigmas(settings.num_steps).float().cpu()  # [T + 1]
-        stochastic = stochastic_steps(sigmas, settings.sde_window)
+        stochastic = stochastic_steps(sigmas, window)
         if not stochastic:
-            raise ValueError(
-                f"no trainable step with num_steps={settings.num_steps} and sde_window={settings.sde_window}"
-            )
+            raise ValueError(f"no trainable step with num_steps={settings.num_steps} and sde_window={window}")
         steps = train_steps(stochastic, settings.timestep_fraction, generator)
         noise = self.initial_noise(len(samples), generator).to(self.policy.device)  # [N, ...]
-        kept = self.denoise(conditioning, noise, sigmas, stochastic, steps, generator)
+        kept = self.denoise(conditioning, noise, sigmas, stochastic, steps, generator, ode_tail=settings.ode_tail)
         ref_logprobs = None
         if reference:
             ref_logprobs = self.reference_logprobs(conditioning, sigmas, steps, kept.latents, kept.next_latents)
@@ -189,15 +198,21 @@ class FlowSampler:
         stochastic: Sequence[int] = (),
         keep: Sequence[int] = (),
         generator: torch.Generator | None = None,
+        ode_tail: str = "euler",
     ) -> Transitions:
-        """Run the T steps from ``noise`` ``[N, ...]``: sampler steps at ``stochastic``, Euler steps elsewhere; keep the
-        transitions of the steps in ``keep`` (a subset of ``stochastic``)."""
+        """Run the T steps from ``noise`` ``[N, ...]``: sampler steps at ``stochastic``, Euler steps elsewhere (after
+        the last stochastic step, UniPC with ``ode_tail="unipc"``); keep the transitions of the steps in ``keep`` (a
+        subset of ``stochastic``)."""
         stochastic, keep = set(stochastic), set(keep)
         if not keep <= stochastic:
             raise ValueError(f"kept steps {sorted(keep - stochastic)} are not stochastic")
         x = noise.float()  # [N, ...]
         kept = []
+        tail_from = max(stochastic) + 1 if stochastic and ode_tail == "unipc" else sigmas.shape[0] - 1
         for i in range(sigmas.shape[0] - 1):
+            if i == tail_from and i < sigmas.shape[0] - 2:  # two or more steps left: UniPC's multistep pays off
+                x = unipc_sample(lambda z, sigma: self.velocity(z, sigma, conditioning), x, sigmas[i:])
+                break
             s, s_next = float(sigmas[i]), float(sigmas[i + 1])
             v = self.velocity(x, sigmas[i], conditioning)  # [N, ...]
             out = self.step(x, v, s, s_next, generator=generator) if i in stochastic else ode_step(x, v, s, s_next)
