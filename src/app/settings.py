@@ -86,6 +86,10 @@ class FlowSamplingSettings:
             this many denoising steps later (its size kept; it stops at the last trainable steps). 0: a fixed window.
             Needs ``sde_window`` (the first position).
         window_every_n_steps: optimizer steps between two moves of the window.
+        step_weighting: how a rollout's loss weighs its trained steps: ``uniform`` (Flow-GRPO: each 1 / S) or
+            ``noise_std`` (each in proportion to its transition's noise std, normalised to sum to 1: the noisy early
+            steps, where an exploration changes the sample most, weigh more; after TempFlow-GRPO's noise-aware
+            weighting, which scales the policy loss by the step's noise level).
         ode_tail: the solver of the deterministic steps after the window: ``euler`` (first order, as before it) or
             ``unipc`` (diffusers' ``UniPCMultistepScheduler`` in flow mode, order 2, no gradients: MixGRPO-Flash's
             higher-order ODE part).
@@ -109,6 +113,7 @@ class FlowSamplingSettings:
     window_stride: int = 0
     window_every_n_steps: int = 1
     ode_tail: Literal["euler", "unipc"] = "euler"
+    step_weighting: Literal["uniform", "noise_std"] = "uniform"
     shared_initial_noise: bool = False
     guidance_scale: float = 1.0
     eval_sampler: Literal["euler", "unipc"] = "euler"
@@ -143,6 +148,8 @@ class FlowSamplingSettings:
             )
         if self.window_stride and self.sde_window is None:
             raise ValueError("window_stride moves the sde_window: set sde_window, the window's first position")
+        if self.step_weighting not in ("uniform", "noise_std"):
+            raise ValueError(f"step_weighting must be 'uniform' or 'noise_std', got {self.step_weighting!r}")
         if self.ode_tail not in ("euler", "unipc"):
             raise ValueError(f"ode_tail must be 'euler' or 'unipc', got {self.ode_tail!r}")
 

@@ -322,6 +322,27 @@ def test_a_moving_window_trains_later_steps_as_training_goes_on(fit):
     assert len({start for start, _ in windows}) > 1  # it moved
 
 
+def test_noise_std_weighting_weighs_each_trained_step_by_its_transition_s_noise(fit):
+    from app.sampling.flow import cps_step
+
+    module = flow_module(step_weighting="noise_std")
+    rollout = module.rollout(prompts())
+    sampled = rollout.sampled
+    stds = [
+        float(cps_step(torch.zeros(1, 1), torch.zeros(1, 1), float(sampled.sigmas[i]), float(sampled.sigmas[i + 1]), 0.7,
+                       noise=torch.zeros(1, 1)).std[0])
+        for i in sampled.step_indices
+    ]  # fmt: skip
+    weights = module.sampler.step_weights(sampled.sigmas, sampled.step_indices)
+    assert (
+        weights == pytest.approx([s / sum(stds) for s in stds]) and weights[0] > weights[-1]
+    )  # noisy steps weigh more
+    shares = [float(share) for _, share in module.weighted_losses(rollout)]
+    assert sum(shares) == pytest.approx(1.0) and shares == pytest.approx(weights)  # one micro-batch per step
+    uniform = flow_module()
+    assert uniform.sampler.step_weights(sampled.sigmas, sampled.step_indices) == [1 / len(stds)] * len(stds)
+
+
 def test_timestep_fraction_trains_a_subset(fit):
     module = flow_module(timestep_fraction=0.5)
     seen = trained_sigmas(module)

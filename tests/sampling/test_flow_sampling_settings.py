@@ -92,6 +92,7 @@ def test_a_moving_window_steps_later_every_n_steps_and_stops_at_the_last_trainab
             "need window_stride >= 0 and window_every_n_steps >= 1, got 0 and 0",
         ),
         (dict(ode_tail="dpm"), "ode_tail must be 'euler' or 'unipc', got 'dpm'"),
+        (dict(step_weighting="snr"), "step_weighting must be 'uniform' or 'noise_std', got 'snr'"),
     ],
 )
 def test_a_bad_moving_window_is_refused_naming_the_value(settings, message):

@@ -159,10 +159,11 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
     # -------------------------------------------------------------------------------------------------- training
     def weighted_losses(self, rollout: Rollout[SampledTrajectories]) -> Iterator[tuple[GRPOLossOutput, Tensor]]:
         """The loss of each trained step and micro-batch: the masked per-trajectory mean within the micro-batch,
-        weighted by the micro-batch's share of the mask and by 1 / (number of trained steps)."""
+        weighted by the micro-batch's share of the mask and by the step's weight (1 / number of trained steps, or by
+        its noise std with ``step_weighting: noise_std``)."""
         grpo, sampled = self.grpo, rollout.sampled
         mask = rollout.loss_mask[:, None]  # [N, 1], one "token" per sample and step
-        num_steps = len(sampled.step_indices)
+        weights = self.sampler.step_weights(sampled.sigmas, sampled.step_indices)
         total = mask.sum().clamp(min=1)
         for j, i in enumerate(sampled.step_indices):
             for rows in micro_batches(mask.shape[0], grpo.micro_batch_size):
@@ -181,7 +182,7 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
                     beta=grpo.beta,
                     ref_logprobs=ref,
                 )
-                yield out, mask[rows].sum() / total / num_steps
+                yield out, mask[rows].sum() / total * weights[j]
 
     # --------------------------------------------------------------------------------------------------- logging
     def completion_text(self, rollout: Rollout[SampledTrajectories], row: int) -> str:

@@ -113,6 +113,18 @@ class FlowSampler:
         step = cps_step if self.settings.sampler == "cps" else sde_step
         return step(x, v, s, s_next, self.settings.eta, **kwargs)
 
+    def step_weights(self, sigmas: Tensor, steps: Sequence[int]) -> list[float]:
+        """The loss weight of each trained step in ``steps`` (they sum to 1): ``1 / S`` each, or with
+        ``step_weighting: noise_std`` in proportion to the noise std of the sampler's transition at that step."""
+        if self.settings.step_weighting == "uniform" or not steps:
+            return [1.0 / len(steps)] * len(steps)
+        probe = torch.zeros(1, 1)  # the transition's std depends on the sigmas and eta only
+        stds = [
+            float(self.step(probe, probe, float(sigmas[i]), float(sigmas[i + 1]), noise=probe).std[0]) for i in steps
+        ]
+        total = sum(stds)
+        return [std / total for std in stds] if total > 0 else [1.0 / len(steps)] * len(steps)
+
     def velocity(self, x: Tensor, sigma: Tensor, conditioning: dict[str, Tensor]) -> Tensor:
         """``[N, ...]`` float32 (guided) velocities at one noise level; without gradients ``micro_batch_size`` rows at
         a time, with gradients all rows at once (the caller micro-batches the backward pass)."""
