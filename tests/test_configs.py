@@ -106,3 +106,23 @@ def test_objectives_arms_parse_as_their_settings(monkeypatch, capsys):
                 parsed = parsed[part]
             assert parsed == (type(parsed)(value) if isinstance(parsed, (int, float)) else value), (arm, key)
     assert objectives.arm_overrides("masked", 0.5)[-1] == f"{objectives.G}off_policy_max_kl=0.5"
+
+
+def test_flow_grpo_arms_parse_as_their_sampling_settings(monkeypatch, capsys):
+    """Every arm of benchmarks/repro/flow_grpo.py that overrides its task's recipe parses and builds valid
+    ``FlowSamplingSettings`` (a moving window needs its first position, ...)."""
+    from app.settings import FlowSamplingSettings
+
+    flow_grpo = load_repro("flow_grpo", monkeypatch)
+    for name, arm in flow_grpo.ARMS.items():
+        if arm.config is not None:
+            continue
+        args = ["--config", str(ROOT / "configs" / flow_grpo.TASKS["flow"].grpo)]
+        for item in arm.overrides:
+            key, _, value = item.partition("=")
+            args += [f"--{key}", value]
+        sampling = print_config(args, capsys)["model"]["init_args"]["sampling"]
+        settings = FlowSamplingSettings(**sampling)
+        if name == "mixgrpo":
+            assert settings.window_at(0) == (0, 2) and settings.window_at(10**6) == (5, 7)
+            assert settings.ode_tail == "unipc"

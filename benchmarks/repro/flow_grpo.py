@@ -3,6 +3,7 @@
     python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde    # 29.6 min on 2 cores
     python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps sde    # 25.5 min on 2 cores
     python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde cps_delay1 --reuse   # adds the delay arm
+    python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms window2 mixgrpo --section flow-grpo-flow-window
 
 (times measured 2026-12-02 from empty output folders; ``--reuse`` keeps the stages already run.)
 
@@ -13,6 +14,9 @@ from that same model, at equal steps and data. Arms:
 - ``sde``: the same with Flow-GRPO's SDE sampler at the same eta (VBVR-Pro prefers CPS).
 - ``cps_delay1``: the one-step-delayed reward pipeline, scorers in a process pool (``configs/vbvr_pipeline_cpu.yaml``;
   VBVR only).
+- ``window2``: a fixed SDE window of the first 2 steps (Euler elsewhere), the baseline of MixGRPO's comparison.
+- ``mixgrpo``: MixGRPO: the same 2-step window moved one step later every ``WINDOW_EVERY`` optimizer steps, UniPC after
+  it (``window_stride``, ``ode_tail: unipc``).
 
 Prints per seed and arm the held-out reward before -> after, then mean ± sample std of the rise, and writes the table
 to the ``flow-grpo-<task>`` section of ``docs/results.md``. ``--reuse`` skips stages whose ``summary.json`` exists.
@@ -76,8 +80,20 @@ TASKS = {
         "reward checks colour, region and shape; 100 GRPO steps of 32 prompts x 8 samples.",
     ),
 }
+WINDOW_EVERY = 20  # the flow quickstart's 100 steps: the window sweeps from steps 0-1 to 5-6 of 8
 ARMS = {
     "cps": Arm(None, what="CPS, eta 0.7 (the recipe)"),
+    "window2": Arm(None, ("model.init_args.sampling.sde_window=[0, 2]",), "CPS, fixed window of steps 0-1"),
+    "mixgrpo": Arm(
+        None,
+        (
+            "model.init_args.sampling.sde_window=[0, 2]",
+            "model.init_args.sampling.window_stride=1",
+            f"model.init_args.sampling.window_every_n_steps={WINDOW_EVERY}",
+            "model.init_args.sampling.ode_tail=unipc",
+        ),
+        f"CPS, MixGRPO window of 2 moving 1 step every {WINDOW_EVERY} steps, UniPC tail",
+    ),
     "sde": Arm(None, ("model.init_args.sampling.sampler=sde",), "SDE, eta 0.7"),
     "cps_delay1": Arm("vbvr_pipeline_cpu.yaml", what="CPS, one-step-delayed rewards (process pool)"),
 }
@@ -130,6 +146,12 @@ def comparisons(results: dict[str, list[tuple[int, StageResult]]], key: str) -> 
             f"- CPS ends above SDE at eta 0.7 (VBVR-Pro's preference): CPS minus SDE {fmt(gaps)} "
             f"({in_direction(gaps)})."
         )
+    if "window2" in after and "mixgrpo" in after:
+        gaps = [m - w for m, w in zip(after["mixgrpo"], after["window2"], strict=True)]
+        claims.append(
+            f"- MixGRPO's moving window ends at least as high as the fixed window: moving minus fixed {fmt(gaps)} "
+            f"(per seed {', '.join(f'{g:+.3f}' for g in gaps)}; {in_direction(gaps)})."
+        )
     if "cps" in after and "cps_delay1" in after:
         gaps = [c - d for c, d in zip(after["cps_delay1"], after["cps"], strict=True)]
         claims.append(
@@ -150,6 +172,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="default: runs/repro/flow_grpo_<task>")
     parser.add_argument("--reuse", action="store_true", help="skip stages whose summary.json exists")
     parser.add_argument("--jobs", type=int, default=default_jobs(), help="seeds run at once (default: one per core)")
+    parser.add_argument("--section", default=None, help="the docs/results.md section (default: flow-grpo-<task>)")
     args = parser.parse_args()
     task = TASKS[args.task]
     if args.task != "vbvr" and "cps_delay1" in args.arms:
@@ -189,7 +212,7 @@ def main() -> None:
     lines += ["", *comparisons(results, task.key)]
     table = "\n".join(lines)
     print("\n" + table, flush=True)
-    write_section(f"flow-grpo-{args.task}", table)
+    write_section(args.section or f"flow-grpo-{args.task}", table)
 
 
 if __name__ == "__main__":
