@@ -179,3 +179,12 @@ def test_without_ema_nothing_is_averaged_and_validation_uses_the_trained_weights
     fit.validate(module, dataloaders=prompts(2), verbose=False)
     assert module.policy_ema is None
     assert all(torch.equal(v, w) for v, w in zip(seen.validated, seen.after_steps[-1], strict=True))
+
+
+def test_the_sft_module_takes_an_ema_too(new_policy):
+    from app.modules import VLMSFTModule
+
+    module = VLMSFTModule(new_policy(), ema=EMASettings(decay=0.5))
+    module.configure_model()
+    assert len(module.policy_ema.averages) == len(module.policy.trainable_parameters())
+    assert module.hparams["ema"] == {"decay": 0.5, "start_step": 0, "every_n_steps": 1}

@@ -14,7 +14,7 @@ from app.models.vlm import VLMPolicy
 from app.modules.policy_module import PolicyModule
 from app.modules.vlm_evaluation import VLMEvaluation, default_eval_rewards
 from app.rewards import RewardComponent
-from app.settings import OptimizerSettings
+from app.settings import EMASettings, OptimizerSettings
 from app.types import VisualSample
 
 
@@ -34,6 +34,8 @@ class VLMSFTModule(VLMEvaluation, PolicyModule):
         eval_max_new_tokens: generation budget for greedy evaluation.
         eval_rewards: rewards scored on greedy completions in validation / test, logged as ``val/<name>/<task>``
             (``accuracy`` is logged as ``val/acc/<task>``, ``format`` as the format rate). Default: accuracy and format.
+        ema: a moving average of the trainable weights for validation and export (:class:`~app.settings.EMASettings`);
+            None: the trained weights.
     """
 
     def __init__(
@@ -42,8 +44,9 @@ class VLMSFTModule(VLMEvaluation, PolicyModule):
         optimizer: OptimizerSettings | None = None,
         eval_max_new_tokens: int = 256,
         eval_rewards: Sequence[RewardComponent] | None = None,
+        ema: EMASettings | None = None,
     ):
-        super().__init__(policy, optimizer, default_learning_rate=1e-6)
+        super().__init__(policy, optimizer, default_learning_rate=1e-6, ema=ema)
         self.eval_max_new_tokens = eval_max_new_tokens
         self.eval_rewards = default_eval_rewards(eval_rewards)
         self.eval_results = {}
