@@ -18,8 +18,6 @@ import argparse
 import contextlib
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,10 +28,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from app.rewards import FormatReward, RemoteReward, RewardComponent  # noqa: E402
+from app.rewards.serve import ServerProcess  # noqa: E402
 from app.types import VisualSample  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 BATCH = 64
 WARMUP = 3
 
@@ -52,23 +50,8 @@ def served(rewards_yaml: str) -> Iterator[str]:
     with tempfile.TemporaryDirectory() as folder:
         config = Path(folder) / "rewards.yaml"
         config.write_text(rewards_yaml)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(HERE)]))
-        process = subprocess.Popen(
-            [sys.executable, "-m", "app.rewards.serve", "--config", str(config), "--port", "0"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            line = process.stdout.readline()
-            if " on http://" not in line:
-                raise RuntimeError(f"the reward server did not start: {line!r}")
-            yield line.split(" on ")[1].strip()
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
+        with ServerProcess(config, pythonpath=[HERE]) as server:
+            yield server.url
 
 
 def payloads(sizes: list[int]) -> dict[str, tuple[RewardComponent, str, list, list[VisualSample]]]:

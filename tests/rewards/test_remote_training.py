@@ -1,10 +1,6 @@
 """Training against rewards served by another process (``python -m app.rewards.serve``) gives the run the same
 rewards in-process give it: same seed, same scores, same weights, the scorer's side state counted on the client."""
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +10,7 @@ from torch.utils.data import DataLoader
 from app.models.flow import FlowPolicy
 from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RemoteReward
+from app.rewards.serve import ServerProcess
 from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings, PipelineSettings
 from app.tasks.vbvr import VBVRPromptDataset, VBVRScorerReward
 
@@ -31,22 +28,8 @@ def reward_server(tmp_path):
     """The URL of a reward server process serving the VBVR scorer and the fixtures' redness reward."""
     config = tmp_path / "rewards.yaml"
     config.write_text(SERVED)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), str(FIXTURES)]))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app.rewards.serve", "--config", str(config), "--port", "0"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = process.stdout.readline()
-        assert " on http://" in line, line + process.stderr.read()
-        yield line.split(" on ")[1].strip()
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=30)
+    with ServerProcess(config, pythonpath=[FIXTURES]) as server:
+        yield server.url
 
 
 def train(rewards, fit):

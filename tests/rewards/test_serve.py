@@ -2,8 +2,6 @@
 line, started as its own process."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -14,7 +12,7 @@ import pytest
 import torch
 
 from app.rewards import AccuracyReward, FormatReward, RewardComponent
-from app.rewards.serve import RewardServer
+from app.rewards.serve import RewardServer, ServerProcess
 from app.rewards.wire import encode_request
 from app.types import VisualSample
 
@@ -147,18 +145,10 @@ def test_served_rewards_need_distinct_names():
 
 
 # ---------------------------------------------------------------------------------------------- the command line
-def serve(tmp_path, config: str, *args: str) -> subprocess.Popen:
+def config_file(tmp_path, text: str):
     path = tmp_path / "rewards.yaml"
-    path.write_text(config)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.rewards.serve", "--config", str(path), "--port", "0", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    path.write_text(text)
+    return path
 
 
 REWARDS_YAML = """\
@@ -170,17 +160,14 @@ rewards:
 
 
 def test_the_command_serves_the_config_s_rewards_and_stops_cleanly_on_sigterm(tmp_path):
-    process = serve(tmp_path, REWARDS_YAML)
+    server = ServerProcess(config_file(tmp_path, REWARDS_YAML))
     try:
-        line = process.stdout.readline()
-        assert line.startswith("serving accuracy, format on http://127.0.0.1:"), line + process.stderr.read()
-        url = line.split(" on ")[1].strip()
+        assert server.url.startswith("http://127.0.0.1:")
         body = encode_request("format", ["<think>a</think><answer>b</answer>", "b"], [prompt()] * 2, None)
-        assert post(url, body)[1]["values"] == [1.0, 0.0]
+        assert post(server.url, body)[1]["values"] == [1.0, 0.0]
     finally:
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=30)
-    assert process.returncode == 0, err
+        code = server.stop()
+    assert code == 0, server.log
 
 
 @pytest.mark.parametrize(
@@ -193,7 +180,18 @@ def test_the_command_serves_the_config_s_rewards_and_stops_cleanly_on_sigterm(tm
     ids=["unknown-class", "unknown-argument", "no-rewards"],
 )
 def test_a_malformed_config_fails_in_a_few_lines_naming_what_is_wrong(tmp_path, config, message):
-    process = serve(tmp_path, config)
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == 2
+    command = [sys.executable, "-m", "app.rewards.serve", "--config", str(config_file(tmp_path, config)), "--port", "0"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    err = result.stderr
+    assert result.returncode == 2
     assert err.startswith("error:") and message in err and "Traceback" not in err and len(err.splitlines()) <= 8, err
+
+
+def test_a_server_process_that_cannot_start_says_why():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        config = Path(folder) / "rewards.yaml"
+        config.write_text("rewards:\n  - class_path: app.rewards.AccuracyRewrd\n")
+        with pytest.raises(RuntimeError, match=r"the reward server did not start: error: .*AccuracyRewrd"):
+            ServerProcess(config)

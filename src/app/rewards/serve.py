@@ -243,6 +243,55 @@ def _handler(server: RewardServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class ServerProcess:
+    """``python -m app.rewards.serve --config CONFIG --port 0`` in a child process, started and stopped from Python (a
+    script, a notebook, a benchmark, a test): :attr:`url` is where it serves once the constructor returns.
+
+    Args:
+        config: the rewards YAML.
+        pythonpath: folders put before ``PYTHONPATH`` in the child, for reward classes of modules outside the package.
+        host: the address to listen on.
+
+    The child's stderr goes to a temporary file (a pipe nobody reads would fill with its log and stop the server);
+    :meth:`stop` returns the exit status and :attr:`log` holds what it wrote.
+    """
+
+    def __init__(
+        self, config: str | os.PathLike, pythonpath: Sequence[str | os.PathLike] = (), host: str = "127.0.0.1"
+    ):
+        import subprocess
+        import tempfile
+
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        command = [sys.executable, "-m", "app.rewards.serve", "--config", str(config), "--host", host, "--port", "0"]
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        self.log = ""
+        line = self.process.stdout.readline()  # "serving <names> on <url>", or nothing when it failed to start
+        if " on http://" not in line:
+            self.stop()
+            raise RuntimeError(f"the reward server did not start: {self.log.strip()[-2000:] or line!r}")
+        self.url = line.rsplit(" on ", 1)[1].strip()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """Stop the server (SIGTERM) and wait for it; its exit status (0: it stopped cleanly)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        self.process.communicate(timeout=timeout)
+        self._stderr.seek(0)
+        self.log = self._stderr.read()
+        self._stderr.close()
+        return self.process.returncode
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._stderr.closed:
+            self.stop()
+
+
 # ---------------------------------------------------------------------------------------------------- the CLI
 def _parser():
     from jsonargparse import ActionConfigFile, ArgumentParser
