@@ -271,7 +271,8 @@ class ServerProcess:
         line = self.process.stdout.readline()  # "serving <names> on <url>", or nothing when it failed to start
         if " on http://" not in line:
             self.stop()
-            raise RuntimeError(f"the reward server did not start: {self.log.strip()[-2000:] or line!r}")
+            why = self.log.strip()[-2000:] or f"it printed {line!r}"
+            raise RuntimeError(f"the reward server did not start: {why}")
         self.url = line.rsplit(" on ", 1)[1].strip()
 
     def stop(self, timeout: float = 30.0) -> int:
