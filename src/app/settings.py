@@ -398,6 +398,61 @@ class EMASettings:
             )
 
 
+@dataclass(frozen=True)
+class NFTSettings:
+    """DiffusionNFT's update (:class:`~app.modules.FlowNFTModule`, docs/algorithms.md#diffusionnft).
+
+    Attributes:
+        beta: the step of the implicit policies ``v+ = (1 - beta) v_old + beta v_theta`` and
+            ``v- = (1 + beta) v_old - beta v_theta``, > 0 (the reference recipes: 1.0, 0.1 for OCR and multi-reward).
+        advantage_clip: advantages are clipped to ``[-advantage_clip, advantage_clip]`` and mapped to the optimality
+            probability ``r = 0.5 + 0.5 A / advantage_clip`` (the reference code's ``adv_clip_max``, 5).
+        solver: how the sampling policy draws its samples: ``euler`` or ``unipc`` (deterministic, the paper's
+            default is a second-order ODE solver) or ``stochastic`` (``sampling.sampler`` at ``sampling.eta`` on every
+            step but the last). A deterministic solver needs ``sampling.shared_initial_noise: false``, or a group's K
+            samples would be one.
+        timestep_fraction: the share of the schedule's T noise levels each update trains at (a random subset, one
+            fresh noise per sample and level); 1.0 trains all T.
+        weighting: ``adaptive`` (the reference code: the clean-sample error over its own detached mean absolute
+            value, per sample) or ``velocity`` (the paper's plain flow-matching error ``||v_hat - v||^2``).
+        old_decay_rate, old_decay_max, old_decay_start: the sampling policy ``v_old`` follows the trained weights as a
+            moving average, ``old <- d old + (1 - d) theta`` after every training step, with
+            ``d = min(old_decay_rate * max(0, step - old_decay_start), old_decay_max)`` (the reference code's
+            ``decay_type`` 1: rate 0.001, max 0.5, start 0; its type 2: 0.0075, 0.999, 75). 0 throughout
+            (rate 0): ``v_old`` is the weights of the last step, fully on-policy.
+    """
+
+    beta: float = 1.0
+    advantage_clip: float = 5.0
+    solver: Literal["euler", "unipc", "stochastic"] = "euler"
+    timestep_fraction: float = 1.0
+    weighting: Literal["adaptive", "velocity"] = "adaptive"
+    old_decay_rate: float = 0.001
+    old_decay_max: float = 0.5
+    old_decay_start: int = 0
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0:
+            raise ValueError(f"nft.beta must be > 0, got {self.beta}")
+        if self.advantage_clip <= 0:
+            raise ValueError(f"nft.advantage_clip must be > 0, got {self.advantage_clip}")
+        if self.solver not in ("euler", "unipc", "stochastic"):
+            raise ValueError(f"nft.solver must be 'euler', 'unipc' or 'stochastic', got {self.solver!r}")
+        if not 0 < self.timestep_fraction <= 1:
+            raise ValueError(f"nft.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        if self.weighting not in ("adaptive", "velocity"):
+            raise ValueError(f"nft.weighting must be 'adaptive' or 'velocity', got {self.weighting!r}")
+        if self.old_decay_rate < 0 or not 0 <= self.old_decay_max < 1 or self.old_decay_start < 0:
+            raise ValueError(
+                f"nft needs old_decay_rate >= 0, 0 <= old_decay_max < 1 and old_decay_start >= 0, got "
+                f"{self.old_decay_rate}, {self.old_decay_max} and {self.old_decay_start}"
+            )
+
+    def old_decay(self, step: int) -> float:
+        """``d`` of the ``step``-th move of ``v_old`` (0 for the first, after the first training step)."""
+        return min(self.old_decay_rate * max(0, step - self.old_decay_start), self.old_decay_max)
+
+
 # -------------------------------------------------------------------------------------------------------- LoRA
 @dataclass
 class LoRASettings:

@@ -188,7 +188,32 @@ class SampledTrajectories:
         return list(self.images)
 
 
-Sampled = TypeVar("Sampled", SampledCompletions, SampledTrajectories)
+@dataclass
+class SampledImages:
+    """What a DiffusionNFT rollout draws (:meth:`~app.sampling.FlowSampler.draw_samples`): the final samples of K
+    denoising runs of each of B prompts, N = B * K rows, and nothing of the trajectories (the update noises the clean
+    latents again, on the forward process).
+
+    Attributes:
+        conditioning: the prompt encodings, every tensor with N rows (each prompt repeated K times, group-major).
+        sigmas: ``[T + 1]`` float32 noise levels of the sampling schedule, ending at 0 (on the host); the update trains
+            at these levels.
+        latents: ``[N, ...]`` float32 clean latents ``x_0`` the solver ended at.
+        images: ``[N, 3, H, W]`` or ``[N, F, 3, H, W]`` decoded samples in [0, 1].
+    """
+
+    conditioning: dict[str, torch.Tensor]
+    sigmas: torch.Tensor
+    latents: torch.Tensor
+    images: torch.Tensor
+
+    @property
+    def outputs(self) -> list[torch.Tensor]:
+        """What the rewards score: the decoded samples, one ``[3, H, W]`` (or ``[F, 3, H, W]``) tensor each."""
+        return list(self.images)
+
+
+Sampled = TypeVar("Sampled", SampledCompletions, SampledTrajectories, SampledImages)
 
 
 @dataclass
@@ -221,7 +246,7 @@ class Rollout(Generic[Sampled]):
 
     Attributes:
         samples: the B prompts.
-        sampled: the family's draw (:class:`SampledCompletions` or :class:`SampledTrajectories`).
+        sampled: the family's draw (:class:`SampledCompletions`, :class:`SampledTrajectories` or :class:`SampledImages`).
         rewards: the reward output used for the advantages.
         advantages: ``[N]`` float32 group-relative advantages.
         loss_mask: what enters the loss: ``[N, L]`` completion tokens (minus dropped groups and, if asked, truncated

@@ -17,6 +17,8 @@ a package (``tests/modules`` has no ``__init__.py``) on ``sys.path`` before impo
 - :class:`Logs`: takes the place of a module's ``log_dict`` and ``log`` and keeps every call.
 - :class:`Clock`: stands in for ``time.perf_counter`` in the skeleton (the ``clock`` fixture of ``conftest.py``).
 - :func:`samples`: the two prompts of :class:`ToyGRPO`.
+- :class:`StandInPolicy` and :class:`RednessReward`: a FlowPolicy-shaped stand-in (a frozen 1x1 conv and a rank-2
+  adapter) and a reward for its decoded images, for the flow modules.
 - :func:`as_rank_0_of`: ``torch.distributed`` as rank 0 of several processes, the others' gathered objects given.
 """
 
@@ -33,6 +35,7 @@ from app.algorithms import grpo_loss
 from app.modules import GRPOModule
 from app.parallel import ShardingPlan
 from app.rewards import RewardComponent
+from app.sampling.flow import flow_sigmas
 from app.settings import GRPOSettings, OptimizerSettings, PipelineSettings
 from app.types import CompletionBatch, Generation, PromptInputs, SampledCompletions, VisualSample
 
@@ -320,3 +323,70 @@ def as_rank_0_of(monkeypatch, others: list) -> list:
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: world_size)
     monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
     return given
+
+
+class RednessReward(RewardComponent):
+    """Mean red channel of the decoded image (``[3, H, W]`` in [0, 1])."""
+
+    def score(self, completions, samples):
+        return torch.stack([image[0].float().mean() for image in completions]).cpu()
+
+
+class StandInPolicy(nn.Module):
+    """A FlowPolicy-shaped stand-in: a frozen 1x1 conv plus a rank-2 adapter, prompts embedded by a frozen table."""
+
+    is_video = False
+    latent_shape = (4, 8, 8)
+
+    def __init__(self):
+        super().__init__()
+        with torch.random.fork_rng():  # the same weights for every instance
+            torch.manual_seed(0)
+            self.base = nn.Conv2d(4, 4, 1).requires_grad_(False)
+            self.text = nn.Embedding(16, 4).requires_grad_(False)
+            self.lora_A = nn.Parameter(torch.randn(2, 4) * 0.3)  # non-zero, so both get gradients
+            self.lora_B = nn.Parameter(torch.randn(4, 2) * 0.3)
+        self.adapter = True
+
+    @property
+    def device(self):
+        return self.base.weight.device
+
+    def sigmas(self, num_steps):
+        return flow_sigmas(num_steps, shift=3.0)
+
+    def encode_prompts(self, prompts):
+        ids = torch.tensor([sum(map(ord, p)) % 16 for p in prompts], device=self.base.weight.device)
+        return {"embeds": self.text(ids)}  # [B, 4]
+
+    def condition_images(self, samples):
+        return None  # text only, as FlowPolicy.condition_images for a text-to-image model
+
+    def initial_noise(self, batch, generator=None):
+        return torch.randn(batch, *self.latent_shape, generator=generator, device=self.base.weight.device)
+
+    def velocity(self, latents, sigma, conditioning):
+        h = self.base(latents) + conditioning["embeds"][:, :, None, None] * sigma[:, None, None, None]
+        if self.adapter:
+            h = h + torch.einsum("oc,cr,brhw->bohw", self.lora_B, self.lora_A, latents)
+        return h.float()
+
+    def decode(self, latents):
+        return torch.sigmoid(latents[:, :3]).repeat_interleave(2, dim=-1).repeat_interleave(2, dim=-2)  # [B, 3, 16, 16]
+
+    def trainable_parameters(self):
+        return [self.lora_A, self.lora_B]
+
+    uses_lora = True  # the reference is the adapter switched off
+    frozen_reference = None
+
+    def enable_reference(self):
+        pass
+
+    @contextlib.contextmanager
+    def reference(self):
+        self.adapter = False
+        try:
+            yield
+        finally:
+            self.adapter = True

@@ -1,91 +1,22 @@
 """FlowGRPOModule: step selection, log-prob bookkeeping, short fits on a stand-in policy and on the tiny SD3 policy."""
 
 import dataclasses
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
+from doubles import RednessReward, StandInPolicy
 from torch.utils.data import DataLoader
 
 from app.algorithms import group_advantages
 from app.modules.checkpoints import RANK_STATES, derived_seed, rng_states, saved_rank_state, seed_rng_states
 from app.modules.flow_grpo import FlowGRPOModule
-from app.rewards import RewardComponent
 from app.sampling.flow import flow_sigmas
 from app.settings import FlowSamplingSettings, GRPOSettings, OptimizerSettings, PipelineSettings
 from app.types import VisualSample
 
 K = 4
 T = 4
-
-
-class RednessReward(RewardComponent):
-    """Mean red channel of the decoded image (``[3, H, W]`` in [0, 1])."""
-
-    def score(self, completions, samples):
-        return torch.stack([image[0].float().mean() for image in completions]).cpu()
-
-
-class StandInPolicy(nn.Module):
-    """A FlowPolicy-shaped stand-in: a frozen 1x1 conv plus a rank-2 adapter, prompts embedded by a frozen table."""
-
-    is_video = False
-    latent_shape = (4, 8, 8)
-
-    def __init__(self):
-        super().__init__()
-        with torch.random.fork_rng():  # the same weights for every instance
-            torch.manual_seed(0)
-            self.base = nn.Conv2d(4, 4, 1).requires_grad_(False)
-            self.text = nn.Embedding(16, 4).requires_grad_(False)
-            self.lora_A = nn.Parameter(torch.randn(2, 4) * 0.3)  # non-zero, so both get gradients
-            self.lora_B = nn.Parameter(torch.randn(4, 2) * 0.3)
-        self.adapter = True
-
-    @property
-    def device(self):
-        return self.base.weight.device
-
-    def sigmas(self, num_steps):
-        return flow_sigmas(num_steps, shift=3.0)
-
-    def encode_prompts(self, prompts):
-        ids = torch.tensor([sum(map(ord, p)) % 16 for p in prompts], device=self.base.weight.device)
-        return {"embeds": self.text(ids)}  # [B, 4]
-
-    def condition_images(self, samples):
-        return None  # text only, as FlowPolicy.condition_images for a text-to-image model
-
-    def initial_noise(self, batch, generator=None):
-        return torch.randn(batch, *self.latent_shape, generator=generator, device=self.base.weight.device)
-
-    def velocity(self, latents, sigma, conditioning):
-        h = self.base(latents) + conditioning["embeds"][:, :, None, None] * sigma[:, None, None, None]
-        if self.adapter:
-            h = h + torch.einsum("oc,cr,brhw->bohw", self.lora_B, self.lora_A, latents)
-        return h.float()
-
-    def decode(self, latents):
-        return torch.sigmoid(latents[:, :3]).repeat_interleave(2, dim=-1).repeat_interleave(2, dim=-2)  # [B, 3, 16, 16]
-
-    def trainable_parameters(self):
-        return [self.lora_A, self.lora_B]
-
-    uses_lora = True  # the reference is the adapter switched off
-    frozen_reference = None
-
-    def enable_reference(self):
-        pass
-
-    @contextmanager
-    def reference(self):
-        self.adapter = False
-        try:
-            yield
-        finally:
-            self.adapter = True
 
 
 def prompts(n: int = 2) -> list[VisualSample]:

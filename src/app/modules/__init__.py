@@ -1,8 +1,9 @@
 """LightningModules: VLM supervised fine-tuning (Reason-RFT stage 1), the GRPO skeleton with its VLM and flow-matching
-families, and flow-matching pretraining."""
+families (flow-GRPO and DiffusionNFT for flow models), and flow-matching pretraining."""
 
 from app.modules.flow_grpo import FlowGRPOModule
 from app.modules.flow_matching import FlowMatchingModule
+from app.modules.flow_nft import FlowNFTModule
 from app.modules.grpo import GRPOModule
 from app.modules.policy_module import NonFiniteCheckpointError, NonFiniteTrainingError, PolicyModule
 from app.modules.sft import VLMSFTModule
@@ -11,6 +12,7 @@ from app.modules.vlm_grpo import VLMGRPOModule
 __all__ = [
     "FlowGRPOModule",
     "FlowMatchingModule",
+    "FlowNFTModule",
     "GRPOModule",
     "NonFiniteCheckpointError",
     "NonFiniteTrainingError",

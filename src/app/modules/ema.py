@@ -22,7 +22,8 @@ class PolicyEMA(nn.Module):
 
     Args:
         parameters: the trainable parameters to average, as the optimizer holds them (sharded ones under FSDP2).
-        settings: decay, first step and interval.
+        settings: decay, first step and interval of :meth:`step`; None for an average moved only by :meth:`follow`
+            (a schedule of the caller's, as DiffusionNFT's sampling policy).
 
     Example:
         >>> weight = nn.Parameter(torch.tensor([0.0]))
@@ -41,7 +42,7 @@ class PolicyEMA(nn.Module):
     checkpoint_buffers = True
     """Lean checkpoints keep this module's buffers, though it holds no trained parameter."""
 
-    def __init__(self, parameters: Sequence[nn.Parameter], settings: EMASettings) -> None:
+    def __init__(self, parameters: Sequence[nn.Parameter], settings: EMASettings | None = None) -> None:
         super().__init__()
         if not parameters:
             raise ValueError("an EMA needs trainable parameters to average")
@@ -62,6 +63,8 @@ class PolicyEMA(nn.Module):
         moved by the decay rule, False when it only followed the weights (before ``start_step``) or skipped this step
         (``every_n_steps``)."""
         settings = self.settings
+        if settings is None:
+            raise ValueError("this average has no EMASettings: move it with follow(decay)")
         self.steps += 1
         global_step = int(self.steps)
         if global_step < settings.start_step:
@@ -73,6 +76,13 @@ class PolicyEMA(nn.Module):
         for average, parameter in zip(self.averages, self.tracked, strict=True):
             average.lerp_(parameter.detach().to(average.dtype), 1.0 - settings.decay)
         return True
+
+    @torch.no_grad()
+    def follow(self, decay: float) -> None:
+        """``average <- decay * average + (1 - decay) * weights`` now (0: the weights themselves)."""
+        self.steps += 1
+        for average, parameter in zip(self.averages, self.tracked, strict=True):
+            average.lerp_(parameter.detach().to(average.dtype), 1.0 - decay)
 
     @contextmanager
     def swapped_in(self) -> Iterator[None]:
@@ -91,6 +101,8 @@ class PolicyEMA(nn.Module):
 
     def extra_repr(self) -> str:
         s = self.settings
+        if s is None:
+            return f"tensors={len(self.tracked)}, moved by follow(decay)"
         return (
             f"tensors={len(self.tracked)}, decay={s.decay}, start_step={s.start_step}, every_n_steps={s.every_n_steps}"
         )

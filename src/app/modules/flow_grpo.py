@@ -31,12 +31,10 @@ from torch import Tensor
 
 from app.algorithms import GRPOLossOutput, grpo_loss
 from app.models.flow import FlowPolicy
-from app.modules.checkpoints import derived_seed
-from app.modules.flow_evaluation import FlowEvaluation
-from app.modules.grpo import GRPOModule
-from app.rewards import RewardComponent, WeightedReward
+from app.modules.flow_rl import FlowRLModule
+from app.rewards import RewardComponent
 from app.sampling.batching import micro_batches
-from app.sampling.flow_rollout import FlowSampler, rows_of
+from app.sampling.flow_rollout import rows_of
 from app.settings import (
     EMASettings,
     FlowSamplingSettings,
@@ -51,7 +49,6 @@ __all__ = ["FlowGRPOModule"]
 
 FLOW_CLIP_RANGE = 1e-4
 """The default ``eps_low`` / ``eps_high``: Flow-GRPO's clip range for the per-step mean log-density."""
-FLOW_LEARNING_RATE = 5e-6
 
 
 def check_flow_objective(grpo: GRPOSettings) -> None:
@@ -74,7 +71,7 @@ def check_flow_objective(grpo: GRPOSettings) -> None:
         )
 
 
-class FlowGRPOModule(FlowEvaluation, GRPOModule):
+class FlowGRPOModule(FlowRLModule):
     """GRPO on a :class:`~app.models.flow.FlowPolicy` (manual optimisation).
 
     Args:
@@ -118,29 +115,8 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         grpo = (as_settings(GRPOSettings, grpo) or GRPOSettings()).clip_range(FLOW_CLIP_RANGE)
         check_flow_objective(grpo)
         super().__init__(
-            policy, rewards, sampling, grpo, optimizer, FLOW_LEARNING_RATE, pipeline, records_per_step, ema
+            policy, rewards, sampling, grpo, optimizer, pipeline, records_per_step, eval_rewards, seed, ema
         )
-        self.sampler = FlowSampler(policy, sampling, grpo.micro_batch_size)
-        self.eval_rewards = WeightedReward(eval_rewards) if eval_rewards is not None else self.rewards
-        self.record_hyperparameters(seed=seed)
-        self._generator: torch.Generator | None = None
-        self._generator_state: Tensor | None = None  # restored from a checkpoint before the generator exists
-        self._generator_seed: int | None = None  # a checkpoint without this rank's state: seeds it instead
-
-    @property
-    def generator(self) -> torch.Generator:
-        """The rollout's random generator, on the module's device, seeded with ``seed + global_rank`` (or from this
-        rank's state in the checkpoint a fit resumed from)."""
-        if self._generator is None or self._generator.device != self.device:
-            generator = torch.Generator(device=self.device)
-            if self._generator_state is not None:
-                generator.set_state(self._generator_state)
-            elif self._generator_seed is not None:
-                generator.manual_seed(self._generator_seed)
-            else:
-                generator.manual_seed(self.hparams.seed + self.global_rank)
-            self._generator = generator
-        return self._generator
 
     # --------------------------------------------------------------------------------------------------- rollout
     def generate_rollout(self, samples: list[VisualSample]) -> Generation[SampledTrajectories]:
@@ -151,10 +127,6 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
         return Generation(
             samples, self.sampler.draw(samples, self.generator, reference=self.grpo.beta > 0, window=window)
         )
-
-    def loss_mask(self, generation: Generation[SampledTrajectories], keep: Tensor) -> Tensor:
-        """``[N]`` bool: the kept trajectories (each of its trained steps is one "token")."""
-        return keep
 
     # -------------------------------------------------------------------------------------------------- training
     def weighted_losses(self, rollout: Rollout[SampledTrajectories]) -> Iterator[tuple[GRPOLossOutput, Tensor]]:
@@ -185,28 +157,8 @@ class FlowGRPOModule(FlowEvaluation, GRPOModule):
                 yield out, mask[rows].sum() / total * weights[j]
 
     # --------------------------------------------------------------------------------------------------- logging
-    def completion_text(self, rollout: Rollout[SampledTrajectories], row: int) -> str:
-        return "<image>"
-
     def rollout_logs(self, rollout: Rollout[SampledTrajectories]) -> dict[str, Tensor]:
         logs = {"train/num_trained_steps": torch.tensor(float(len(rollout.sampled.step_indices)))}
         if self.sampling.window_stride:  # where the moving window was when this rollout was drawn
             logs["train/first_trained_step"] = torch.tensor(float(min(rollout.sampled.step_indices)))
         return logs
-
-    def step_outputs(self, rollout: Rollout[SampledTrajectories]) -> dict[str, Tensor]:
-        return {"images": rollout.sampled.images[: self.records_per_step]}
-
-    # ------------------------------------------------------------------------------------------------ checkpoints
-    def rank_state(self) -> dict:
-        """The global generators' states and this rank's rollout generator's (saved per rank, see
-        :meth:`~app.modules.policy_module.PolicyModule.on_save_checkpoint`)."""
-        return {**super().rank_state(), "rollout_generator": self.generator.get_state()}
-
-    def load_rank_state(self, saved: dict, fresh_seed: int | None) -> None:
-        super().load_rank_state(saved, fresh_seed)
-        if "rollout_generator" in saved:
-            self._generator_state, self._generator = saved["rollout_generator"], None
-        elif fresh_seed is not None:  # no state for this rank: a seed of its own, not rank 0's state
-            self._generator_state, self._generator = None, None
-            self._generator_seed = derived_seed(fresh_seed, "rollout_generator")

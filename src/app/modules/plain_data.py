@@ -16,6 +16,7 @@ from app.types import (
     PromptInputs,
     RewardOutput,
     SampledCompletions,
+    SampledImages,
     SampledTrajectories,
     VisualSample,
 )
@@ -27,6 +28,7 @@ _CONTAINERS = (
     VisualSample,
     SampledCompletions,
     SampledTrajectories,
+    SampledImages,
     Generation,
 )
 _TYPES = {cls.__name__: cls for cls in _CONTAINERS}

@@ -30,7 +30,7 @@ from torch import Tensor
 from app.sampling.batching import micro_batches
 from app.sampling.flow import StepOutput, cps_step, is_trainable_step, ode_step, sde_step, unipc_sample
 from app.settings import FlowSamplingSettings
-from app.types import SampledTrajectories, VisualSample
+from app.types import SampledImages, SampledTrajectories, VisualSample
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,24 @@ class FlowSampler:
             ref_logprobs=ref_logprobs,
             images=self.decode(kept.final),  # [N, 3, H, W] or [N, F, 3, H, W]
         )
+
+    @torch.no_grad()
+    def draw_samples(self, samples: Sequence[VisualSample], generator: torch.Generator, solver: str) -> SampledImages:
+        """K final samples per prompt (conditioned on the policy's problem frames where it takes them) and their clean
+        latents, from any ``solver``: ``euler`` or ``unipc`` (deterministic, so the K samples of a prompt differ only
+        by their starting noise) or ``stochastic`` (the settings' ``sampler`` at their ``eta`` on every step but the
+        last). No transition is kept: DiffusionNFT trains on the clean latents (:class:`~app.modules.FlowNFTModule`)."""
+        settings = self.settings
+        images = self.policy.condition_images(samples)
+        conditioning = self.conditioning([s.question for s in samples], settings.group_size, images=images)
+        sigmas = self.policy.sigmas(settings.num_steps).float().cpu()  # [T + 1]
+        noise = self.initial_noise(len(samples), generator).to(self.policy.device)  # [N, ...]
+        if solver == "unipc":
+            final = unipc_sample(lambda x, sigma: self.velocity(x, sigma, conditioning), noise.float(), sigmas)
+        else:
+            stochastic = stochastic_steps(sigmas) if solver == "stochastic" else ()
+            final = self.denoise(conditioning, noise, sigmas, stochastic, generator=generator).final
+        return SampledImages(conditioning=conditioning, sigmas=sigmas, latents=final, images=self.decode(final))
 
     @torch.no_grad()
     def denoise(

@@ -1,0 +1,225 @@
+"""DiffusionNFT for flow-matching image and video generators: any-solver samples -> rewards -> negative-aware flow
+matching on the forward process (Zheng et al. 2025; the loss is :func:`~app.algorithms.nft.nft_loss`, the equations
+docs/algorithms.md#diffusionnft).
+
+The same policies, rewards, data, delayed pipeline, dynamic sampling and advantages as flow-GRPO
+(:class:`~app.modules.FlowGRPOModule`); what differs:
+
+- The rollout is drawn by the sampling policy ``v_old``, a moving average of the trained weights
+  (:class:`~app.modules.ema.PolicyEMA` moved by ``nft.old_decay*``, saved in checkpoints and sharded as the weights
+  are), with any solver (``nft.solver``), and keeps only the clean latents: no transition, no log-density.
+- An update noises each clean latent again at ``timestep_fraction`` of the schedule's noise levels (fresh noise per
+  sample and level, from the rollout generator) and backpropagates the loss of ``v_theta`` against ``v_old``'s
+  prediction at the same point; each level weighs ``1 / levels``, each micro-batch its share of the kept samples.
+- The group advantage becomes the optimality probability ``r = 0.5 + 0.5 clip(A / c, -1, 1)`` (``c`` =
+  ``nft.advantage_clip``).
+- ``grpo.beta`` weighs the reference code's KL, ``||v_theta - v_ref||^2`` to the reference policy (adapter off).
+
+Departures from the reference implementation, and why: its policy loss is multiplied by ``adv_clip_max`` (5), a
+constant factor of the learning rate, left out here so that ``optimizer.learning_rate`` means what it says. It is
+CFG-free, and so is this module: ``guidance_scale > 1`` is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from app.algorithms import GRPOLossOutput
+from app.algorithms.nft import nft_loss, optimality_probability
+from app.models.flow import FlowPolicy
+from app.modules.ema import PolicyEMA
+from app.modules.flow_rl import FlowRLModule
+from app.rewards import RewardComponent
+from app.sampling.batching import micro_batches
+from app.sampling.flow_rollout import rows_of, train_steps
+from app.settings import (
+    EMASettings,
+    FlowSamplingSettings,
+    GRPOSettings,
+    NFTSettings,
+    OptimizerSettings,
+    PipelineSettings,
+    as_settings,
+    plain,
+)
+from app.types import Generation, Rollout, SampledImages, VisualSample
+
+__all__ = ["FlowNFTModule", "check_nft_settings"]
+
+
+def check_nft_settings(sampling: FlowSamplingSettings, nft: NFTSettings, grpo: GRPOSettings) -> None:
+    """Refuse, with a ``ValueError`` naming each, the options DiffusionNFT has no use for (they belong to flow-GRPO's
+    trajectories and ratios) and the combinations that cannot train."""
+    defaults, grpo_defaults = FlowSamplingSettings(), GRPOSettings()
+    unused = {
+        "sampling.sde_window": sampling.sde_window is not None,
+        "sampling.window_stride": sampling.window_stride != defaults.window_stride,
+        "sampling.timestep_fraction (use nft.timestep_fraction)": sampling.timestep_fraction != 1.0,
+        "sampling.step_weighting": sampling.step_weighting != defaults.step_weighting,
+        "sampling.ode_tail": sampling.ode_tail != defaults.ode_tail,
+        "grpo.eps_low": grpo.eps_low is not None,
+        "grpo.eps_high": grpo.eps_high is not None,
+        "grpo.importance_sampling_level": grpo.importance_sampling_level != grpo_defaults.importance_sampling_level,
+        "grpo.objective": grpo.objective != grpo_defaults.objective,
+        "grpo.off_policy_max_log_ratio": grpo.off_policy_max_log_ratio is not None,
+        "grpo.off_policy_max_kl": grpo.off_policy_max_kl is not None,
+        "grpo.top_entropy_quantile": grpo.top_entropy_quantile != 1,
+    }
+    named = [option for option, is_set in unused.items() if is_set]
+    if named:
+        raise ValueError(
+            f"DiffusionNFT trains on clean samples, with no trajectory, likelihood ratio or token: drop "
+            f"{', '.join(named)}"
+        )
+    if sampling.guidance_scale > 1.0:
+        raise ValueError(
+            f"DiffusionNFT is CFG-free (its loss trains the conditional velocity): set sampling.guidance_scale to 1, "
+            f"got {sampling.guidance_scale}"
+        )
+    if nft.solver != "stochastic" and sampling.shared_initial_noise and sampling.group_size > 1:
+        raise ValueError(
+            f"nft.solver {nft.solver!r} is deterministic: with sampling.shared_initial_noise the {sampling.group_size} "
+            f"samples of a group would be one; set shared_initial_noise: false or nft.solver: stochastic"
+        )
+
+
+class FlowNFTModule(FlowRLModule):
+    """DiffusionNFT on a :class:`~app.models.flow.FlowPolicy` (manual optimisation).
+
+    Args:
+        policy: the generator to train (LoRA adapter or full fine-tuning, as the policy sets it up).
+        rewards: reward components scoring the decoded samples; their weighted sum is the reward.
+        sampling: group size K, denoising steps T (the noise levels the update trains at are the schedule's), the
+            stochastic sampler and ``eta`` (with ``nft.solver: stochastic``), shared initial noise
+            (:class:`~app.settings.FlowSamplingSettings`; the trajectory options of flow-GRPO are refused).
+        nft: the implicit policies' ``beta``, the advantage clip, the solver, the trained noise levels, the weighting
+            and the sampling policy's moving average (:class:`~app.settings.NFTSettings`).
+        grpo: advantages (``advantage_scale``, ``drop_zero_std_groups``), ``beta`` (the KL weight, see the module
+            docstring), iterations, micro-batches and gradient clipping (:class:`~app.settings.GRPOSettings`; the clip
+            range and the VLM objectives are refused).
+        optimizer: AdamW (default learning rate 5e-6), warm-up, non-finite steps
+            (:class:`~app.settings.OptimizerSettings`).
+        pipeline: the delayed reward pipeline and dynamic sampling (:class:`~app.settings.PipelineSettings`).
+        records_per_step: samples handed to logging callbacks per step (``outputs["records"]``, ``outputs["images"]``).
+        eval_rewards: rewards logged as ``val/reward/<name>`` on deterministic samples of the trained weights (or of
+            ``ema``); default: ``rewards``.
+        seed: seeds the rollout and training noise (offset by the global rank, state saved in checkpoints) and, per
+            batch index, the validation noise.
+        ema: a moving average of the trainable weights for validation and export, apart from the sampling policy
+            (:class:`~app.settings.EMASettings`); None: the trained weights.
+    """
+
+    def __init__(
+        self,
+        policy: FlowPolicy,
+        rewards: Sequence[RewardComponent],
+        sampling: FlowSamplingSettings | None = None,
+        nft: NFTSettings | None = None,
+        grpo: GRPOSettings | None = None,
+        optimizer: OptimizerSettings | None = None,
+        pipeline: PipelineSettings | None = None,
+        records_per_step: int = 16,
+        eval_rewards: Sequence[RewardComponent] | None = None,
+        seed: int = 0,
+        ema: EMASettings | None = None,
+    ):
+        sampling = as_settings(FlowSamplingSettings, sampling) or FlowSamplingSettings()
+        nft = as_settings(NFTSettings, nft) or NFTSettings()
+        grpo = as_settings(GRPOSettings, grpo) or GRPOSettings()
+        check_nft_settings(sampling, nft, grpo)
+        super().__init__(
+            policy, rewards, sampling, grpo, optimizer, pipeline, records_per_step, eval_rewards, seed, ema
+        )
+        self.nft = nft
+        self.record_hyperparameters(nft=plain(nft))
+        self.old_policy: PolicyEMA | None = None  # built on the (sharded) parameters, in configure_model
+        self._old_decay = 0.0  # the decay of the last move of the sampling policy
+
+    @property
+    def unlogged_loss_terms(self) -> frozenset[str]:
+        """No likelihood ratio, so no ratio or clip fraction to log."""
+        return frozenset({"clip_fraction", "ratio_mean"})
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        self.sampling_policy()
+
+    def sampling_policy(self) -> PolicyEMA:
+        """``v_old``: the moving average of the trainable weights the rollouts are drawn with (built on first use,
+        after sharding when FSDP2 shards the policy: each rank averages its shard)."""
+        if self.old_policy is None:
+            self.old_policy = PolicyEMA(self.policy.trainable_parameters())
+        return self.old_policy
+
+    # --------------------------------------------------------------------------------------------------- rollout
+    def _generate(self, samples: list[VisualSample]) -> Generation:
+        with self.sampling_policy().swapped_in():  # swapped into the shards before they are gathered
+            return super()._generate(samples)
+
+    def generate_rollout(self, samples: list[VisualSample]) -> Generation[SampledImages]:
+        """K samples per prompt from ``v_old`` with ``nft.solver``, and their clean latents."""
+        return Generation(samples, self.sampler.draw_samples(samples, self.generator, self.nft.solver))
+
+    # -------------------------------------------------------------------------------------------------- training
+    def _noised(self, clean: Tensor, sigma: Tensor) -> tuple[Tensor, Tensor]:
+        """``x_t = (1 - sigma) x_0 + sigma eps`` and the target velocity ``eps - x_0``, ``eps`` from the rollout
+        generator."""
+        noise = torch.randn(clean.shape, generator=self.generator, device=clean.device, dtype=clean.dtype)
+        sigma = sigma.to(clean.device, clean.dtype)
+        return (1 - sigma) * clean + sigma * noise, noise - clean
+
+    @torch.no_grad()
+    def _velocities(self, noised: list[Tensor], sigmas: list[Tensor], conditioning: dict[str, Tensor]) -> list[Tensor]:
+        with self.gathered_policy():
+            return [self.sampler.velocity(x, s, conditioning) for x, s in zip(noised, sigmas, strict=True)]
+
+    def weighted_losses(self, rollout: Rollout[SampledImages]) -> Iterator[tuple[GRPOLossOutput, Tensor]]:
+        """The loss of each trained noise level and micro-batch, weighted by ``1 / levels`` and by the micro-batch's
+        share of the kept samples. ``v_old`` (and ``v_ref`` with ``grpo.beta > 0``) are evaluated first, at every
+        level, without gradients, so the weights are swapped once per update."""
+        nft, sampled, mask = self.nft, rollout.sampled, rollout.loss_mask
+        levels = train_steps(list(range(len(sampled.sigmas) - 1)), nft.timestep_fraction, self.generator)
+        sigmas = [sampled.sigmas[i] for i in levels]
+        noised, targets = zip(*(self._noised(sampled.latents, s) for s in sigmas), strict=True)
+        with self.sampling_policy().swapped_in():
+            old = self._velocities(list(noised), sigmas, sampled.conditioning)
+        ref = None
+        if self.grpo.beta > 0:
+            with self.policy.reference():
+                ref = self._velocities(list(noised), sigmas, sampled.conditioning)
+        optimality = optimality_probability(rollout.advantages, nft.advantage_clip)  # [N]
+        total = mask.sum().clamp(min=1)
+        for j, sigma in enumerate(sigmas):
+            for rows in micro_batches(len(mask), self.grpo.micro_batch_size):
+                velocity = self.sampler.velocity(noised[j][rows], sigma, rows_of(sampled.conditioning, rows))
+                out = nft_loss(
+                    velocity,
+                    old[j][rows],
+                    targets[j][rows],
+                    sigma,
+                    optimality[rows],
+                    mask[rows],
+                    beta=nft.beta,
+                    weighting=nft.weighting,
+                    kl_weight=self.grpo.beta,
+                    ref_velocity=ref[j][rows] if ref is not None else None,
+                )
+                yield out, mask[rows].sum() / total / len(sigmas)
+
+    def _train_on(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
+        """The updates, then ``v_old`` moves towards the trained weights by the scheduled decay."""
+        stats = super()._train_on(rollouts)
+        old = self.sampling_policy()
+        self._old_decay = self.nft.old_decay(int(old.steps))
+        old.follow(self._old_decay)
+        return stats
+
+    # --------------------------------------------------------------------------------------------------- logging
+    def rollout_logs(self, rollout: Rollout[SampledImages]) -> dict[str, Tensor]:
+        return {
+            "train/nft/old_decay": torch.tensor(self._old_decay),
+            "train/nft/optimality": optimality_probability(rollout.advantages, self.nft.advantage_clip).mean(),
+        }
