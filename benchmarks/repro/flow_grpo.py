@@ -4,6 +4,7 @@
     python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps sde    # 25.5 min on 2 cores
     python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde cps_delay1 --reuse   # adds the delay arm
     python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms window2 mixgrpo --section flow-grpo-flow-window
+    python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps nft nft_time --section flow-grpo-flow-nft
 
 (times measured 2026-12-02 from empty output folders; ``--reuse`` keeps the stages already run.)
 
@@ -17,6 +18,10 @@ from that same model, at equal steps and data. Arms:
 - ``window2``: a fixed SDE window of the first 2 steps (Euler elsewhere), the baseline of MixGRPO's comparison.
 - ``mixgrpo``: MixGRPO: the same 2-step window moved one step later every ``WINDOW_EVERY`` optimizer steps, UniPC after
   it (``window_stride``, ``ode_tail: unipc``).
+- ``nft``: DiffusionNFT (``configs/quickstart_flow_nft.yaml``; flow task only) on the same model, rewards, data and
+  steps: equal rollouts.
+- ``nft_time``: the same with the step count that takes the ``cps`` arm's wall time (``EQUAL_TIME_STEPS``, from the
+  two recipes' measured step times on 2 cores): equal wall time.
 
 Prints per seed and arm the held-out reward before -> after, then mean ± sample std of the rise, and writes the table
 to the ``flow-grpo-<task>`` section of ``docs/results.md``. ``--reuse`` skips stages whose ``summary.json`` exists.
@@ -55,9 +60,15 @@ class Task:
 
 @dataclass(frozen=True)
 class Arm:
-    config: str | None  # None: the task's GRPO recipe
-    overrides: tuple[str, ...] = ()
+    config: str | dict[str, str] | None  # None: the task's GRPO recipe; a dict: the recipe per task
+    overrides: tuple[str, ...] | dict[str, tuple[str, ...]] = ()  # a dict: per task
     what: str = ""
+
+    def config_for(self, task: str) -> str | None:
+        return self.config.get(task) if isinstance(self.config, dict) else self.config
+
+    def overrides_for(self, task: str) -> tuple[str, ...]:
+        return self.overrides.get(task, ()) if isinstance(self.overrides, dict) else self.overrides
 
 
 TASKS = {
@@ -83,6 +94,10 @@ TASKS = {
 }
 T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided 95%, by dof
 WINDOW_EVERY = 20  # the flow quickstart's 100 steps: the window sweeps from steps 0-1 to 5-6 of 8
+NFT_CONFIGS = {"flow": "quickstart_flow_nft.yaml"}
+# DiffusionNFT steps in the cps recipe's wall time: on 2 cores, alone, a whole fit of 100 steps took 3 min 19 s with
+# configs/quickstart_flow.yaml and 3 min 32 s with configs/quickstart_flow_nft.yaml (2026-12-04): 100 x 199 / 212
+EQUAL_TIME_STEPS = {"flow": 94}
 ARMS = {
     "cps": Arm(None, what="CPS, eta 0.7 (the recipe)"),
     "window2": Arm(None, ("model.init_args.sampling.sde_window=[0, 2]",), "CPS, fixed window of steps 0-1"),
@@ -98,26 +113,34 @@ ARMS = {
     ),
     "sde": Arm(None, ("model.init_args.sampling.sampler=sde",), "SDE, eta 0.7"),
     "cps_delay1": Arm("vbvr_pipeline_cpu.yaml", what="CPS, one-step-delayed rewards (process pool)"),
+    "nft": Arm(NFT_CONFIGS, what="DiffusionNFT, equal rollouts"),
+    "nft_time": Arm(
+        NFT_CONFIGS,
+        {task: (f"trainer.max_steps={steps}",) for task, steps in EQUAL_TIME_STEPS.items()},
+        "DiffusionNFT, equal wall time",
+    ),
 }
 
 
-def run_arm(task: Task, arm_name: str, seed: int, folder: Path, reuse: bool) -> StageResult:
+def run_arm(task_name: str, arm_name: str, seed: int, folder: Path, reuse: bool) -> StageResult:
     """Run one arm in ``<folder>/<arm>``, where ``runs/<pretrain stem>`` links to the seed's stage-1 output (the GRPO
     recipes load it by that relative path, and each arm keeps its own grids, policy and logs)."""
-    arm = ARMS[arm_name]
+    task, arm = TASKS[task_name], ARMS[arm_name]
     arm_folder = folder / arm_name
     pretrained = f"runs/{task.pretrain.removesuffix('.yaml')}"
     link = arm_folder / pretrained
     if not link.exists():
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(folder / pretrained, target_is_directory=True)
-    return run_stage(arm.config or task.grpo, seed, arm_folder, arm.overrides, log_name=arm_name, reuse=reuse)
+    config, overrides = arm.config_for(task_name) or task.grpo, arm.overrides_for(task_name)
+    return run_stage(config, seed, arm_folder, overrides, log_name=arm_name, reuse=reuse)
 
 
 def run_seed(
-    seed: int, task: Task, arms: list[str], out: Path, reuse: bool
+    seed: int, task_name: str, arms: list[str], out: Path, reuse: bool
 ) -> tuple[StageResult, dict[str, StageResult]]:
     """Stage 1 once in ``<out>/seed<S>``, then every arm from it: the stage-1 result and each arm's."""
+    task = TASKS[task_name]
     folder = out / f"seed{seed}"
     pre = run_stage(task.pretrain, seed, folder, reuse=reuse)
     print(
@@ -127,7 +150,7 @@ def run_seed(
     )
 
     def arm_run(arm: str) -> StageResult:
-        result = run_arm(task, arm, seed, folder, reuse)
+        result = run_arm(task_name, arm, seed, folder, reuse)
         print(
             f"seed {seed} {arm}: {result.before[task.key]:.3f} -> {result.after[task.key]:.3f} "
             f"({result.seconds / 60:.1f} min)",
@@ -136,6 +159,21 @@ def run_seed(
         return result
 
     return pre, in_parallel(arm_run, arms)
+
+
+def paired_verdict(gaps: list[float], first: str, second: str) -> str:
+    """Three verdicts from the 95% paired t interval of the per-seed gaps: ``first`` ahead (the interval above 0),
+    ``second`` ahead (below 0), or inconclusive, with the smallest gap the seeds could detect at this spread."""
+    if len(gaps) - 1 not in T_975:
+        return f"inconclusive: {len(gaps)} seeds"
+    mean, spread = mean_std(gaps)
+    half = T_975[len(gaps) - 1] * spread / len(gaps) ** 0.5
+    interval = f"95% interval {mean - half:+.3f} .. {mean + half:+.3f}"
+    if mean - half > 0:
+        return f"{first} ahead, {interval}"
+    if mean + half < 0:
+        return f"{second} ahead, {interval}"
+    return f"inconclusive, {interval}: {len(gaps)} seeds at this spread detect only gaps above {half:.3f}"
 
 
 def comparisons(results: dict[str, list[tuple[int, StageResult]]], key: str) -> list[str]:
@@ -150,18 +188,18 @@ def comparisons(results: dict[str, list[tuple[int, StageResult]]], key: str) -> 
         )
     if "window2" in after and "mixgrpo" in after:
         gaps = [m - w for m, w in zip(after["mixgrpo"], after["window2"], strict=True)]
-        mean, spread = mean_std(gaps)
-        detectable = T_975[len(gaps) - 1] * spread / len(gaps) ** 0.5 if len(gaps) - 1 in T_975 else float("nan")
-        verdict = (
-            "in direction on every seed"
-            if all(g > 0 for g in gaps)
-            else f"inconclusive: a paired t-test over {len(gaps)} seeds at this spread detects only differences "
-            f"above {detectable:.3f}"
-        )
         claims.append(
             f"- MixGRPO's moving window ends at least as high as the fixed window: moving minus fixed {fmt(gaps)} "
-            f"(per seed {', '.join(f'{g:+.3f}' for g in gaps)}; {verdict})."
+            f"(per seed {', '.join(f'{g:+.3f}' for g in gaps)}; {paired_verdict(gaps, 'moving', 'fixed')})."
         )
+    for arm, budget in (("nft", "equal rollouts"), ("nft_time", "equal wall time")):
+        if "cps" in after and arm in after:
+            gaps = [n - c for n, c in zip(after[arm], after["cps"], strict=True)]
+            claims.append(
+                f"- DiffusionNFT ends above Flow-GRPO (CPS) at {budget} (its paper's sample-efficiency claim): "
+                f"DiffusionNFT minus CPS {fmt(gaps)} (per seed {', '.join(f'{g:+.3f}' for g in gaps)}; "
+                f"{paired_verdict(gaps, 'DiffusionNFT', 'CPS')})."
+            )
     if "cps" in after and "cps_delay1" in after:
         gaps = [c - d for c, d in zip(after["cps_delay1"], after["cps"], strict=True)]
         claims.append(
@@ -187,8 +225,10 @@ def main() -> None:
     task = TASKS[args.task]
     if args.task != "vbvr" and "cps_delay1" in args.arms:
         parser.error("the cps_delay1 arm is the VBVR pipeline recipe: use it with --task vbvr")
+    if args.task not in NFT_CONFIGS and {"nft", "nft_time"} & set(args.arms):
+        parser.error(f"the DiffusionNFT arms have a recipe for --task {', '.join(NFT_CONFIGS)} only")
     out = Path(args.out or f"runs/repro/flow_grpo_{args.task}").resolve()
-    run = functools.partial(run_seed, task=task, arms=args.arms, out=out, reuse=args.reuse)
+    run = functools.partial(run_seed, task_name=args.task, arms=args.arms, out=out, reuse=args.reuse)
     per_seed = for_seeds(run, args.seeds, args.jobs)
     stage1 = [pre for pre, _ in per_seed]
     results = {
