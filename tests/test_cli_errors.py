@@ -226,7 +226,7 @@ def test_fit_help_lists_the_package_modules_and_data_modules(capsys):
     code, output = run_main(["fit", "--help"], capsys)
     assert code == 0
     text = " ".join(output.split())
-    for name in ("VLMSFTModule", "VLMGRPOModule", "FlowGRPOModule", "FlowMatchingModule"):
+    for name in ("VLMSFTModule", "VLMGRPOModule", "FlowGRPOModule", "FlowNFTModule", "FlowMatchingModule"):
         assert f"app.modules.{name}" in text
     assert "app.data.VisualTaskDataModule" in text and "app.data.ShardDataModule" in text
 

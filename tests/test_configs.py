@@ -118,7 +118,7 @@ def test_flow_grpo_arms_parse_as_their_sampling_settings(monkeypatch, capsys):
         if arm.config is not None:
             continue
         args = ["--config", str(ROOT / "configs" / flow_grpo.TASKS["flow"].grpo)]
-        for item in arm.overrides:
+        for item in arm.overrides_for("flow"):
             key, _, value = item.partition("=")
             args += [f"--{key}", value]
         sampling = print_config(args, capsys)["model"]["init_args"]["sampling"]
@@ -126,3 +126,20 @@ def test_flow_grpo_arms_parse_as_their_sampling_settings(monkeypatch, capsys):
         if name == "mixgrpo":
             assert settings.window_at(0) == (0, 2) and settings.window_at(10**6) == (5, 7)
             assert settings.ode_tail == "unipc"
+
+
+def test_flow_grpo_diffusionnft_arms_parse_with_their_own_recipe(monkeypatch, capsys):
+    """The DiffusionNFT arms of benchmarks/repro/flow_grpo.py name an existing recipe of FlowNFTModule per task, and
+    the equal-time arm's step count lands in the trainer."""
+    flow_grpo = load_repro("flow_grpo", monkeypatch)
+    for name in ("nft", "nft_time"):
+        arm = flow_grpo.ARMS[name]
+        for task in flow_grpo.NFT_CONFIGS:
+            args = ["--config", str(ROOT / "configs" / arm.config_for(task))]
+            for item in arm.overrides_for(task):
+                key, _, value = item.partition("=")
+                args += [f"--{key}", value]
+            config = print_config(args, capsys)
+            assert config["model"]["class_path"] == "app.modules.FlowNFTModule"
+            if name == "nft_time":
+                assert config["trainer"]["max_steps"] == flow_grpo.EQUAL_TIME_STEPS[task]
