@@ -114,18 +114,21 @@ def test_flow_grpo_arms_parse_as_their_sampling_settings(monkeypatch, capsys):
     from app.settings import FlowSamplingSettings
 
     flow_grpo = load_repro("flow_grpo", monkeypatch)
-    for name, arm in flow_grpo.ARMS.items():
-        if arm.config is not None:
-            continue
-        args = ["--config", str(ROOT / "configs" / flow_grpo.TASKS["flow"].grpo)]
-        for item in arm.overrides_for("flow"):
-            key, _, value = item.partition("=")
-            args += [f"--{key}", value]
-        sampling = print_config(args, capsys)["model"]["init_args"]["sampling"]
-        settings = FlowSamplingSettings(**sampling)
-        if name == "mixgrpo":
-            assert settings.window_at(0) == (0, 2) and settings.window_at(10**6) == (5, 7)
-            assert settings.ode_tail == "unipc"
+    for task in flow_grpo.TASKS:
+        for name, arm in flow_grpo.ARMS.items():
+            if arm.config is not None:
+                continue
+            args = ["--config", str(ROOT / "configs" / flow_grpo.TASKS[task].grpo)]
+            for item in arm.overrides_for(task):
+                key, _, value = item.partition("=")
+                args += [f"--{key}", value]
+            config = print_config(args, capsys)
+            settings = FlowSamplingSettings(**config["model"]["init_args"]["sampling"])
+            if name == "mixgrpo":  # the window takes the same five positions over each recipe's steps
+                steps, every = config["trainer"]["max_steps"], settings.window_every_n_steps
+                assert steps == 5 * every and settings.window_at(0) == (0, 2), task
+                assert settings.window_at(steps - 1) == (4, 6) and settings.window_at(steps - every - 1) == (3, 5), task
+                assert settings.ode_tail == "unipc"
 
 
 def test_flow_grpo_diffusionnft_arms_parse_with_their_own_recipe(monkeypatch, capsys):

@@ -5,6 +5,7 @@
     python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde cps_delay1 --reuse   # adds the delay arm
     python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms window2 mixgrpo --section flow-grpo-flow-window
     python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps nft nft_time --section flow-grpo-flow-nft
+    python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps window2 mixgrpo nft --section flow-grpo-vbvr-objectives
 
 (times measured 2026-12-02 from empty output folders; ``--reuse`` keeps the stages already run.)
 
@@ -16,10 +17,10 @@ from that same model, at equal steps and data. Arms:
 - ``cps_delay1``: the one-step-delayed reward pipeline, scorers in a process pool (``configs/vbvr_pipeline_cpu.yaml``;
   VBVR only).
 - ``window2``: a fixed SDE window of the first 2 steps (Euler elsewhere), the baseline of MixGRPO's comparison.
-- ``mixgrpo``: MixGRPO: the same 2-step window moved one step later every ``WINDOW_EVERY`` optimizer steps, UniPC after
-  it (``window_stride``, ``ode_tail: unipc``).
-- ``nft``: DiffusionNFT (``configs/quickstart_flow_nft.yaml``; flow task only) on the same model, rewards, data and
-  steps: equal rollouts.
+- ``mixgrpo``: MixGRPO: the same 2-step window moved one step later every ``WINDOW_EVERY[task]`` optimizer steps, UniPC
+  after it (``window_stride``, ``ode_tail: unipc``).
+- ``nft``: DiffusionNFT (``configs/quickstart_flow_nft.yaml``, ``configs/quickstart_vbvr_nft.yaml``) on the same
+  model, rewards, data and steps: equal rollouts.
 - ``nft_time``: the same with the step count that takes the ``cps`` arm's wall time (``EQUAL_TIME_STEPS``, from the
   two recipes' measured step times on 2 cores): equal wall time.
 
@@ -93,23 +94,32 @@ TASKS = {
     ),
 }
 T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided 95%, by dof
-WINDOW_EVERY = 20  # the flow quickstart's 100 steps: the window sweeps from steps 0-1 to 5-6 of 8
-NFT_CONFIGS = {"flow": "quickstart_flow_nft.yaml"}
+# optimizer steps between moves of the MixGRPO window: over each quickstart's steps (100 flow, 200 VBVR) the window
+# takes five positions, from steps 0-1 to steps 4-5 of 8
+WINDOW_EVERY = {"flow": 20, "vbvr": 40}
+NFT_CONFIGS = {"flow": "quickstart_flow_nft.yaml", "vbvr": "quickstart_vbvr_nft.yaml"}
 # DiffusionNFT steps in the cps recipe's wall time: on 2 cores, alone, a whole fit of 100 steps took 3 min 19 s with
 # configs/quickstart_flow.yaml and 3 min 32 s with configs/quickstart_flow_nft.yaml (2026-12-04): 100 x 199 / 212
-EQUAL_TIME_STEPS = {"flow": 94}
+# VBVR: in the 3-seed run of 2026-12-05 (two stages at a time on 2 cores) the cps arm's GRPO stages took VBVR_CPS_MIN
+# and the nft arm's VBVR_NFT_MIN minutes for 200 steps: 200 x cps / nft
+EQUAL_TIME_STEPS = {"flow": 94, "vbvr": 200}
 ARMS = {
     "cps": Arm(None, what="CPS, eta 0.7 (the recipe)"),
     "window2": Arm(None, ("model.init_args.sampling.sde_window=[0, 2]",), "CPS, fixed window of steps 0-1"),
     "mixgrpo": Arm(
         None,
-        (
-            "model.init_args.sampling.sde_window=[0, 2]",
-            "model.init_args.sampling.window_stride=1",
-            f"model.init_args.sampling.window_every_n_steps={WINDOW_EVERY}",
-            "model.init_args.sampling.ode_tail=unipc",
-        ),
-        f"CPS, MixGRPO window of 2 moving 1 step every {WINDOW_EVERY} steps, UniPC tail",
+        {
+            task: (
+                "model.init_args.sampling.sde_window=[0, 2]",
+                "model.init_args.sampling.window_stride=1",
+                f"model.init_args.sampling.window_every_n_steps={every}",
+                "model.init_args.sampling.ode_tail=unipc",
+            )
+            for task, every in WINDOW_EVERY.items()
+        },
+        "CPS, MixGRPO window of 2 moving 1 step every "
+        + " / ".join(f"{every} ({task})" for task, every in WINDOW_EVERY.items())
+        + " steps, UniPC tail",
     ),
     "sde": Arm(None, ("model.init_args.sampling.sampler=sde",), "SDE, eta 0.7"),
     "cps_delay1": Arm("vbvr_pipeline_cpu.yaml", what="CPS, one-step-delayed rewards (process pool)"),

@@ -233,6 +233,7 @@ TOY_LOGGED = {
     "train/nonfinite_rewards",
     "train/skipped_updates",
     "train/skipped_groups",
+    "train/empty_updates",
     "train/reward/value",
     "train/toy/rows",
     "train/policy_lag",

@@ -115,6 +115,7 @@ class GRPOModule(PolicyModule):
             policy.enable_reference()
         self._consecutive_nonfinite_rewards = 0
         self.skipped_groups = 0  # groups left out of updates because a reward could not score them
+        self.empty_updates = 0  # updates left out because no rank kept a sample
         self.prompt_stats = PromptStatTracker(grpo.prompt_history) if grpo.advantage_scale == "per_prompt" else None
         self.rollout_queue = RolloutQueue(self.pipeline, self.rewards)  # what a step carries to the next
         self.record_hyperparameters(
@@ -333,6 +334,8 @@ class GRPOModule(PolicyModule):
         (:meth:`gradient_scale`) multiplies what is backpropagated, not what is logged."""
         sums: dict[str, Tensor] = {}
         masses = torch.stack([self.loss_mass(r) for r in rollouts])
+        if not self._any_rank(bool(masses.sum() > 0)):
+            return self._empty_update()
         weights = (masses / masses.sum().clamp(min=_SOME_MASS)).tolist() if len(rollouts) > 1 else [1.0]
         parts = (
             (out, share * weight)
@@ -361,6 +364,16 @@ class GRPOModule(PolicyModule):
         if entropy is not None:
             sums["entropy"] = entropy
         return sums
+
+    def _empty_update(self) -> dict[str, Tensor]:
+        """No rank kept anything to train on (every group skipped, or of equal rewards under
+        ``drop_zero_std_groups`` / dynamic sampling): no backward and no optimizer step, which would move the weights
+        on zero gradients through AdamW's momentum and weight decay. Counted in :attr:`empty_updates` and logged; the
+        trainer's ``global_step`` does not advance, so the fit draws another batch."""
+        self.empty_updates += 1
+        log.warning("no rank kept a sample to train on: update left out (%d so far)", self.empty_updates)
+        zero = torch.zeros((), device=self.device)
+        return {**{key: zero for key in LOSS_TERMS}, "skipped": True}
 
     # ---------------------------------------------------------------------------------------------- checkpoints
     def rank_state(self) -> dict:
@@ -429,6 +442,7 @@ class GRPOModule(PolicyModule):
             values.update({f"train/entropy/{task}": mean for task, mean in stats["entropy"].means().items()})
         values["train/skipped_updates"] = torch.tensor(float(self.skipped_updates))
         values["train/skipped_groups"] = torch.tensor(float(self.skipped_groups))
+        values["train/empty_updates"] = torch.tensor(float(self.empty_updates))
         if unscored is None or not unscored.all():  # a rollout no reward scored has no mean reward to show
             values["train/reward/total"] = total[scored].mean()
             for name, component in rollout.rewards.components.items():
