@@ -185,6 +185,11 @@ class GRPOSettings:
             the prompt's last ``prompt_history`` rewards over steps, kept per rank and saved in checkpoints; flow_grpo's
             ``per_prompt_stat_tracking``) or ``none`` (Dr. GRPO). Every scale but ``per_prompt`` centres on the group.
         prompt_history: rewards kept per prompt for ``per_prompt`` (a prompt is its task and question).
+        group_ranks: consecutive ranks that share each group (DanceGRPO's groups across GPUs): they draw the same
+            prompts, each rank K / group_ranks of every group's outputs (noise drawn as one process holding the whole
+            group draws it), and their rewards are all-gathered, so advantages and dropped groups are those of the whole
+            group of K. 1: every group on one rank. Must divide K and the number of ranks; the flow family only, with
+            rewards of scope ``completion``.
         drop_zero_std_groups: leave groups whose rewards are all equal out of the loss (they carry no signal).
         micro_batch_size: rows per forward/backward; gradients accumulate over the micro-batches of a rollout and
             reproduce the full-batch gradient. None: all N = B * K rows at once.
@@ -216,6 +221,7 @@ class GRPOSettings:
     num_iterations: int = 1
     advantage_scale: Literal["group", "batch", "global", "per_prompt", "none"] = "group"
     prompt_history: int = 64
+    group_ranks: int = 1
     drop_zero_std_groups: bool = False
     micro_batch_size: int | None = None
     gradient_clip_val: float = 1.0
@@ -239,6 +245,8 @@ class GRPOSettings:
             raise ValueError(f"grpo.advantage_scale must be one of {scales}, got {self.advantage_scale!r}")
         if self.prompt_history < 1:
             raise ValueError(f"grpo.prompt_history must be >= 1, got {self.prompt_history}")
+        if self.group_ranks < 1:
+            raise ValueError(f"grpo.group_ranks must be >= 1 (1: every group on one rank), got {self.group_ranks}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
         if self.gradient_clip_val < 0:

@@ -260,3 +260,59 @@ class Rollout(Generic[Sampled]):
     advantages: torch.Tensor
     loss_mask: torch.Tensor
     group_size: int
+
+
+@dataclass(frozen=True)
+class GroupShare:
+    """This rank's part of every group when a group's K outputs are spread over ``ranks`` consecutive ranks
+    (``grpo.group_ranks``): outputs ``index * K / ranks`` up to ``(index + 1) * K / ranks`` of each prompt.
+
+    Rows stay group-major: the whole groups of B prompts are ``B * K`` rows (row ``b * K + k``), and this rank holds
+    ``B * K / ranks`` of them (its row ``b * K / ranks + j`` is whole row ``b * K + index * K / ranks + j``). Noise drawn
+    through :meth:`randn` is what one process holding the whole groups draws, sliced to this rank's rows, so a spread
+    group is sampled exactly as one process would sample it.
+
+    Attributes:
+        index: this rank's place among the ranks that share a group (``global_rank % ranks``).
+        ranks: ranks that share each group.
+        group_size: K, the whole group's outputs per prompt.
+    """
+
+    index: int
+    ranks: int
+    group_size: int
+
+    def __post_init__(self):
+        if self.ranks < 1 or not 0 <= self.index < self.ranks:
+            raise ValueError(f"a group share needs 0 <= index < ranks, got index {self.index} of {self.ranks}")
+        if self.group_size % self.ranks:
+            raise ValueError(
+                f"a group of {self.group_size} outputs cannot be spread evenly over {self.ranks} ranks: "
+                "sampling.group_size must be a multiple of grpo.group_ranks"
+            )
+
+    @property
+    def per_rank(self) -> int:
+        """Outputs of each group this rank draws (K / ranks)."""
+        return self.group_size // self.ranks
+
+    def rows(self, num_prompts: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """``[B * K / ranks]`` int64 indices of this rank's rows among the ``B * K`` rows of the whole groups."""
+        own = torch.arange(self.per_rank, device=device) + self.index * self.per_rank  # [K / ranks]
+        starts = torch.arange(num_prompts, device=device) * self.group_size  # [B]
+        return (starts[:, None] + own[None, :]).reshape(-1)
+
+    def local(self, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of ``whole`` ``[B * K, ...]`` (the whole groups)."""
+        return whole[self.rows(len(whole) // self.group_size, whole.device)]
+
+    def randn(
+        self, shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device | str, dtype=torch.float32
+    ) -> torch.Tensor:
+        """Standard normal noise of this rank's rows, ``shape = (B * K / ranks, ...)``: drawn for the whole groups'
+        ``B * K`` rows from ``generator`` (every rank of the share draws the same) and sliced."""
+        num_prompts = shape[0] // self.per_rank
+        whole = torch.randn(
+            (num_prompts * self.group_size, *shape[1:]), generator=generator, device=device, dtype=dtype
+        )
+        return self.local(whole)

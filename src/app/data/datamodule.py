@@ -32,7 +32,7 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from app.data.sampler import ResumableShuffleSampler
+from app.data.sampler import ResumableShuffleSampler, prompt_ranks
 from app.types import VisualSample
 
 DatasetFactory = Callable[[int, int, int], Dataset]
@@ -184,14 +184,16 @@ class VisualTaskDataModule(LightningDataModule):
         )
 
     def _sampler_ranks(self) -> dict[str, int]:
-        """This process's share of the training set: the strategy's data-parallel ranks, unless the trainer was told
-        not to split the data (``use_distributed_sampler=False``) or runs in one process."""
+        """This process's share of the training set: the strategy's data-parallel ranks (ranks that share groups
+        counted as one, :func:`~app.data.sampler.prompt_ranks`), unless the trainer was told not to split the data
+        (``use_distributed_sampler=False``) or runs in one process."""
         trainer = self.trainer
         kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
         split = trainer is not None and getattr(trainer._accelerator_connector, "use_distributed_sampler", True)
         if not kwargs or not split:
             return {}
-        return {"num_replicas": kwargs["num_replicas"], "rank": kwargs["rank"]}
+        rank, replicas = prompt_ranks(trainer, kwargs["rank"], kwargs["num_replicas"])
+        return {"num_replicas": replicas, "rank": rank}
 
     def state_dict(self) -> dict[str, int]:
         """Where training is in the current epoch, saved in checkpoints so a resumed run continues mid-epoch.

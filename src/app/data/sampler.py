@@ -9,6 +9,17 @@ import torch
 from torch.utils.data import DistributedSampler
 
 
+def prompt_ranks(trainer, rank: int, world_size: int) -> tuple[int, int]:
+    """This process's ``(rank, num_replicas)`` in the split of the training prompts, from its data-parallel ``rank``
+    among ``world_size``: ranks that share groups (the module's ``ranks_per_group``, GRPO's ``grpo.group_ranks``,
+    consecutive ranks) draw the same prompts, so they count as one replica."""
+    module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+    sharing = getattr(module, "ranks_per_group", 1)
+    if world_size % sharing:
+        raise ValueError(f"grpo.group_ranks {sharing} must divide the number of processes ({world_size})")
+    return rank // sharing, world_size // sharing
+
+
 class ResumableShuffleSampler(DistributedSampler):
     """Shuffles ``length`` indices with a permutation drawn from ``(seed, epoch)`` and gives this rank its share.
 

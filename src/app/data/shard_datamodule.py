@@ -55,6 +55,7 @@ from typing import Any
 import torch.distributed as dist
 from lightning import LightningDataModule
 
+from app.data.sampler import prompt_ranks
 from app.data.shard_stream import ShardLoader, ShardStream, SkipCounts
 from app.data.shards import expand_urls
 from app.types import VisualSample
@@ -151,17 +152,19 @@ class ShardDataModule(LightningDataModule):
             return []  # no shards for this split: Lightning skips a loop whose loaders are empty
         rank, world_size = self._rank_and_world_size()
         train = split == "train"
+        # training prompts are split by replica: ranks that share groups (grpo.group_ranks) stream the same ones
+        stream_rank, replicas = prompt_ranks(self.trainer, rank, world_size) if train else (rank, world_size)
         resampled = train and self.resampled
-        if train and not resampled and len(self.urls[split]) < world_size:
+        if train and not resampled and len(self.urls[split]) < replicas:
             raise ValueError(
-                f"train_urls: {len(self.urls[split])} shards for {world_size} ranks; some ranks would get none "
+                f"train_urls: {len(self.urls[split])} shards for {replicas} ranks; some ranks would get none "
                 "(write more shards, or use resampled=True)"
             )
         stream = ShardStream(
             self.urls[split],
             batch_size=self.batch_size if train else self.val_batch_size,
-            rank=rank,
-            world_size=world_size,
+            rank=stream_rank,
+            world_size=replicas,
             split_by_sample=not train,
             seed=self.seed,
             shuffle=train,

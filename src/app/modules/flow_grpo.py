@@ -2,7 +2,8 @@
 
 The shared loop is :class:`~app.modules.grpo.GRPOModule`; the rollout is :class:`~app.sampling.FlowSampler` (see
 :mod:`app.sampling.flow_rollout` for which steps are stochastic and which are trained). Each training step takes
-B prompts, draws K denoising trajectories per prompt on this process (groups never cross ranks), decodes and scores the
+B prompts, draws K denoising trajectories per prompt on this process (or K / R on each of ``grpo.group_ranks`` R ranks
+that share the prompts), decodes and scores the
 final samples, and makes ``num_iterations`` optimizer updates on that rollout. A trajectory's "tokens" are its trained
 denoising steps: the log-density of each stored transition ``x_t -> x_{t+1}`` is one ``[N, 1]`` "token" for
 :func:`~app.algorithms.grpo_loss`, and the per-step losses are averaged over the trained steps
@@ -125,7 +126,10 @@ class FlowGRPOModule(FlowRLModule):
         rewards score."""
         window = self.sampling.window_at(self.global_step)  # MixGRPO: moves with training when window_stride > 0
         return Generation(
-            samples, self.sampler.draw(samples, self.generator, reference=self.grpo.beta > 0, window=window)
+            samples,
+            self.sampler.draw(
+                samples, self.generator, reference=self.grpo.beta > 0, window=window, share=self.group_share
+            ),
         )
 
     # -------------------------------------------------------------------------------------------------- training

@@ -161,13 +161,19 @@ class FlowNFTModule(FlowRLModule):
 
     def generate_rollout(self, samples: list[VisualSample]) -> Generation[SampledImages]:
         """K samples per prompt from ``v_old`` with ``nft.solver``, and their clean latents."""
-        return Generation(samples, self.sampler.draw_samples(samples, self.generator, self.nft.solver))
+        return Generation(
+            samples, self.sampler.draw_samples(samples, self.generator, self.nft.solver, share=self.group_share)
+        )
 
     # -------------------------------------------------------------------------------------------------- training
     def _noised(self, clean: Tensor, sigma: Tensor) -> tuple[Tensor, Tensor]:
         """``x_t = (1 - sigma) x_0 + sigma eps`` and the target velocity ``eps - x_0``, ``eps`` from the rollout
-        generator."""
-        noise = torch.randn(clean.shape, generator=self.generator, device=clean.device, dtype=clean.dtype)
+        generator (this rank's rows of the whole groups' draw when groups are spread over ranks)."""
+        share = self.group_share
+        if share is not None:
+            noise = share.randn(tuple(clean.shape), self.generator, clean.device, clean.dtype)
+        else:
+            noise = torch.randn(clean.shape, generator=self.generator, device=clean.device, dtype=clean.dtype)
         sigma = sigma.to(clean.device, clean.dtype)
         return (1 - sigma) * clean + sigma * noise, noise - clean
 

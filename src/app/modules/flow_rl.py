@@ -24,8 +24,11 @@ FLOW_LEARNING_RATE = 5e-6
 
 class FlowRLModule(FlowEvaluation, GRPOModule):
     """The GRPO skeleton on a :class:`~app.models.flow.FlowPolicy`, with a :class:`~app.sampling.FlowSampler` and a
-    rollout generator seeded with ``seed + global_rank``. The arguments are those of the two subclasses, the settings
-    blocks already built and checked."""
+    rollout generator seeded with ``seed`` plus the rank's data-parallel index (``global_rank // grpo.group_ranks``: the
+    ranks that share groups draw the same noise and each keeps its rows, :class:`~app.types.GroupShare`). The arguments
+    are those of the two subclasses, the settings blocks already built and checked."""
+
+    spreads_groups = True
 
     def __init__(
         self,
@@ -52,8 +55,9 @@ class FlowRLModule(FlowEvaluation, GRPOModule):
 
     @property
     def generator(self) -> torch.Generator:
-        """The rollout's random generator, on the module's device, seeded with ``seed + global_rank`` (or from this
-        rank's state in the checkpoint a fit resumed from)."""
+        """The rollout's random generator, on the module's device, seeded with ``seed`` plus the rank's data-parallel
+        index (``global_rank``, or ``global_rank // grpo.group_ranks`` when groups are spread over ranks), or from this
+        rank's state in the checkpoint a fit resumed from."""
         if self._generator is None or self._generator.device != self.device:
             generator = torch.Generator(device=self.device)
             if self._generator_state is not None:
@@ -61,7 +65,7 @@ class FlowRLModule(FlowEvaluation, GRPOModule):
             elif self._generator_seed is not None:
                 generator.manual_seed(self._generator_seed)
             else:
-                generator.manual_seed(self.hparams.seed + self.global_rank)
+                generator.manual_seed(self.hparams.seed + self.global_rank // self.grpo.group_ranks)
             self._generator = generator
         return self._generator
 

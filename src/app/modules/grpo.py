@@ -1,7 +1,8 @@
 """The GRPO skeleton both model families share: rollout -> rewards -> group advantages -> clipped loss -> update.
 
-Each training step takes B prompts, lets the family's sampler draw K outputs per prompt on this process (groups never
-cross ranks), scores them, and makes ``num_iterations`` optimizer updates on that rollout. Every step goes through the
+Each training step takes B prompts, lets the family's sampler draw K outputs per prompt on this process (or, with
+``grpo.group_ranks`` R > 1, K / R of them on each of R ranks that share the prompts: their rewards are all-gathered so
+that every group's statistics are the whole group's), scores them, and makes ``num_iterations`` optimizer updates on that rollout. Every step goes through the
 :class:`~app.modules.rollout_queue.RolloutQueue`: with ``pipeline.delay: 0`` (the default) it trains on the rollout it
 just drew, with ``delay: 1`` on the one drawn a step earlier while the workers score the new one. Optimisation is
 manual: the family yields the loss of each micro-batch (and, for flow models, each trained denoising step) with its
@@ -25,7 +26,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -44,7 +45,7 @@ from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
 from app.modules.rollout_queue import RolloutQueue, grouped
 from app.rewards import RewardComponent, WeightedReward
 from app.settings import EMASettings, GRPOSettings, OptimizerSettings, PipelineSettings, as_settings, plain
-from app.types import CompletionRecord, Generation, RewardOutput, Rollout, VisualSample
+from app.types import CompletionRecord, Generation, GroupShare, RewardOutput, Rollout, VisualSample
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,10 @@ class GRPOModule(PolicyModule):
         records_per_step: outputs handed to logging callbacks per step (``outputs["records"]``).
     """
 
+    spreads_groups: ClassVar[bool] = False
+    """Whether the family's sampler can draw a rank's part of a group (:class:`~app.types.GroupShare`), which
+    ``grpo.group_ranks > 1`` needs."""
+
     def __init__(
         self,
         policy: Policy,
@@ -111,6 +116,8 @@ class GRPOModule(PolicyModule):
         self.pipeline = as_settings(PipelineSettings, pipeline) or PipelineSettings()
         self.records_per_step = records_per_step
         self.rewards = WeightedReward(rewards)
+        if grpo.group_ranks > 1:
+            self._check_group_ranks(grpo.group_ranks)
         if grpo.beta > 0:
             policy.enable_reference()
         self._consecutive_nonfinite_rewards = 0
@@ -124,8 +131,60 @@ class GRPOModule(PolicyModule):
 
     @property
     def group_size(self) -> int:
-        """K, the outputs drawn per prompt."""
+        """K, the outputs drawn per prompt (over the ranks that share a group, see :attr:`group_share`)."""
         return self.sampling.group_size
+
+    @property
+    def ranks_per_group(self) -> int:
+        """Consecutive ranks that share each group (``grpo.group_ranks``); they draw the same prompts (the data modules
+        count them as one data-parallel replica, :func:`~app.data.sampler.prompt_ranks`)."""
+        return self.grpo.group_ranks
+
+    @property
+    def group_share(self) -> GroupShare | None:
+        """This rank's part of every group when groups are spread over ranks, else None (the whole group here)."""
+        ranks = self.grpo.group_ranks
+        return GroupShare(self.global_rank % ranks, ranks, self.group_size) if ranks > 1 else None
+
+    @property
+    def rows_per_prompt(self) -> int:
+        """Outputs of each prompt drawn, scored and trained on this rank: K, or K / ``group_ranks``."""
+        return self.group_size // self.grpo.group_ranks
+
+    def _check_group_ranks(self, ranks: int) -> None:
+        """Refuse what a group spread over ranks cannot do, naming the option: a family whose sampler cannot draw a
+        rank's part of a group; rewards that compare the rows of a group (each rank scores only its part); dynamic
+        sampling (each rank would refill with prompts of its own)."""
+        if self.group_size % ranks:
+            raise ValueError(
+                f"grpo.group_ranks {ranks} must divide sampling.group_size {self.group_size}: each rank draws K / R "
+                "outputs of every group"
+            )
+        if not self.spreads_groups:
+            raise ValueError(
+                f"grpo.group_ranks > 1 is for the flow family (its sampler draws a rank's part of a group's noise); "
+                f"{type(self).__name__} keeps each group on one rank: set grpo.group_ranks to 1"
+            )
+        comparing = [c.name for c in self.rewards.components if c.scope != "completion"]
+        if comparing:
+            raise ValueError(
+                f"grpo.group_ranks > 1 scores each rank's part of a group apart, but {', '.join(comparing)} compare "
+                "the outputs of a group: keep such rewards with grpo.group_ranks 1"
+            )
+        if self.pipeline.dynamic_sampling:
+            raise ValueError(
+                "pipeline.dynamic_sampling refills each rank with prompts of its own, which the ranks sharing a group "
+                "(grpo.group_ranks > 1) would not share: use one of them"
+            )
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world % self.grpo.group_ranks:
+            raise ValueError(
+                f"grpo.group_ranks {self.grpo.group_ranks} must divide the number of processes ({world}): each group "
+                "is spread over that many consecutive ranks"
+            )
 
     @property
     def reward_executor(self) -> Executor | None:
@@ -210,32 +269,56 @@ class GRPOModule(PolicyModule):
             rewards=scored.rewards,
             advantages=scored.advantages,
             loss_mask=self.loss_mask(generation, scored.keep),
-            group_size=self.group_size,
+            group_size=self.rows_per_prompt,
         )
 
     def score(self, outputs: Sequence[Any], samples: list[VisualSample]) -> ScoredGroups:
         """Rewards of the N = B * K ``outputs`` (row ``b * K + k`` from prompt ``b``), their group advantages, and
         which rows stay in the loss."""
-        k = self.group_size
+        k = self.rows_per_prompt
         return self._scored(self.rewards(outputs, grouped(samples, k), group_size=k), samples)
 
     def _scored(self, rewards: RewardOutput, samples: Sequence[VisualSample] | None = None) -> ScoredGroups:
         """Group advantages and kept rows of collected rewards (the rest of :meth:`score`); ``samples``: the B
-        prompts (``advantage_scale: per_prompt`` needs them)."""
+        prompts (``advantage_scale: per_prompt`` needs them). With groups spread over ranks the statistics are taken on
+        the whole groups (:meth:`_whole_groups`) and this rank keeps its rows of them."""
         k, n = self.group_size, len(rewards.total)
         all_nonfinite = rewards.num_nonfinite >= n * len(self.rewards.components)
         self._check_rewards(all_nonfinite and n > 0)
-        total = rewards.total.float().to(self.device)  # [N]
-        scored = self._scored_rows(rewards, k)  # [N] bool
-        advantages = torch.zeros_like(total)  # [N]; 0 in skipped groups, which stay out of the loss
-        groups_kept = scored.view(-1, k)[:, 0].tolist() if n else []
+        unscored = rewards.unscored.to(self.device) if rewards.unscored is not None else None
+        total, unscored = self._whole_groups(rewards.total.float().to(self.device), unscored)  # [B * K] each
+        scored = self._scored_rows(unscored, len(total), k)  # [B * K] bool
+        advantages = torch.zeros_like(total)  # [B * K]; 0 in skipped groups, which stay out of the loss
+        groups_kept = scored.view(-1, k)[:, 0].tolist() if len(total) else []
         prompts = samples if samples is not None else [None] * len(groups_kept)
         kept_prompts = [sample for sample, kept in zip(prompts, groups_kept, strict=True) if kept]
         advantages[scored] = self._advantages(total[scored], kept_prompts)
-        keep = scored.clone()  # [N]
+        keep = scored.clone()  # [B * K]
         if self.grpo.drop_zero_std_groups or self.pipeline.dynamic_sampling:
-            keep &= ~zero_std_groups(total, k).repeat_interleave(k)  # [N]
+            keep &= ~zero_std_groups(total, k).repeat_interleave(k)  # [B * K]
+        share = self.group_share
+        if share is not None:
+            advantages, keep = share.local(advantages), share.local(keep)
         return ScoredGroups(rewards, advantages, keep)
+
+    def _whole_groups(self, total: Tensor, unscored: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """The rewards ``[B * K]`` (and unscored rows) of the whole groups this rank holds a part of: its own
+        ``total`` when groups stay on one rank, else every part all-gathered from the ranks of its group share (one
+        collective on every rank, whatever it scored)."""
+        share = self.group_share
+        if share is None:
+            return total, unscored
+        import torch.distributed as dist
+
+        total = total.to(self.device)  # the collective's backend takes the module's device
+        skipped = unscored.to(self.device).float() if unscored is not None else torch.zeros_like(total)
+        mine = torch.stack([total, skipped])  # [2, B * K / R]
+        parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, mine)
+        first = self.global_rank - share.index
+        block = torch.stack(parts[first : first + share.ranks])  # [R, 2, B * K / R]
+        whole = block.view(share.ranks, 2, -1, share.per_rank).permute(1, 2, 0, 3).reshape(2, -1)  # [2, B * K]
+        return whole[0], (whole[1] > 0 if unscored is not None or bool(whole[1].any()) else None)
 
     def _advantages(self, total: Tensor, prompts: list[VisualSample]) -> Tensor:
         """``[n]`` advantages of the scored rows ``total`` (whole groups of K, of ``prompts``) by
@@ -259,14 +342,13 @@ class GRPOModule(PolicyModule):
             dist.all_reduce(value)
         return value
 
-    def _scored_rows(self, rewards: RewardOutput, k: int) -> Tensor:
-        """``[N]`` bool: the rows of the groups every reward scored. A group with a row that a reward skipped
-        (``RewardOutput.unscored``: a remote reward that failed, with ``on_failure: skip``) is left out whole, counted
-        in :attr:`skipped_groups` and logged."""
-        n = len(rewards.total)
-        if rewards.unscored is None:
+    def _scored_rows(self, unscored: Tensor | None, n: int, k: int) -> Tensor:
+        """``[n]`` bool: the rows of the groups every reward scored. A group with a row that a reward skipped
+        (``unscored``, from ``RewardOutput.unscored``: a remote reward that failed, with ``on_failure: skip``) is left
+        out whole, counted in :attr:`skipped_groups` and logged. None: every row was scored."""
+        if unscored is None:
             return torch.ones(n, dtype=torch.bool, device=self.device)
-        skipped = rewards.unscored.to(self.device).view(-1, k).any(dim=1)  # [B]
+        skipped = unscored.view(-1, k).any(dim=1)  # [B]
         self.skipped_groups += int(skipped.sum())
         log.warning(
             "%d of %d groups left out of this update: a reward could not score them (%d skipped so far)",
@@ -283,7 +365,7 @@ class GRPOModule(PolicyModule):
         queue = self.rollout_queue
         generation = self._generate(batch)
         generated = time.perf_counter()
-        queue.submit(generation, self.group_size)  # delay 0: scored here, inline
+        queue.submit(generation, self.rows_per_prompt)  # delay 0: scored here, inline
         ready = queue.take(self.device)
         if ready is None:
             return None
@@ -421,12 +503,15 @@ class GRPOModule(PolicyModule):
         total = rollout.rewards.total.float()
         unscored = rollout.rewards.unscored
         scored = slice(None) if unscored is None else ~unscored.to(total.device)  # skipped rows hold placeholders
+        whole_groups, _ = self._whole_groups(total)  # [B * K]: a group spread over ranks is one group
         values = {
             "train/loss/policy": stats["policy_loss"],
             "train/kl": stats["kl"],
             "train/clip_fraction": stats["clip_fraction"],
             "train/ratio_mean": stats["ratio_mean"],
-            "train/frac_zero_std": zero_std_groups(total, rollout.group_size).float().mean(),
+            "train/frac_zero_std": zero_std_groups(whole_groups, rollout.group_size * self.grpo.group_ranks)
+            .float()
+            .mean(),
             "train/nonfinite_rewards": torch.tensor(float(self.rewards.num_nonfinite)),
             **self.rollout_logs(rollout),
             **(extra or {}),

@@ -30,7 +30,7 @@ from torch import Tensor
 from app.sampling.batching import micro_batches
 from app.sampling.flow import StepOutput, cps_step, is_trainable_step, ode_step, sde_step, unipc_sample
 from app.settings import FlowSamplingSettings
-from app.types import SampledImages, SampledTrajectories, VisualSample
+from app.types import GroupShare, SampledImages, SampledTrajectories, VisualSample
 
 log = logging.getLogger(__name__)
 
@@ -171,22 +171,26 @@ class FlowSampler:
         generator: torch.Generator,
         reference: bool,
         window: tuple[int, int] | None = None,
+        share: GroupShare | None = None,
     ) -> SampledTrajectories:
         """K trajectories per prompt (conditioned on the policy's problem frames where it takes them), the trained
         transitions with their log-densities under the sampling policy, with ``reference`` under the reference too,
         and the decoded samples the rewards score. ``generator`` draws the trained steps and every noise; ``window``:
-        the SDE window of this rollout (default: ``sde_window``; a moving one comes from ``window_at``)."""
+        the SDE window of this rollout (default: ``sde_window``; a moving one comes from ``window_at``); ``share``:
+        this rank's part of groups spread over ranks (only those K / ranks trajectories per prompt are drawn)."""
         settings = self.settings
         window = window if window is not None else settings.sde_window
         images = self.policy.condition_images(samples)  # problem frames of an image-conditioned policy, else None
-        conditioning = self.conditioning([s.question for s in samples], settings.group_size, images=images)
+        conditioning = self.conditioning([s.question for s in samples], self.rows_per_prompt(share), images=images)
         sigmas = self.policy.sigmas(settings.num_steps).float().cpu()  # [T + 1]
         stochastic = stochastic_steps(sigmas, window)
         if not stochastic:
             raise ValueError(f"no trainable step with num_steps={settings.num_steps} and sde_window={window}")
         steps = train_steps(stochastic, settings.timestep_fraction, generator)
-        noise = self.initial_noise(len(samples), generator).to(self.policy.device)  # [N, ...]
-        kept = self.denoise(conditioning, noise, sigmas, stochastic, steps, generator, ode_tail=settings.ode_tail)
+        noise = self.initial_noise(len(samples), generator, share).to(self.policy.device)  # [N, ...]
+        kept = self.denoise(
+            conditioning, noise, sigmas, stochastic, steps, generator, ode_tail=settings.ode_tail, share=share
+        )
         ref_logprobs = None
         if reference:
             ref_logprobs = self.reference_logprobs(conditioning, sigmas, steps, kept.latents, kept.next_latents)
@@ -202,21 +206,28 @@ class FlowSampler:
         )
 
     @torch.no_grad()
-    def draw_samples(self, samples: Sequence[VisualSample], generator: torch.Generator, solver: str) -> SampledImages:
+    def draw_samples(
+        self,
+        samples: Sequence[VisualSample],
+        generator: torch.Generator,
+        solver: str,
+        share: GroupShare | None = None,
+    ) -> SampledImages:
         """K final samples per prompt (conditioned on the policy's problem frames where it takes them) and their clean
         latents, from any ``solver``: ``euler`` or ``unipc`` (deterministic, so the K samples of a prompt differ only
         by their starting noise) or ``stochastic`` (the settings' ``sampler`` at their ``eta`` on every step but the
-        last). No transition is kept: DiffusionNFT trains on the clean latents (:class:`~app.modules.FlowNFTModule`)."""
+        last). No transition is kept: DiffusionNFT trains on the clean latents (:class:`~app.modules.FlowNFTModule`).
+        ``share``: this rank's part of groups spread over ranks, as in :meth:`draw`."""
         settings = self.settings
         images = self.policy.condition_images(samples)
-        conditioning = self.conditioning([s.question for s in samples], settings.group_size, images=images)
+        conditioning = self.conditioning([s.question for s in samples], self.rows_per_prompt(share), images=images)
         sigmas = self.policy.sigmas(settings.num_steps).float().cpu()  # [T + 1]
-        noise = self.initial_noise(len(samples), generator).to(self.policy.device)  # [N, ...]
+        noise = self.initial_noise(len(samples), generator, share).to(self.policy.device)  # [N, ...]
         if solver == "unipc":
             final = unipc_sample(lambda x, sigma: self.velocity(x, sigma, conditioning), noise.float(), sigmas)
         else:
             stochastic = stochastic_steps(sigmas) if solver == "stochastic" else ()
-            final = self.denoise(conditioning, noise, sigmas, stochastic, generator=generator).final
+            final = self.denoise(conditioning, noise, sigmas, stochastic, generator=generator, share=share).final
         return SampledImages(conditioning=conditioning, sigmas=sigmas, latents=final, images=self.decode(final))
 
     @torch.no_grad()
@@ -229,10 +240,11 @@ class FlowSampler:
         keep: Sequence[int] = (),
         generator: torch.Generator | None = None,
         ode_tail: str = "euler",
+        share: GroupShare | None = None,
     ) -> Transitions:
         """Run the T steps from ``noise`` ``[N, ...]``: sampler steps at ``stochastic``, Euler steps elsewhere (after
         the last stochastic step, UniPC with ``ode_tail="unipc"``); keep the transitions of the steps in ``keep`` (a
-        subset of ``stochastic``)."""
+        subset of ``stochastic``). With a ``share`` each step's noise is the whole groups' draw, sliced."""
         stochastic, keep = set(stochastic), set(keep)
         if not keep <= stochastic:
             raise ValueError(f"kept steps {sorted(keep - stochastic)} are not stochastic")
@@ -245,7 +257,11 @@ class FlowSampler:
                 break
             s, s_next = float(sigmas[i]), float(sigmas[i + 1])
             v = self.velocity(x, sigmas[i], conditioning)  # [N, ...]
-            out = self.step(x, v, s, s_next, generator=generator) if i in stochastic else ode_step(x, v, s, s_next)
+            if i in stochastic:
+                z = share.randn(tuple(x.shape), generator, x.device) if share is not None else None
+                out = self.step(x, v, s, s_next, noise=z, generator=generator)
+            else:
+                out = ode_step(x, v, s, s_next)
             if i in keep:
                 kept.append((x, out.sample, out.log_prob))
             x = out.sample
@@ -259,12 +275,19 @@ class FlowSampler:
             logprobs=torch.stack([lp for _, _, lp in kept], dim=1),  # [N, S]
         )
 
-    def initial_noise(self, num_prompts: int, generator: torch.Generator) -> Tensor:
-        """``[N, ...]`` starting noise of K trajectories per prompt (shared within a group if the settings say so)."""
+    def rows_per_prompt(self, share: GroupShare | None = None) -> int:
+        """Trajectories drawn per prompt on this rank: K, or this rank's part of K under a ``share``."""
+        return share.per_rank if share is not None else self.settings.group_size
+
+    def initial_noise(self, num_prompts: int, generator: torch.Generator, share: GroupShare | None = None) -> Tensor:
+        """``[N, ...]`` starting noise of K trajectories per prompt (shared within a group if the settings say so);
+        under a ``share``, this rank's rows of the whole groups' noise."""
         k = self.settings.group_size
         if self.settings.shared_initial_noise:
-            return self.policy.initial_noise(num_prompts, generator=generator).repeat_interleave(k, dim=0)
-        return self.policy.initial_noise(num_prompts * k, generator=generator)
+            start = self.policy.initial_noise(num_prompts, generator=generator)
+            return start.repeat_interleave(self.rows_per_prompt(share), dim=0)
+        noise = self.policy.initial_noise(num_prompts * k, generator=generator)
+        return share.local(noise) if share is not None else noise
 
     def transition_logprobs(
         self,
