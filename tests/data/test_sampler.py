@@ -68,3 +68,16 @@ def test_it_holds_the_attributes_code_reads_of_a_distributed_sampler():
     assert sampler.shuffle is True and sampler.drop_last is False
     assert (sampler.num_replicas, sampler.rank, sampler.seed, sampler.epoch) == (4, 1, 3, 0)
     assert (sampler.num_samples, sampler.total_size) == (3, 12)
+
+
+def test_ranks_that_share_groups_draw_the_same_prompts():
+    from types import SimpleNamespace
+
+    from app.data.sampler import prompt_ranks
+
+    sharing = SimpleNamespace(lightning_module=SimpleNamespace(ranks_per_group=2))
+    assert [prompt_ranks(sharing, rank, 4) for rank in range(4)] == [(0, 2), (0, 2), (1, 2), (1, 2)]
+    assert prompt_ranks(SimpleNamespace(lightning_module=None), 3, 4) == (3, 4)  # no module: the strategy's ranks
+    assert prompt_ranks(None, 0, 1) == (0, 1)
+    with pytest.raises(ValueError, match="group_ranks 2 must divide the number of processes"):
+        prompt_ranks(sharing, 0, 3)

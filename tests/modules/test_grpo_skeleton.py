@@ -624,3 +624,42 @@ def test_the_warning_names_up_to_three_stray_modules_and_never_a_container_for_i
     with caplog.at_level("WARNING", logger="app.modules.policy_module"):
         module.on_train_start()
     assert [r.getMessage().rsplit(": ", 1)[1] for r in caplog.records] == ["extra.0, extra.1, extra.2"]
+
+
+# ---------------------------------------------------------------------------------- groups spread over ranks
+class SpreadToy(ToyGRPO):
+    """A toy whose sampler could draw a rank's part of a group."""
+
+    spreads_groups = True
+
+
+class PairReward(ValueReward):
+    """A reward that compares the rows of a group with its twin's (as the consistency rewards do)."""
+
+    scope = "group_pair"
+
+
+@pytest.mark.parametrize(
+    ("family", "grpo", "kwargs", "message"),
+    [
+        (ToyGRPO, GRPOSettings(group_ranks=3), {}, "is for the flow family"),
+        (SpreadToy, GRPOSettings(group_ranks=2), {}, "group_ranks 2 must divide sampling.group_size 3"),
+        (SpreadToy, GRPOSettings(group_ranks=3), {"rewards": [PairReward()]}, "but pair compare the outputs of a group"),
+        (
+            SpreadToy,
+            GRPOSettings(group_ranks=3),
+            {"pipeline": PipelineSettings(dynamic_sampling=True)},
+            "pipeline.dynamic_sampling refills each rank",
+        ),
+    ],
+)
+def test_what_a_group_spread_over_ranks_cannot_do_is_refused_by_name(family, grpo, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        family(LinearPolicy(), grpo=grpo, **kwargs)
+
+
+def test_a_group_on_one_rank_has_no_share_and_all_its_rows_here():
+    module = SpreadToy(LinearPolicy(), grpo=GRPOSettings(group_ranks=3))
+    assert module.group_share.per_rank == 1 and module.rows_per_prompt == 1 and module.ranks_per_group == 3
+    alone = ToyGRPO(LinearPolicy())
+    assert alone.group_share is None and alone.rows_per_prompt == alone.group_size

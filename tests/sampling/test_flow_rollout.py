@@ -101,3 +101,45 @@ def test_generate_is_deterministic_per_seed(policy):
     assert first.shape == (2, 3, 64, 64) and torch.equal(first, again)
     assert first.min() >= 0 and first.max() <= 1
     assert not torch.equal(first, sampler.generate(PROMPTS[:2], seed=8))
+
+
+# ---------------------------------------------------------------------------------- groups spread over ranks
+def _whole_from_shares(parts: list[torch.Tensor], num_prompts: int) -> torch.Tensor:
+    """Rows of the R shares ``[B * K / R, ...]`` put back in the whole groups' order ``[B * K, ...]``."""
+    split = torch.stack([p.view(num_prompts, -1, *p.shape[1:]) for p in parts], dim=1)  # [B, R, K / R, ...]
+    return split.flatten(0, 2)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_shares_of_a_group_are_what_one_process_draws_for_the_whole_group(policy, ranks, shared):
+    """Each rank draws with the same generator state and keeps its rows: put together, the trajectories, their
+    log-densities and the decoded samples are one process's, bit for bit (the same noise reaches every row). One row
+    per forward pass, so that no row's velocity is summed by kernels of another batch size."""
+    from app.types import GroupShare, VisualSample
+
+    settings = FlowSamplingSettings(group_size=4, num_steps=4, eta=0.7, shared_initial_noise=shared)
+    sampler = FlowSampler(policy, settings, micro_batch_size=1)
+    samples = [VisualSample([], prompt, "toy") for prompt in PROMPTS[:2]]
+    whole = sampler.draw(samples, torch.Generator().manual_seed(5), reference=False)
+    shares = [
+        sampler.draw(samples, torch.Generator().manual_seed(5), reference=False, share=GroupShare(i, ranks, 4))
+        for i in range(ranks)
+    ]
+    assert shares[0].latents.shape[0] == 2 * 4 // ranks and shares[0].step_indices == whole.step_indices
+    for field in ("latents", "next_latents", "old_logprobs", "images"):
+        got = _whole_from_shares([getattr(s, field) for s in shares], 2)
+        assert torch.equal(got, getattr(whole, field)), field
+
+
+def test_the_shares_of_a_stochastic_sample_draw_are_one_process_s(policy):
+    from app.types import GroupShare, VisualSample
+
+    sampler = FlowSampler(policy, FlowSamplingSettings(group_size=4, num_steps=3, eta=0.7), micro_batch_size=1)
+    samples = [VisualSample([], prompt, "toy") for prompt in PROMPTS[:2]]
+    whole = sampler.draw_samples(samples, torch.Generator().manual_seed(6), "stochastic")
+    shares = [
+        sampler.draw_samples(samples, torch.Generator().manual_seed(6), "stochastic", share=GroupShare(i, 2, 4))
+        for i in range(2)
+    ]
+    assert torch.equal(_whole_from_shares([s.latents for s in shares], 2), whole.latents)
