@@ -644,7 +644,12 @@ class PairReward(ValueReward):
     [
         (ToyGRPO, GRPOSettings(group_ranks=3), {}, "is for the flow family"),
         (SpreadToy, GRPOSettings(group_ranks=2), {}, "group_ranks 2 must divide sampling.group_size 3"),
-        (SpreadToy, GRPOSettings(group_ranks=3), {"rewards": [PairReward()]}, "but pair compare the outputs of a group"),
+        (
+            SpreadToy,
+            GRPOSettings(group_ranks=3),
+            {"rewards": [PairReward()]},
+            "but pair compare the outputs of a group",
+        ),
         (
             SpreadToy,
             GRPOSettings(group_ranks=3),
