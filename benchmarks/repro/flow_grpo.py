@@ -19,6 +19,7 @@ from that same model, at equal steps and data. Arms:
 - ``window2``: a fixed SDE window of the first 2 steps (Euler elsewhere), the baseline of MixGRPO's comparison.
 - ``mixgrpo``: MixGRPO: the same 2-step window moved one step later every ``WINDOW_EVERY[task]`` optimizer steps, UniPC
   after it (``window_stride``, ``ode_tail: unipc``).
+- ``mixgrpo_flash``: the same with the UniPC tail compressed to 2 steps (``ode_tail_steps: 2``).
 - ``nft``: DiffusionNFT (``configs/quickstart_flow_nft.yaml``, ``configs/quickstart_vbvr_nft.yaml``) on the same
   model, rewards, data and steps: equal rollouts.
 - ``nft_time``: the same with the step count that takes the ``cps`` arm's wall time (``EQUAL_TIME_STEPS``, from the
@@ -121,6 +122,20 @@ ARMS = {
         + " / ".join(f"{every} ({task})" for task, every in WINDOW_EVERY.items())
         + " steps, UniPC tail",
     ),
+    "mixgrpo_flash": Arm(
+        None,
+        {
+            task: (
+                "model.init_args.sampling.sde_window=[0, 2]",
+                "model.init_args.sampling.window_stride=1",
+                f"model.init_args.sampling.window_every_n_steps={every}",
+                "model.init_args.sampling.ode_tail=unipc",
+                "model.init_args.sampling.ode_tail_steps=2",
+            )
+            for task, every in WINDOW_EVERY.items()
+        },
+        "CPS, MixGRPO window as mixgrpo, UniPC tail of 2 steps (MixGRPO-Flash)",
+    ),
     "sde": Arm(None, ("model.init_args.sampling.sampler=sde",), "SDE, eta 0.7"),
     "cps_delay1": Arm("vbvr_pipeline_cpu.yaml", what="CPS, one-step-delayed rewards (process pool)"),
     "nft": Arm(NFT_CONFIGS, what="DiffusionNFT, equal rollouts"),
@@ -196,12 +211,13 @@ def comparisons(results: dict[str, list[tuple[int, StageResult]]], key: str) -> 
             f"- CPS ends above SDE at eta 0.7 (VBVR-Pro's preference): CPS minus SDE {fmt(gaps)} "
             f"({in_direction(gaps)})."
         )
-    if "window2" in after and "mixgrpo" in after:
-        gaps = [m - w for m, w in zip(after["mixgrpo"], after["window2"], strict=True)]
-        claims.append(
-            f"- MixGRPO's moving window ends at least as high as the fixed window: moving minus fixed {fmt(gaps)} "
-            f"(per seed {', '.join(f'{g:+.3f}' for g in gaps)}; {paired_verdict(gaps, 'moving', 'fixed')})."
-        )
+    for arm, what in (("mixgrpo", "moving window"), ("mixgrpo_flash", "moving window with a 2-step UniPC tail")):
+        if "window2" in after and arm in after:
+            gaps = [m - w for m, w in zip(after[arm], after["window2"], strict=True)]
+            claims.append(
+                f"- MixGRPO's {what} ends at least as high as the fixed window: {arm} minus fixed {fmt(gaps)} "
+                f"(per seed {', '.join(f'{g:+.3f}' for g in gaps)}; {paired_verdict(gaps, arm, 'fixed')})."
+            )
     for arm, budget in (("nft", "equal rollouts"), ("nft_time", "equal wall time")):
         if "cps" in after and arm in after:
             gaps = [n - c for n, c in zip(after[arm], after["cps"], strict=True)]

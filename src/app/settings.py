@@ -93,6 +93,10 @@ class FlowSamplingSettings:
         ode_tail: the solver of the deterministic steps after the window: ``euler`` (first order, as before it) or
             ``unipc`` (diffusers' ``UniPCMultistepScheduler`` in flow mode, order 2, no gradients: MixGRPO-Flash's
             higher-order ODE part).
+        ode_tail_steps: with ``ode_tail: unipc``, the solver steps from the window's end to the sample: None takes
+            every remaining step of the schedule; a number takes that many, on sigmas spaced evenly in index along the
+            remaining schedule (its ends kept), so the tail costs that many velocity evaluations (MixGRPO-Flash's
+            compressed ODE part; a tail already that short is taken whole).
         shared_initial_noise: the K trajectories of a prompt start from the same noise (DanceGRPO), so the rewards within
             a group differ only through the sampler's noise, which the policy gradient can credit; False (Flow-GRPO)
             draws one starting noise per trajectory, whose effect on the reward the gradient cannot credit.
@@ -113,6 +117,7 @@ class FlowSamplingSettings:
     window_stride: int = 0
     window_every_n_steps: int = 1
     ode_tail: Literal["euler", "unipc"] = "euler"
+    ode_tail_steps: int | None = None
     step_weighting: Literal["uniform", "noise_std"] = "uniform"
     shared_initial_noise: bool = False
     guidance_scale: float = 1.0
@@ -152,6 +157,11 @@ class FlowSamplingSettings:
             raise ValueError(f"step_weighting must be 'uniform' or 'noise_std', got {self.step_weighting!r}")
         if self.ode_tail not in ("euler", "unipc"):
             raise ValueError(f"ode_tail must be 'euler' or 'unipc', got {self.ode_tail!r}")
+        if self.ode_tail_steps is not None and (self.ode_tail != "unipc" or self.ode_tail_steps < 1):
+            raise ValueError(
+                f"ode_tail_steps compresses the UniPC tail: it needs ode_tail: unipc and at least 1 step, got "
+                f"ode_tail {self.ode_tail!r} and ode_tail_steps {self.ode_tail_steps}"
+            )
 
     def window_at(self, step: int) -> tuple[int, int] | None:
         """The SDE window of the rollout drawn after ``step`` optimizer steps: ``sde_window`` moved by

@@ -87,6 +87,35 @@ def test_a_unipc_tail_takes_the_steps_after_the_window(policy):
     assert torch.equal(euler.logprobs, mixed.logprobs) and not torch.equal(euler.final, mixed.final)
 
 
+def test_a_compressed_unipc_tail_takes_that_many_steps_of_the_remaining_schedule(policy):
+    settings = FlowSamplingSettings(num_steps=8, ode_tail="unipc", ode_tail_steps=2)
+    sampler = FlowSampler(policy, settings)
+    sigmas = policy.sigmas(8).float()
+    conditioning = sampler.conditioning(PROMPTS[:2])
+    noise = policy.initial_noise(2, torch.Generator().manual_seed(6))
+    calls = []
+    velocity = sampler.velocity
+    sampler.velocity = lambda *args: calls.append(1) or velocity(*args)
+    mixed = sampler.denoise(conditioning, noise, sigmas, [0, 1], [0, 1], torch.Generator().manual_seed(7), "unipc")
+    assert len(calls) == 2 + 2  # the window's two steps, then two UniPC steps for the six left
+    sampler.velocity = velocity
+    head = sampler.denoise(conditioning, noise, sigmas[:3], [0, 1], [0, 1], torch.Generator().manual_seed(7))
+    with torch.no_grad():  # the tail's schedule: sigmas 2, 5 and 8 of the 8-step schedule
+        tail = unipc_sample(lambda z, s: sampler.velocity(z, s, conditioning), head.final, sigmas[[2, 5, 8]])
+    assert torch.equal(mixed.final, tail)
+
+
+def test_a_coarser_schedule_keeps_its_ends_and_spaces_its_steps_evenly():
+    from app.sampling.flow_rollout import coarser
+
+    sigmas = torch.linspace(1, 0, 7)  # 6 steps
+    assert torch.equal(coarser(sigmas, 3), sigmas[[0, 2, 4, 6]])
+    assert torch.equal(coarser(sigmas, 6), sigmas) and torch.equal(coarser(sigmas, None), sigmas)
+    assert torch.equal(coarser(sigmas, 1), sigmas[[0, 6]])
+    with pytest.raises(ValueError, match="ode_tail_steps compresses the UniPC tail"):
+        FlowSamplingSettings(ode_tail_steps=2)
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_initial_noise_is_shared_within_a_group_only_when_asked(policy, shared):
     sampler = FlowSampler(policy, FlowSamplingSettings(group_size=3, shared_initial_noise=shared))

@@ -8,7 +8,7 @@ Which steps are stochastic and which are trained (see docs/algorithms.md#trainin
 - Without ``sde_window`` every other step uses the sampler (``cps`` or ``sde``). With ``sde_window = (start, end)``
   (MixGRPO / "ODE prefix then a short SDE window") only steps ``start <= i < end`` do; the rest are ODE steps: Euler
   before the window, and after it Euler or, with ``ode_tail: unipc``, diffusers' UniPC (order 2) from the window's end
-  to the sample. With ``window_stride`` the window moves later as training goes on
+  to the sample (on ``ode_tail_steps`` of the remaining steps, :func:`coarser`, when set). With ``window_stride`` the window moves later as training goes on
   (:meth:`~app.settings.FlowSamplingSettings.window_at`).
 - ``timestep_fraction`` trains on ``max(1, int(fraction * S))`` of those S stochastic steps (Flow-GRPO's rounding):
   a RANDOM subset, drawn anew every rollout from the rollout generator and shared by all N trajectories of the batch
@@ -34,7 +34,7 @@ from app.types import GroupShare, SampledImages, SampledTrajectories, VisualSamp
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FlowSampler", "Transitions", "rows_of", "stochastic_steps", "train_steps"]
+__all__ = ["FlowSampler", "Transitions", "coarser", "rows_of", "stochastic_steps", "train_steps"]
 
 
 def stochastic_steps(sigmas: Tensor, sde_window: tuple[int, int] | None = None) -> list[int]:
@@ -56,6 +56,16 @@ def train_steps(candidates: list[int], fraction: float, generator: torch.Generat
     device = generator.device if generator is not None else "cpu"
     order = torch.randperm(len(candidates), generator=generator, device=device)[:count]
     return sorted(candidates[j] for j in order.tolist())
+
+
+def coarser(sigmas: Tensor, steps: int | None) -> Tensor:
+    """``steps`` steps along the schedule ``sigmas`` ``[L + 1]``: the sigmas at indices spaced evenly from its first
+    to its last (both kept); the whole schedule when ``steps`` is None or not fewer than its L steps."""
+    length = sigmas.shape[0] - 1
+    if steps is None or steps >= length:
+        return sigmas
+    picks = torch.linspace(0, length, steps + 1).round().long()  # strictly increasing: steps < length
+    return sigmas[picks]
 
 
 def rows_of(conditioning: dict[str, Tensor], rows: slice) -> dict[str, Tensor]:
@@ -253,7 +263,8 @@ class FlowSampler:
         tail_from = max(stochastic) + 1 if stochastic and ode_tail == "unipc" else sigmas.shape[0] - 1
         for i in range(sigmas.shape[0] - 1):
             if i == tail_from and i < sigmas.shape[0] - 2:  # two or more steps left: UniPC's multistep pays off
-                x = unipc_sample(lambda z, sigma: self.velocity(z, sigma, conditioning), x, sigmas[i:])
+                tail = coarser(sigmas[i:], self.settings.ode_tail_steps)
+                x = unipc_sample(lambda z, sigma: self.velocity(z, sigma, conditioning), x, tail)
                 break
             s, s_next = float(sigmas[i]), float(sigmas[i + 1])
             v = self.velocity(x, sigmas[i], conditioning)  # [N, ...]
