@@ -5,10 +5,12 @@ Tiny SD3 at 64 px, 2 prompts x K 4, 8 denoising steps, a dense reward; one fit p
 
 - ``full``: every step but the last is stochastic and trained (7 trained steps), Flow-GRPO's trajectory;
 - ``window``: a fixed SDE window of 2 steps, Euler elsewhere (``sde_window: [0, 2]``);
-- ``mix``: MixGRPO: the 2-step window moves one step later every step (``window_stride: 1``) and the steps after it
-  are taken by UniPC (``ode_tail: unipc``);
+- ``unipc``: the same window with the 6 steps after it taken by UniPC (``ode_tail: unipc``), MixGRPO's ODE part;
 - ``flash``: the same with the UniPC tail compressed to 2 steps (``ode_tail_steps: 2``, MixGRPO-Flash's faster ODE
-  part), so a rollout costs at most 2 + 2 + the Euler steps before the window velocity evaluations instead of 8.
+  part): a rollout costs 2 + 2 velocity evaluations instead of 8.
+
+The window stays at its first position (steps 0-1), where MixGRPO's moving window (``window_stride``) starts and its ODE
+tail is longest; as it moves later, the tail shortens and every windowed arm approaches ``window``.
 
     OMP_NUM_THREADS=1 python benchmarks/flow_window.py                # 3 rounds of 6 timed steps per arm
 
@@ -37,8 +39,8 @@ WARMUP = 2
 ARMS = {
     "full": {},
     "window": {"sde_window": (0, 2)},
-    "mix": {"sde_window": (0, 2), "window_stride": 1, "ode_tail": "unipc"},
-    "flash": {"sde_window": (0, 2), "window_stride": 1, "ode_tail": "unipc", "ode_tail_steps": 2},
+    "unipc": {"sde_window": (0, 2), "ode_tail": "unipc"},
+    "flash": {"sde_window": (0, 2), "ode_tail": "unipc", "ode_tail_steps": 2},
 }
 
 

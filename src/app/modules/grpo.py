@@ -417,7 +417,7 @@ class GRPOModule(PolicyModule):
         sums: dict[str, Tensor] = {}
         masses = torch.stack([self.loss_mass(r) for r in rollouts])
         if not self._any_rank(bool(masses.sum() > 0)):
-            return self._empty_update()
+            return self._empty_update(optimizer)
         weights = (masses / masses.sum().clamp(min=_SOME_MASS)).tolist() if len(rollouts) > 1 else [1.0]
         parts = (
             (out, share * weight)
@@ -447,13 +447,17 @@ class GRPOModule(PolicyModule):
             sums["entropy"] = entropy
         return sums
 
-    def _empty_update(self) -> dict[str, Tensor]:
+    def _empty_update(self, optimizer) -> dict[str, Tensor]:
         """No rank kept anything to train on (every group skipped, or of equal rewards under
-        ``drop_zero_std_groups`` / dynamic sampling): no backward and no optimizer step, which would move the weights
-        on zero gradients through AdamW's momentum and weight decay. Counted in :attr:`empty_updates` and logged; the
-        trainer's ``global_step`` does not advance, so the fit draws another batch."""
+        ``drop_zero_std_groups`` / dynamic sampling): no backward, and an optimizer step without gradients. AdamW skips
+        every parameter whose gradient is None, so no weight, moment or weight decay moves (a step on zero gradients
+        would move them through the momentum and the decay); the trainer still counts the step, so ``max_steps`` ends a
+        fit whose rewards never vary. Counted in :attr:`empty_updates` and logged; the learning-rate schedule does not
+        advance (``stats["skipped"]``)."""
         self.empty_updates += 1
         log.warning("no rank kept a sample to train on: update left out (%d so far)", self.empty_updates)
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
         zero = torch.zeros((), device=self.device)
         return {**{key: zero for key in LOSS_TERMS}, "skipped": True}
 
