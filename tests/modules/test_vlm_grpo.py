@@ -544,6 +544,7 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
             "train/nonfinite_rewards": 0.0,
             "train/skipped_updates": 0.0,
             "train/skipped_groups": 0.0,
+            "train/empty_updates": 0.0,
             "train/policy_lag": 0.0,  # delay 0: every rollout trained by the policy that sampled it
             "epoch": 0.0,
         }
