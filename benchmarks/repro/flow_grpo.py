@@ -101,9 +101,9 @@ WINDOW_EVERY = {"flow": 20, "vbvr": 40}
 NFT_CONFIGS = {"flow": "quickstart_flow_nft.yaml", "vbvr": "quickstart_vbvr_nft.yaml"}
 # DiffusionNFT steps in the cps recipe's wall time: on 2 cores, alone, a whole fit of 100 steps took 3 min 19 s with
 # configs/quickstart_flow.yaml and 3 min 32 s with configs/quickstart_flow_nft.yaml (2026-12-04): 100 x 199 / 212
-# VBVR: in the 3-seed run of 2026-12-05 (two stages at a time on 2 cores) the cps arm's GRPO stages took VBVR_CPS_MIN
-# and the nft arm's VBVR_NFT_MIN minutes for 200 steps: 200 x cps / nft
-EQUAL_TIME_STEPS = {"flow": 94, "vbvr": 200}
+# VBVR: in the 3-seed run of 2026-12-05 (two stages at a time on 2 cores) the cps arm's 200-step GRPO stages took
+# 5.3, 5.4, 5.4 min and the nft arm's 6.7, 6.3, 5.9 min: 200 x 5.37 / 6.30
+EQUAL_TIME_STEPS = {"flow": 94, "vbvr": 170}
 ARMS = {
     "cps": Arm(None, what="CPS, eta 0.7 (the recipe)"),
     "window2": Arm(None, ("model.init_args.sampling.sde_window=[0, 2]",), "CPS, fixed window of steps 0-1"),
