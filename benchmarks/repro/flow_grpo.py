@@ -3,7 +3,7 @@
     python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde    # 29.6 min on 2 cores
     python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps sde    # 25.5 min on 2 cores
     python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde cps_delay1 --reuse   # adds the delay arm
-    python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms window2 mixgrpo --section flow-grpo-flow-window
+    python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms window2 mixgrpo mixgrpo_flash --section flow-grpo-flow-flash
     python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps nft nft_time --section flow-grpo-flow-nft
     python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps window2 mixgrpo nft --section flow-grpo-vbvr-objectives
 
