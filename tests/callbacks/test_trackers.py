@@ -98,10 +98,19 @@ def wandb_logger(tmp_path, monkeypatch):
     try:
         yield logger
     finally:
-        wandb.finish()
-        wandb.teardown()  # stops the wandb-core service process
-        psutil.wait_procs(wandb_children(), timeout=10)
+        close_wandb()
         assert not wandb_children(), "wandb left a process behind"
+
+
+def close_wandb() -> None:
+    """Finish the run and stop the wandb-core service process, waiting for it to exit: ``finish`` alone can return
+    before the service has written the transaction log's last record (a test that read it then saw a record cut
+    short: ``DecodeError``). Safe to call twice."""
+    import wandb
+
+    wandb.finish()
+    wandb.teardown()
+    psutil.wait_procs(wandb_children(), timeout=10)
 
 
 def wandb_records(path: Path):
@@ -167,7 +176,7 @@ def test_wandb_offline_run_holds_scalars_images_videos_tables_and_histograms(
 ):
     fit(tmp_path, stand_in, make_trainer, wandb_logger)
     files = Path(wandb_logger.experiment.dir)  # <run>/files
-    wandb_logger.experiment.finish()  # flushes the transaction log
+    close_wandb()  # the service has written the whole transaction log once it has exited
     rows = wandb_history(files.parent)
 
     assert by_step(rows, "train/kl") == KL  # the module's self.log, at its own step
