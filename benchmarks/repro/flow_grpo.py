@@ -104,36 +104,34 @@ NFT_CONFIGS = {"flow": "quickstart_flow_nft.yaml", "vbvr": "quickstart_vbvr_nft.
 # VBVR: in the 3-seed run of 2026-12-05 (two stages at a time on 2 cores) the cps arm's 200-step GRPO stages took
 # 5.3, 5.4, 5.4 min and the nft arm's 6.7, 6.3, 5.9 min: 200 x 5.37 / 6.30
 EQUAL_TIME_STEPS = {"flow": 94, "vbvr": 170}
+
+
+def moving_window(every: int, tail_steps: int | None = None) -> tuple[str, ...]:
+    """MixGRPO's overrides: a 2-step SDE window from steps 0-1, moved one step later every ``every`` optimizer steps,
+    UniPC after it (on ``tail_steps`` steps when given: MixGRPO-Flash)."""
+    sampling = "model.init_args.sampling"
+    overrides = (
+        f"{sampling}.sde_window=[0, 2]",
+        f"{sampling}.window_stride=1",
+        f"{sampling}.window_every_n_steps={every}",
+        f"{sampling}.ode_tail=unipc",
+    )
+    return overrides + ((f"{sampling}.ode_tail_steps={tail_steps}",) if tail_steps is not None else ())
+
+
 ARMS = {
     "cps": Arm(None, what="CPS, eta 0.7 (the recipe)"),
     "window2": Arm(None, ("model.init_args.sampling.sde_window=[0, 2]",), "CPS, fixed window of steps 0-1"),
     "mixgrpo": Arm(
         None,
-        {
-            task: (
-                "model.init_args.sampling.sde_window=[0, 2]",
-                "model.init_args.sampling.window_stride=1",
-                f"model.init_args.sampling.window_every_n_steps={every}",
-                "model.init_args.sampling.ode_tail=unipc",
-            )
-            for task, every in WINDOW_EVERY.items()
-        },
+        {task: moving_window(every) for task, every in WINDOW_EVERY.items()},
         "CPS, MixGRPO window of 2 moving 1 step every "
         + " / ".join(f"{every} ({task})" for task, every in WINDOW_EVERY.items())
         + " steps, UniPC tail",
     ),
     "mixgrpo_flash": Arm(
         None,
-        {
-            task: (
-                "model.init_args.sampling.sde_window=[0, 2]",
-                "model.init_args.sampling.window_stride=1",
-                f"model.init_args.sampling.window_every_n_steps={every}",
-                "model.init_args.sampling.ode_tail=unipc",
-                "model.init_args.sampling.ode_tail_steps=2",
-            )
-            for task, every in WINDOW_EVERY.items()
-        },
+        {task: moving_window(every, tail_steps=2) for task, every in WINDOW_EVERY.items()},
         "CPS, MixGRPO window as mixgrpo, UniPC tail of 2 steps (MixGRPO-Flash)",
     ),
     "sde": Arm(None, ("model.init_args.sampling.sampler=sde",), "SDE, eta 0.7"),

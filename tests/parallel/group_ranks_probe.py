@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "modules"))  # the toy skeleton of the module tests
 from doubles import LinearPolicy, ValueReward  # noqa: E402
-from fsdp_probe import BrightnessReward, full_trainable_state, run_cases  # noqa: E402
+from fsdp_probe import BrightnessReward, full_trainable_state, run_cases, trainer_for  # noqa: E402
 
 from app.data import VisualTaskDataModule  # noqa: E402
 from app.models import FlowPolicy  # noqa: E402
@@ -95,20 +95,8 @@ def fit(out: Path, case: str, ranks: int) -> None:
     )
     data = VisualTaskDataModule(ShapePromptDataset, train_size=24, val_size=0, test_size=0, batch_size=2)
     prompts = Prompts()
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=world,
-        strategy="ddp" if world > 1 else "auto",
-        max_steps=STEPS,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        default_root_dir=str(out / case),
-        callbacks=[prompts],
-    )
+    strategy = "ddp" if world > 1 else "auto"
+    trainer = trainer_for(strategy, out / case, STEPS, [prompts], same_draws=False)
     trainer.fit(module, data)
     torch.save({"batches": prompts.batches}, out / f"{case}.rank{trainer.global_rank}.pt")
     weights = full_trainable_state(module)

@@ -41,6 +41,7 @@ from app.algorithms import (
 )
 from app.algorithms.tally import TokenTally
 from app.models.policy import Policy
+from app.modules.group_spread import check_group_ranks, whole_groups
 from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
 from app.modules.rollout_queue import RolloutQueue, grouped
 from app.rewards import RewardComponent, WeightedReward
@@ -117,7 +118,7 @@ class GRPOModule(PolicyModule):
         self.records_per_step = records_per_step
         self.rewards = WeightedReward(rewards)
         if grpo.group_ranks > 1:
-            self._check_group_ranks(grpo.group_ranks)
+            check_group_ranks(self, grpo.group_ranks)
         if grpo.beta > 0:
             policy.enable_reference()
         self._consecutive_nonfinite_rewards = 0
@@ -150,32 +151,6 @@ class GRPOModule(PolicyModule):
     def rows_per_prompt(self) -> int:
         """Outputs of each prompt drawn, scored and trained on this rank: K, or K / ``group_ranks``."""
         return self.group_size // self.grpo.group_ranks
-
-    def _check_group_ranks(self, ranks: int) -> None:
-        """Refuse what a group spread over ranks cannot do, naming the option: a family whose sampler cannot draw a
-        rank's part of a group; rewards that compare the rows of a group (each rank scores only its part); dynamic
-        sampling (each rank would refill with prompts of its own)."""
-        if self.group_size % ranks:
-            raise ValueError(
-                f"grpo.group_ranks {ranks} must divide sampling.group_size {self.group_size}: each rank draws K / R "
-                "outputs of every group"
-            )
-        if not self.spreads_groups:
-            raise ValueError(
-                f"grpo.group_ranks > 1 is for the flow family (its sampler draws a rank's part of a group's noise); "
-                f"{type(self).__name__} keeps each group on one rank: set grpo.group_ranks to 1"
-            )
-        comparing = [c.name for c in self.rewards.components if c.scope != "completion"]
-        if comparing:
-            raise ValueError(
-                f"grpo.group_ranks > 1 scores each rank's part of a group apart, but {', '.join(comparing)} compare "
-                "the outputs of a group: keep such rewards with grpo.group_ranks 1"
-            )
-        if self.pipeline.dynamic_sampling:
-            raise ValueError(
-                "pipeline.dynamic_sampling refills each rank with prompts of its own, which the ranks sharing a group "
-                "(grpo.group_ranks > 1) would not share: use one of them"
-            )
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -302,23 +277,12 @@ class GRPOModule(PolicyModule):
         return ScoredGroups(rewards, advantages, keep)
 
     def _whole_groups(self, total: Tensor, unscored: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """The rewards ``[B * K]`` (and unscored rows) of the whole groups this rank holds a part of: its own
-        ``total`` when groups stay on one rank, else every part all-gathered from the ranks of its group share (one
-        collective on every rank, whatever it scored)."""
+        """The rewards ``[B * K]`` (and unscored rows) of the whole groups this rank holds a part of
+        (:func:`~app.modules.group_spread.whole_groups`; this rank's own when groups stay on one rank)."""
         share = self.group_share
         if share is None:
             return total, unscored
-        import torch.distributed as dist
-
-        total = total.to(self.device)  # the collective's backend takes the module's device
-        skipped = unscored.to(self.device).float() if unscored is not None else torch.zeros_like(total)
-        mine = torch.stack([total, skipped])  # [2, B * K / R]
-        parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, mine)
-        first = self.global_rank - share.index
-        block = torch.stack(parts[first : first + share.ranks])  # [R, 2, B * K / R]
-        whole = block.view(share.ranks, 2, -1, share.per_rank).permute(1, 2, 0, 3).reshape(2, -1)  # [2, B * K]
-        return whole[0], (whole[1] > 0 if unscored is not None or bool(whole[1].any()) else None)
+        return whole_groups(share, self.global_rank, total.to(self.device), unscored)
 
     def _advantages(self, total: Tensor, prompts: list[VisualSample]) -> Tensor:
         """``[n]`` advantages of the scored rows ``total`` (whole groups of K, of ``prompts``) by
