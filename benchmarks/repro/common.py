@@ -145,6 +145,48 @@ def fmt(values: Sequence[float], digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {spread:.{digits}f}"
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """A three-way verdict on a claimed positive effect, from paired per-seed differences (effect arm minus baseline).
+
+    ``low`` / ``high`` bound the 95 % confidence interval of the mean difference (Student's t over the seeds);
+    ``detectable`` is the smallest true effect that this many seeds at this spread detect (the interval excludes 0)
+    with 80 % power: ``(t_0.975 + t_0.80) * sd / sqrt(n)``.
+    """
+
+    kind: str  # "reproduced" | "not reproduced" | "inconclusive"
+    mean: float
+    low: float
+    high: float
+    detectable: float
+    n: int
+    effect: float
+
+    def __str__(self) -> str:
+        return (
+            f"{self.mean:+.3f} (95 % CI {self.low:+.3f} to {self.high:+.3f} over {self.n} seeds; smallest effect "
+            f"detectable at this spread {self.detectable:.3f}; claimed effect counted from {self.effect:.3f}): "
+            f"**{self.kind}**"
+        )
+
+
+def verdict(gaps: Sequence[float], effect: float) -> Verdict:
+    """Reproduced when the 95 % interval of the mean paired difference lies above 0; not reproduced when it lies
+    below ``effect``, the smallest difference that would count as the paper's effect (an effect that large is then
+    excluded at this power); inconclusive otherwise (the seeds can neither show nor exclude it)."""
+    from scipy import stats
+
+    n = len(gaps)
+    mean, spread = mean_std(gaps)
+    if n < 2:
+        return Verdict("inconclusive", mean, float("-inf"), float("inf"), float("inf"), n, effect)
+    se = spread / n**0.5
+    t95, t80 = stats.t.ppf(0.975, n - 1), stats.t.ppf(0.80, n - 1)
+    low, high = mean - t95 * se, mean + t95 * se
+    kind = "reproduced" if low > 0 else "not reproduced" if high < effect else "inconclusive"
+    return Verdict(kind, mean, low, high, (t95 + t80) * se, n, effect)
+
+
 def in_direction(gaps: Sequence[float]) -> str:
     """Whether paired per-seed differences (effect minus baseline) show the claimed positive effect: on every seed,
     or on the mean with a spread smaller than it."""
