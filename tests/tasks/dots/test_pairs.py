@@ -126,3 +126,60 @@ def test_transforms_option_keeps_the_scenes_and_drops_the_left_out_transform():
     assert {tuple(flips[i][1].meta["transforms"]) for i in range(40)} == {(), ("hflip",)}
     with pytest.raises(ValueError, match="unknown transforms"):
         PairedDotsDataset(num_samples=2, seed=0, transforms=["rotate"])
+
+
+def dominant(pixel) -> str:
+    """Which of red / blue a pixel shows most (jitter and resizing change the exact colour, not the dominant one)."""
+    r, _, b = pixel
+    return "red" if r > b + 40 else "blue" if b > r + 40 else "other"
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("radius", [3, 8])
+def test_answer_preserving_views_keep_the_answer_and_both_dots(seed, radius):
+    transforms = ["hflip", "translate", "crop", "jitter"]
+    dataset = PairedDotsDataset(
+        num_samples=24, seed=seed, image_size=64, dot_radius=radius, transforms=transforms, transform_prob=0.5
+    )
+    seen = set()
+    for i in range(len(dataset)):
+        x, twin = dataset[i]
+        negations = "hflip" in twin.meta["transforms"]
+        assert twin.meta["relation"] == ("negation" if negations else "identity")
+        assert scene_answer(twin) == apply_relation(twin.meta["relation"], x.answer) == twin.answer
+        (rx, ry), (bx, by) = twin.meta["red_xy"], twin.meta["blue_xy"]
+        assert all(0 <= v < 64 for v in (rx, ry, bx, by))
+        assert dominant(twin.images[0].getpixel((rx, ry))) == "red"
+        assert dominant(twin.images[0].getpixel((bx, by))) == "blue"
+        assert "twin_dot_radius" not in twin.meta
+        seen.update(twin.meta["transforms"])
+    assert seen == set(transforms)
+
+
+def test_each_view_changes_what_a_mirror_keeps():
+    """Translation moves the dots' centroid and height (features a mirror-consistent wrong rule could read); a crop
+    enlarges the dots; jitter changes the background colour."""
+    for name in ("translate", "crop", "jitter"):
+        dataset = PairedDotsDataset(
+            num_samples=30, seed=0, image_size=64, dot_radius=4, transforms=[name], transform_prob=1.0
+        )
+        pairs = [dataset[i] for i in range(30)]
+        assert all(twin.meta["relation"] == "identity" and twin.answer == x.answer for x, twin in pairs)
+        if name == "translate":
+            assert sum(twin.meta["red_xy"] != x.meta["red_xy"] for x, twin in pairs) >= 25
+        if name == "crop":
+            enlarged = [
+                abs(t.meta["red_xy"][0] - t.meta["blue_xy"][0]) > abs(x.meta["red_xy"][0] - x.meta["blue_xy"][0])
+                for x, t in pairs
+            ]
+            assert sum(enlarged) >= 20
+        if name == "jitter":
+            assert sum(twin.images[0].getpixel((0, 0)) != x.images[0].getpixel((0, 0)) for x, twin in pairs) >= 25
+
+
+def test_views_need_the_scene_radius():
+    from app.tasks.dots.pairs import make_twin
+
+    x, _ = PairedDotsDataset(num_samples=2, seed=0, image_size=48)[0]
+    with pytest.raises(ValueError, match="rng and dot_radius"):
+        make_twin(x, ("crop",), "p")
