@@ -6,7 +6,8 @@ See :mod:`app.rewards.base` for how to write a reward.
 - Reason-RFT accuracy: :class:`AccuracyReward` (discrete), :class:`NumericToleranceReward` (cosine tolerance band),
   :class:`FunctionSequenceReward` (alpha / beta partial credit).
 - OT-GRPO consistency (label-free): :class:`ConsistencyReward` (random / one-to-all / minimal pairing).
-- CoRe TriSR: :class:`TriSRReward` and its terms; :class:`TripletOverallAccuracy`, :class:`TripletPartialAccuracy`.
+- CoRe TriSR: :class:`TriSRReward` and its terms; :class:`TripletOverallAccuracy`, :class:`TripletPartialAccuracy`,
+  :class:`TripletOrderAccuracy`, :class:`TripletCycleRate`, :class:`TripletAttributeAccuracy`.
 - Served by another process: :class:`RemoteReward` (:mod:`app.rewards.serve`, :mod:`app.rewards.wire`).
 - Stabilisers: :class:`CosineLengthReward`, :class:`RepetitionPenalty`, :class:`SoftOverlongPenalty`.
 """
@@ -24,7 +25,10 @@ from app.rewards.stabilizers import CosineLengthReward, RepetitionPenalty, SoftO
 from app.rewards.trisr import (
     AttributeGroundingReward,
     JudgmentAlignmentReward,
+    TripletAttributeAccuracy,
     TripletConsistencyReward,
+    TripletCycleRate,
+    TripletOrderAccuracy,
     TripletOverallAccuracy,
     TripletPartialAccuracy,
     TripletTaskReward,
@@ -47,7 +51,10 @@ __all__ = [
     "RewardError",
     "SoftOverlongPenalty",
     "TriSRReward",
+    "TripletAttributeAccuracy",
     "TripletConsistencyReward",
+    "TripletCycleRate",
+    "TripletOrderAccuracy",
     "TripletOverallAccuracy",
     "TripletPartialAccuracy",
     "TripletTaskReward",

@@ -1,5 +1,5 @@
 """TriSR reward classes (CoRe, docs/algorithms.md#trisr-rewards): one TorchMetrics component per term, the weighted
-total, and the triplet accuracy metrics. The math, the ground-truth schema and the answer types are documented in
+total, and the triplet evaluation metrics (accuracies, cycle rate, order accuracy, attribute accuracy). The math, the ground-truth schema and the answer types are documented in
 :mod:`app.rewards.trisr_scores`.
 """
 
@@ -15,6 +15,7 @@ from app.rewards.trisr_scores import (
     DEFAULT_EPS,
     TripletScores,
     TripletTarget,
+    _check_rule,
     _tensor,
     _total,
     tri_sr_value_range,
@@ -30,6 +31,7 @@ class _TripletReward(RewardComponent):
     scope = "triplet"
     needs_attributes = False
     needs_answers = True
+    consistency_rule = "paper"
 
     def __init__(
         self,
@@ -60,7 +62,7 @@ class _TripletReward(RewardComponent):
             if id(sample) not in targets:
                 targets[id(sample)] = self._target(sample)
             target = targets[id(sample)]
-            scores.append(triplet_scores(completion, target, self.eps, self.interval_tolerance))
+            scores.append(triplet_scores(completion, target, self.eps, self.interval_tolerance, self.consistency_rule))
         return scores
 
     def score(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> Tensor:
@@ -115,19 +117,38 @@ class TripletConsistencyReward(_TripletReward):
 
     Args:
         interval_tolerance: quantisation tolerance of the interval check.
+        rule: the ordinal rule. ``"paper"`` (default): the paper's, applied literally: ``s_12`` and ``s_23`` must imply
+            ``s_13``, so it scores 0 whenever image 2 is ranked first or last -- only ``1 > 2 > 3`` and ``3 > 2 > 1``
+            can score +1, an ordering prior that an image-blind fixed answer can exploit. ``"transitive"``: the
+            symmetric rule: +1 for any three answers that some values realise (no cycle, ties transitive), whichever
+            image is in the middle; -1 for a cycle; 0 when an answer is missing. Interval and categorical answers
+            score the same under both.
         weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count")
         >>> TripletConsistencyReward().score(["<answer>1-2: same; 2-3: 3; 1-3: 1</answer>"], [sample])
         tensor([-1.])
+        >>> middle_first = "<answer>1-2: 2; 1-3: 1; 2-3: 2</answer>"  # 2 > 1 > 3
+        >>> TripletConsistencyReward().score([middle_first], [sample])
+        tensor([0.])
+        >>> TripletConsistencyReward(rule="transitive").score([middle_first], [sample])
+        tensor([1.])
     """
 
     value_range = (-1.0, 1.0)
     needs_answers = False
 
-    def __init__(self, interval_tolerance: float = 0.0, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        interval_tolerance: float = 0.0,
+        rule: str = "paper",
+        weight: float = 1.0,
+        name: str | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(interval_tolerance=interval_tolerance, weight=weight, name=name, **kwargs)
+        self.consistency_rule = _check_rule(rule)
 
     def _value(self, scores: TripletScores) -> float:
         return scores.consistency
@@ -164,6 +185,67 @@ class TripletOverallAccuracy(TripletTaskReward):
         return float(scores.task == 1.0)
 
 
+class TripletCycleRate(_TripletReward):
+    """Cycle rate, an evaluation metric: 1 iff the three final answers are intransitive -- a cycle (``1 > 2``,
+    ``2 > 3``, ``3 > 1``) or an intransitive tie -- else 0 (a missing answer is no cycle; see
+    :func:`~app.rewards.trisr_scores.triplet_cycle_rate`); lower is better; label-free; name ``"triplet_cycle_rate"``.
+    Use it in ``eval_rewards``.
+
+    Example:
+        >>> sample = VisualSample(images=[], question="q", task="count")
+        >>> TripletCycleRate().score(["<answer>1-2: 1; 1-3: 3; 2-3: 2</answer>", "<answer>1-2: 1</answer>"], [sample] * 2)
+        tensor([1., 0.])
+    """
+
+    needs_answers = False
+
+    def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
+        super().__init__(weight=weight, name=name, **kwargs)
+
+    def _value(self, scores: TripletScores) -> float:
+        return scores.cycle
+
+
+class TripletOrderAccuracy(_TripletReward):
+    """Order accuracy, an evaluation metric: 1 iff the final answers determine one ranking of the three images (a weak
+    order) and it is the true one, else 0 (a cycle, or answers that leave the ranking open, score 0; see
+    :func:`~app.rewards.trisr_scores.triplet_order_accuracy`); needs ``meta["pair_answers"]``; name
+    ``"triplet_order_accuracy"``. On complete ordinal answers it equals overall accuracy; it also credits a missing
+    answer that the other two imply. An image-blind fixed ranking scores 1/6 on distinct values in random order.
+
+    Example:
+        >>> meta = {"pair_answers": {"1-2": "2", "1-3": "1", "2-3": "2"}}  # 2 > 1 > 3
+        >>> sample = VisualSample(images=[], question="q", task="count", meta=meta)
+        >>> TripletOrderAccuracy().score(["<answer>1-2: 2; 1-3: 1</answer>", "<answer>1-2: 2; 2-3: 2</answer>"], [sample] * 2)
+        tensor([1., 0.])
+    """
+
+    def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
+        super().__init__(weight=weight, name=name, **kwargs)
+
+    def _value(self, scores: TripletScores) -> float:
+        return scores.order
+
+
+class TripletAttributeAccuracy(_TripletReward):
+    """Attribute accuracy, an evaluation metric: the fraction of the three ``Image k: <number>`` estimates equal to
+    ``meta["attributes"][k]`` (for dots: per-image count accuracy); name ``"triplet_attribute_accuracy"``.
+
+    Example:
+        >>> sample = VisualSample(images=[], question="q", task="count", meta={"attributes": [4, 10, 9]})
+        >>> TripletAttributeAccuracy().score(["<think>Image 1: 4\\nImage 2: 8\\nImage 3: 9</think>"], [sample])
+        tensor([0.6667])
+    """
+
+    needs_attributes, needs_answers = True, False
+
+    def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
+        super().__init__(weight=weight, name=name, **kwargs)
+
+    def _value(self, scores: TripletScores) -> float:
+        return scores.attribute_accuracy
+
+
 class TriSRReward(_TripletReward):
     """The TriSR total ``R = R_task + ag_weight R_ag + ja_weight R_ja + tc_weight R_tc``; name ``"tri_sr"``.
 
@@ -175,6 +257,8 @@ class TriSRReward(_TripletReward):
 
     Args:
         ag_weight, ja_weight, tc_weight: lambda_ag, lambda_ja, lambda_tc (paper: 0.2, 0.2, 0.3).
+        consistency_rule: the ordinal rule of ``R_tc`` (:class:`TripletConsistencyReward`'s ``rule``): ``"paper"``
+            (default; rewards only the orders with image 2 in the middle) or ``"transitive"`` (symmetric: any order).
         eps: floor of the grounding denominator.
         interval_tolerance: quantisation tolerance of the interval consistency check.
         weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
@@ -197,6 +281,7 @@ class TriSRReward(_TripletReward):
         ag_weight: float = 0.2,
         ja_weight: float = 0.2,
         tc_weight: float = 0.3,
+        consistency_rule: str = "paper",
         eps: float = DEFAULT_EPS,
         interval_tolerance: float = 0.0,
         weight: float = 1.0,
@@ -204,6 +289,7 @@ class TriSRReward(_TripletReward):
         **kwargs,
     ) -> None:
         super().__init__(eps=eps, interval_tolerance=interval_tolerance, weight=weight, name=name, **kwargs)
+        self.consistency_rule = _check_rule(consistency_rule)
         weights = (float(ag_weight), float(ja_weight), float(tc_weight))
         if not all(math.isfinite(w) for w in weights):
             raise ValueError(f"TriSRReward: weights must be finite, got {weights}")
@@ -222,5 +308,7 @@ class TriSRReward(_TripletReward):
             TripletTaskReward(weight=w),
             AttributeGroundingReward(eps=self.eps, weight=w * self.ag_weight),
             JudgmentAlignmentReward(weight=w * self.ja_weight),
-            TripletConsistencyReward(interval_tolerance=self.interval_tolerance, weight=w * self.tc_weight),
+            TripletConsistencyReward(
+                rule=self.consistency_rule, interval_tolerance=self.interval_tolerance, weight=w * self.tc_weight
+            ),
         ]

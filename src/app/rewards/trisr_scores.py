@@ -43,10 +43,34 @@ Triplet consistency ``tau``:
 - categorical: 0 (no task-independent rule composes labels; the paper's spatial checks are task-specific).
 
 ``R_tc`` reads only the model's own answers: :class:`TripletConsistencyReward` needs no labels.
+
+The ordinal rule above is the paper's, applied literally (``rule="paper"``): it decides only when image 2 is not
+ranked first or last, so of the six strict orders of three images only ``1 > 2 > 3`` and ``3 > 2 > 1`` can score +1;
+the other four score 0 even when every answer is right, and an image-blind fixed answer ``1 > 2 > 3`` scores +1 on
+every sample. ``rule="transitive"`` is the symmetric rule: +1 for any three answers that some values ``v_1, v_2, v_3``
+realise (a weak order: no cycle, ties transitive), -1 for three that none does, 0 when any is missing; it scores the
+same as the paper's rule except that the opposite-direction case (image 2 first or last) gets +1 instead of 0.
+Interval and categorical answers score the same under both rules (the interval composition already is symmetric).
+
+Diagnostics on the signs ``s_ij`` of the final answers (an ordinal answer is its sign; an interval ``(lo, hi)`` has sign
++1 if ``lo > 0``, -1 if ``hi < 0``, 0 if it is ``(0, 0)``, none if it straddles 0; a categorical answer has none):
+
+- the compatible orders of an answer: the weak orders of the three images (13: 6 strict, 6 with one tie, all equal)
+  that agree with every sign it gives (a missing or unreadable answer constrains nothing);
+- cycle ``= 1`` iff no weak order is compatible: the three signs form a cycle (``1 > 2``, ``2 > 3``, ``3 > 1``) or an
+  intransitive tie (``1 = 2``, ``2 = 3``, ``1 > 3``); fewer than three signs never do, so a missing answer is no cycle;
+- order ``= 1`` iff exactly one weak order is compatible (the answers determine the ranking of the three images) and it
+  is the true one (the signs of the ground-truth answers). Three right answers always score 1; an answer left out but
+  implied by the other two (``1 > 2``, ``2 > 3``, ``1-3`` missing) scores 1 too; a cycle, two signs that leave the
+  order open (``1 > 2``, ``3 > 2``) and a ground truth without signs (categorical) score 0. On complete ordinal answers
+  order accuracy equals overall accuracy (three signs determine the order and the order determines them); it differs
+  from it only where answers are missing or interval answers have the right signs but wrong ranges;
+- attribute accuracy: the fraction of the three estimates ``v_hat_k`` equal to ``v_k`` (a count read right).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +88,18 @@ from app.rewards.triplet_parsing import (
 )
 
 DEFAULT_EPS = 1e-6
+CONSISTENCY_RULES = ("paper", "transitive")
+"""Ordinal triplet-consistency rules (module doc): the paper's, applied literally, and the symmetric one."""
+
+
+def _sign(a: float, b: float) -> int:
+    return (a > b) - (a < b)
+
+
+WEAK_ORDERS: frozenset[tuple[int, int, int]] = frozenset(
+    (_sign(v1, v2), _sign(v1, v3), _sign(v2, v3)) for v1, v2, v3 in itertools.product(range(3), repeat=3)
+)
+"""The 13 weak orders of three images as sign triples ``(s_12, s_13, s_23)``: the signs some values realise."""
 
 
 # ------------------------------------------------------------------------------------------------ the four terms
@@ -90,13 +126,19 @@ def alignment_score(
 
 
 def consistency_score(
-    answers: Mapping[str, Canonical | None], answer_type: str = "ordinal", tolerance: float = 0.0
+    answers: Mapping[str, Canonical | None], answer_type: str = "ordinal", tolerance: float = 0.0, rule: str = "paper"
 ) -> float:
-    """``R_tc = tau(y_hat_12, y_hat_13, y_hat_23)`` in {-1, 0, 1} on canonical answers (rules in the module doc)."""
+    """``R_tc = tau(y_hat_12, y_hat_13, y_hat_23)`` in {-1, 0, 1} on canonical answers (rules in the module doc).
+
+    ``rule="paper"``: the paper's ordinal rule (0 when image 2 is first or last); ``"transitive"``: +1 for any three
+    answers some values realise, -1 otherwise. Both give 0 when an answer is missing.
+    """
     a12, a13, a23 = (answers[pair] for pair in PAIRS)
     if a12 is None or a13 is None or a23 is None or answer_type == "categorical":
         return 0.0
     if answer_type == "ordinal":
+        if rule == "transitive":
+            return 1.0 if (a12, a13, a23) in WEAK_ORDERS else -1.0
         if a12 * a23 < 0:
             return 0.0  # opposite directions: s_13 could be anything
         implied = a12 if a23 == 0 else a23
@@ -108,6 +150,49 @@ def consistency_score(
 def accuracy_score(answers: Mapping[str, Canonical | None], truth: Mapping[str, Canonical]) -> float:
     """``R_task``: fraction of the three final answers equal to the ground truth."""
     return sum(answers[pair] is not None and answers[pair] == truth[pair] for pair in PAIRS) / len(PAIRS)
+
+
+# ------------------------------------------------------------------------------------------------ diagnostics
+def answer_sign(answer: Canonical | None, answer_type: str = "ordinal") -> int | None:
+    """The sign ``s_ij`` of a canonical answer (module doc); ``None`` when it has none."""
+    if answer is None or answer_type == "categorical":
+        return None
+    if answer_type == "ordinal":
+        return answer
+    lo, hi = answer
+    return 1 if lo > 0 else -1 if hi < 0 else 0 if lo == hi == 0 else None
+
+
+def compatible_orders(signs: Mapping[str, int | None]) -> list[tuple[int, int, int]]:
+    """The weak orders (sign triples ``(s_12, s_13, s_23)``) that agree with every sign given (``None``: no constraint).
+
+    >>> len(compatible_orders({"1-2": 1, "1-3": None, "2-3": 1}))  # 1 > 2 > 3 implies 1 > 3
+    1
+    >>> len(compatible_orders({"1-2": 1, "1-3": None, "2-3": -1}))  # 1 > 2 < 3: 1 vs 3 open
+    3
+    >>> compatible_orders({"1-2": 1, "1-3": -1, "2-3": 1})  # a cycle
+    []
+    """
+    given = [signs[pair] for pair in PAIRS]
+    return sorted(o for o in WEAK_ORDERS if all(g is None or g == s for g, s in zip(given, o, strict=True)))
+
+
+def cycle_score(signs: Mapping[str, int | None]) -> float:
+    """1 iff no weak order is compatible with the signs (a cycle or an intransitive tie), else 0."""
+    return 0.0 if compatible_orders(signs) else 1.0
+
+
+def order_score(signs: Mapping[str, int | None], truth: Mapping[str, int | None]) -> float:
+    """1 iff the signs determine one weak order of the three images (exactly one is compatible) and it is the true
+    one, else 0; a ground truth without a sign for some pair scores 0."""
+    orders = compatible_orders(signs)
+    true = tuple(truth[pair] for pair in PAIRS)
+    return 1.0 if len(orders) == 1 and orders[0] == true else 0.0
+
+
+def attribute_accuracy_score(estimates: Sequence[float | None], targets: Sequence[float]) -> float:
+    """The fraction of the three estimates equal to their target (a missing estimate is wrong)."""
+    return sum(e is not None and e == t for e, t in zip(estimates, targets, strict=True)) / 3
 
 
 # ------------------------------------------------------------------------------------------------ targets
@@ -181,22 +266,34 @@ class TripletScores:
     grounding: float
     alignment: float
     consistency: float
+    cycle: float = 0.0
+    order: float = 0.0
+    attribute_accuracy: float = 0.0
 
 
 def triplet_scores(
-    completion: object, target: TripletTarget, eps: float = DEFAULT_EPS, interval_tolerance: float = 0.0
+    completion: object,
+    target: TripletTarget,
+    eps: float = DEFAULT_EPS,
+    interval_tolerance: float = 0.0,
+    consistency_rule: str = "paper",
 ) -> TripletScores:
-    """Parse ``completion`` once and compute every term the target allows (the others are 0)."""
+    """Parse ``completion`` once and compute every term and diagnostic the target allows (the others are 0)."""
     response: TripletResponse = parse_triplet_response(completion)
     kind = target.answer_type
     answers = {pair: canonical_answer(response.answers[pair], pair, kind) for pair in PAIRS}
     judgments = {pair: canonical_answer(response.judgments[pair], pair, kind) for pair in PAIRS}
+    signs = {pair: answer_sign(answers[pair], kind) for pair in PAIRS}
     truth = target.pair_answers
+    attributes = target.attributes
     return TripletScores(
         task=accuracy_score(answers, truth) if truth is not None else 0.0,
-        grounding=grounding_score(response.attributes, target.attributes, eps) if target.attributes else 0.0,
+        grounding=grounding_score(response.attributes, attributes, eps) if attributes else 0.0,
         alignment=alignment_score(judgments, answers, truth) if truth is not None else 0.0,
-        consistency=consistency_score(answers, kind, interval_tolerance),
+        consistency=consistency_score(answers, kind, interval_tolerance, consistency_rule),
+        cycle=cycle_score(signs),
+        order=order_score(signs, {p: answer_sign(truth[p], kind) for p in PAIRS}) if truth is not None else 0.0,
+        attribute_accuracy=attribute_accuracy_score(response.attributes, attributes) if attributes else 0.0,
     )
 
 
@@ -225,6 +322,12 @@ def _targets(
             meta["pair_answers"] = pair_answers[i]
     need_attributes, need_answers = attributes is not None, pair_answers is not None
     return [TripletTarget.from_meta(meta, need_attributes, need_answers) for meta in metas]
+
+
+def _check_rule(rule: str) -> str:
+    if rule not in CONSISTENCY_RULES:
+        raise ValueError(f"consistency rule must be one of {CONSISTENCY_RULES}, got {rule!r}")
+    return rule
 
 
 def _tensor(values: list[float], value_range: tuple[float, float] = (0.0, 1.0)) -> Tensor:
@@ -260,22 +363,75 @@ def judgment_alignment_reward(
 
 
 def triplet_consistency_reward(
-    completions: Sequence[str], answer_types: str | Sequence[str] = "ordinal", interval_tolerance: float = 0.0
+    completions: Sequence[str],
+    answer_types: str | Sequence[str] = "ordinal",
+    interval_tolerance: float = 0.0,
+    rule: str = "paper",
 ) -> Tensor:
-    """``[N]`` ``R_tc`` in {-1, 0, 1}: are the three final answers logically compatible? Needs no labels.
+    """``[N]`` ``R_tc`` in {-1, 0, 1}: are the three final answers logically compatible? Needs no labels. ``rule``:
+    ``"paper"`` (the paper's ordinal rule) or ``"transitive"`` (the symmetric one; module doc).
 
-    >>> triplet_consistency_reward([
+    >>> texts = [
     ...     "<answer>1-2: 1; 2-3: 2; 1-3: 1</answer>",  # 1 > 2 > 3 and 1 > 3: consistent
     ...     "<answer>1-2: 1; 2-3: 2; 1-3: 3</answer>",  # 1 > 2 > 3 but 3 > 1: contradiction
-    ...     "<answer>1-2: 1; 2-3: 3; 1-3: 3</answer>",  # 1 > 2 < 3: nothing implied
-    ... ])
+    ...     "<answer>1-2: 1; 2-3: 3; 1-3: 3</answer>",  # 1 > 2 < 3: nothing implied (paper); 3 > 1 > 2 (transitive)
+    ... ]
+    >>> triplet_consistency_reward(texts)
     tensor([ 1., -1.,  0.])
+    >>> triplet_consistency_reward(texts, rule="transitive")
+    tensor([ 1., -1.,  1.])
     """
+    _check_rule(rule)
     targets = _targets(len(completions), answer_types=answer_types)
     scores = [
-        triplet_scores(c, t, interval_tolerance=interval_tolerance) for c, t in zip(completions, targets, strict=True)
+        triplet_scores(c, t, DEFAULT_EPS, interval_tolerance, rule) for c, t in zip(completions, targets, strict=True)
     ]
     return _tensor([s.consistency for s in scores], (-1.0, 1.0))
+
+
+def triplet_cycle_rate(completions: Sequence[str], answer_types: str | Sequence[str] = "ordinal") -> Tensor:
+    """``[N]`` in {0, 1}: 1 iff the final answers' signs form a cycle or an intransitive tie (no weak order of the
+    three images realises them; module doc). A missing answer is no cycle. Needs no labels.
+
+    >>> triplet_cycle_rate([
+    ...     "<answer>1-2: 1; 1-3: 3; 2-3: 2</answer>",  # 1 > 2 > 3 > 1
+    ...     "<answer>1-2: same; 1-3: 1; 2-3: same</answer>",  # 1 = 2 = 3 but 1 > 3
+    ...     "<answer>1-2: 1; 1-3: 3; 2-3: 3</answer>",  # 3 > 1 > 2
+    ...     "<answer>1-2: 1; 2-3: 2</answer>",  # 1-3 missing
+    ... ])
+    tensor([1., 1., 0., 0.])
+    """
+    targets = _targets(len(completions), answer_types=answer_types)
+    return _tensor([triplet_scores(c, t).cycle for c, t in zip(completions, targets, strict=True)])
+
+
+def triplet_order_accuracy(
+    completions: Sequence[str], pair_answers: Sequence[Mapping[str, str]], answer_types: str | Sequence[str] = "ordinal"
+) -> Tensor:
+    """``[N]`` in {0, 1}: 1 iff the final answers determine one ranking of the three images and it is the true one
+    (module doc): all three right, or two right that imply the third when it is missing.
+
+    >>> truth = {"1-2": "1", "1-3": "1", "2-3": "2"}  # 1 > 2 > 3
+    >>> triplet_order_accuracy([
+    ...     "<answer>1-2: 1; 1-3: 1; 2-3: 2</answer>",
+    ...     "<answer>1-2: 1; 2-3: 2</answer>",  # 1-3 implied
+    ...     "<answer>1-2: 1; 1-3: 1</answer>",  # 2 vs 3 open
+    ...     "<answer>1-2: 1; 1-3: 3; 2-3: 2</answer>",  # a cycle
+    ... ], [truth] * 4)
+    tensor([1., 1., 0., 0.])
+    """
+    targets = _targets(len(completions), pair_answers=pair_answers, answer_types=answer_types)
+    return _tensor([triplet_scores(c, t).order for c, t in zip(completions, targets, strict=True)])
+
+
+def triplet_attribute_accuracy(completions: Sequence[str], attributes: Sequence[Sequence[float]]) -> Tensor:
+    """``[N]`` in {0, 1/3, 2/3, 1}: the fraction of the ``Image k: <number>`` estimates equal to ``attributes[i][k]``.
+
+    >>> triplet_attribute_accuracy(["<think>Image 1: 4\\nImage 2: 8\\nImage 3: 9</think>"], [[4, 10, 9]])
+    tensor([0.6667])
+    """
+    targets = _targets(len(completions), attributes=attributes)
+    return _tensor([triplet_scores(c, t).attribute_accuracy for c, t in zip(completions, targets, strict=True)])
 
 
 def triplet_task_reward(
@@ -323,8 +479,9 @@ def tri_sr_reward(
     tc_weight: float = 0.3,
     eps: float = DEFAULT_EPS,
     interval_tolerance: float = 0.0,
+    consistency_rule: str = "paper",
 ) -> Tensor:
-    """``[N]`` ``R = R_task + ag_weight R_ag + ja_weight R_ja + tc_weight R_tc``.
+    """``[N]`` ``R = R_task + ag_weight R_ag + ja_weight R_ja + tc_weight R_tc``, ``R_tc`` by ``consistency_rule``.
 
     >>> completion = (
     ...     "<think>Image 1: 7\\nImage 2: 4\\nImage 3: 2\\nCompare 1-2: 1\\nCompare 1-3: 1\\nCompare 2-3: 2</think>"
@@ -333,8 +490,12 @@ def tri_sr_reward(
     >>> tri_sr_reward([completion], [[7, 4, 2]], [{"1-2": "1", "1-3": "1", "2-3": "2"}])  # 1 + 0.2 + 0.2 + 0.3
     tensor([1.7000])
     """
+    _check_rule(consistency_rule)
     targets = _targets(len(completions), attributes, pair_answers, answer_types)
-    scores = [triplet_scores(c, t, eps, interval_tolerance) for c, t in zip(completions, targets, strict=True)]
+    scores = [
+        triplet_scores(c, t, eps, interval_tolerance, consistency_rule)
+        for c, t in zip(completions, targets, strict=True)
+    ]
     value_range = tri_sr_value_range(ag_weight, ja_weight, tc_weight)
     return _tensor([_total(s, ag_weight, ja_weight, tc_weight) for s in scores], value_range)
 
