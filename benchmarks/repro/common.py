@@ -104,6 +104,12 @@ def run_stage(
     return _read(summary_path, seconds)
 
 
+def stage_slot() -> threading.BoundedSemaphore:
+    """The slot a stage holds while it runs: in-process work (an evaluation script) takes one too, so that
+    ``--jobs`` bounds everything that runs at once."""
+    return _stage_slots
+
+
 def default_jobs() -> int:
     """Seeds run at once by default: one per core."""
     return os.cpu_count() or 1

@@ -1,32 +1,48 @@
-"""OT-GRPO (The Art of Interrogation): does label-free consistency training recover most of what accuracy training gives?
+"""OT-GRPO (The Art of Interrogation) as label-free adaptation: does consistency training, without labels, recover most
+of what accuracy training gives on a domain where the start is biased but has latent ability, and does minimal
+(optimal-transport) pairing beat random pairing?
 
-    python benchmarks/repro/ot_grpo.py 0 1 2 [--out runs/repro/ot_grpo] [--steps 300] [--reuse]
+    python benchmarks/repro/ot_grpo.py 0 1 2 3 4 5 6 7 [--out runs/repro/ot_grpo] [--reuse]
 
-Per seed S, in ``<out>/seed<S>``: the quickstart CoT-SFT (``configs/quickstart_sft.yaml``) once, then from that one
-policy, with the same paired data (``configs/consistency_dots.yaml``: the same pairs, steps, batch of 4 pairs, K = 8,
-learning rate, no KL), three GRPO runs that differ only in the reward:
+Per seed S, in ``<out>/seed<S>``:
 
-- (a) ``accuracy``: accuracy + format reward (reads the labels);
-- (b) ``minimal``: label-free consistency with minimal (optimal-transport) pairing + format reward (OT-GRPO);
-- (c) ``random``: the same consistency reward with random pairing;
-- (d) no RL: the SFT policy itself, i.e. the runs' held-out accuracy before training.
+1. **Source-domain start**: CoT-SFT from the embedded model's random weights (drawn from S) on large dots
+   (``configs/quickstart_sft.yaml``, radius 12 at 64 px) for ``--sft-steps`` (600: about 0.9 in-domain).
+2. **Target domain**: smaller dots (``--target-radius``, 7 px), where that start is biased (it answers one way more
+   often) but its preference moves the right way between the two views of a mirrored pair more often than not (the
+   diagnosis's ``correct_sign``, measured per seed): the latent ability the paper's premise needs.
+3. From that one start, ``--steps`` GRPO steps per arm on the same target-domain pairs (``configs/consistency_dots.yaml``:
+   4 pairs per step, K = 8, lr 2e-4, no KL), differing only in the reward:
 
-Held-out accuracy is greedy ``val/acc`` on the same paired validation prompts (originals and twins) for all four.
-Every twin is the image mirrored (``--transforms hflip --transform-prob 1.0``), so every pair is a negation pair: the
-quickstart SFT never sees the swapped question, and with the recipe's default mix (``--transforms hflip swap_objects
---transform-prob 0.5``) it answers a swapped question as if it were the original one, so consistency training settles
-on answers by wording (the section written to ``docs/results.md`` gives the numbers). Writes the table, the checks of
-the claim and the command to the ``ot-grpo`` section.
+   - (a) ``accuracy``: accuracy + format (reads the labels: the reference);
+   - (b) ``minimal``: label-free consistency with minimal (optimal-transport) pairing + format (OT-GRPO);
+   - (c) ``random``: the same consistency reward with random pairing;
+   - (d) no RL: the start itself.
+
+The twins mix an equivariant transform with invariant ones, as the paper does, each drawn independently with probability
+1/2: the image mirrored (negation), the scene translated to another placement, cropped around both dots and resized
+back (a zoomed-in view), colour-jittered (identity); a twin with no mirror is an identity twin. Under the mirror alone, any rule that flips with the mirror is
+perfectly consistent ("the dots' centroid is in the right half"; the truth XOR any mirror-symmetric feature), so
+consistency training could drift to a consistent-but-wrong rule; translation breaks the first kind and crops and
+jitter the second, and the zoomed-in views are where the start is more accurate, so minimal pairing can pull the small
+views towards them.
+
+Reported per seed, besides held-out greedy accuracy on the target domain (``val/acc``: labels used for evaluation
+only): the start's ``correct_sign`` on mirrored target pairs, each arm's consistent-and-wrong fraction at the end (both
+answers of a mirrored pair wrong: what a consistency reward cannot tell from right), and the recovered share
+(b - d) / (a - d) (``pair_diagnosis.py``). Verdicts follow :func:`common.verdict`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from common import (
     StageResult,
     command_line,
@@ -36,14 +52,20 @@ from common import (
     in_parallel,
     mean_std,
     run_stage,
+    stage_slot,
+    verdict,
     wall_time,
     write_section,
 )
+from pair_diagnosis import PairDiagnosis, diagnose, target_pairs
 
 KEY = "val/acc"
 GRPO = "consistency_dots.yaml"
 SFT = "quickstart_sft.yaml"
 FORMAT = {"class_path": "app.rewards.FormatReward", "init_args": {"weight": 0.5}}
+TWIN_VIEWS = ["hflip", "translate", "crop", "jitter"]
+MINIMAL_VS_RANDOM = 0.021  # the paper's gap of minimal over random pairing (2.1 points)
+COUNTED_GAIN = 0.02  # a label-free gain over no RL smaller than 2 points would not be the paper's effect
 
 
 def consistency(pairing: str) -> dict:
@@ -59,39 +81,57 @@ REWARDS = {
     "minimal": [consistency("minimal"), FORMAT],
     "random": [consistency("random"), FORMAT],
 }
+CONDITIONS = ["none", *REWARDS]
 LABELS = {
-    "none": "(d) no RL (SFT)",
-    "accuracy": "(a) accuracy GRPO",
-    "minimal": "(b) consistency, minimal (OT)",
-    "random": "(c) consistency, random",
+    "none": "(d) no RL (source-domain start)",
+    "accuracy": "(a) accuracy GRPO (labels)",
+    "minimal": "(b) consistency, minimal (OT) pairing",
+    "random": "(c) consistency, random pairing",
 }
 
 
 @dataclass(frozen=True)
 class SeedResult:
     seed: int
-    acc: dict[str, float]  # condition (including "none") -> held-out accuracy
-    reused: int  # stages read from an earlier run (--reuse)
-    seconds: float  # wall time of this seed's stages, from the runs that produced them (NaN if unknown)
+    acc: dict[str, float]  # condition -> held-out target-domain accuracy (val/acc)
+    diagnosis: dict[str, PairDiagnosis]  # condition -> greedy / teacher-forced diagnosis on mirrored target pairs
+    source_acc: float  # the start's in-domain (large dots) accuracy
+    reused: int
+    seconds: float
 
 
 def grpo_overrides(policy: Path, args: argparse.Namespace, condition: str) -> list[str]:
+    dataset = "data.init_args.dataset.init_args"
     return [
         f"model.init_args.policy.init_args.model={policy}",
         f"model.init_args.rewards={json.dumps(REWARDS[condition])}",
         f"trainer.max_steps={args.steps}",
         f"trainer.val_check_interval={args.steps}",  # validate once at the end (plus before: validate_before_and_after)
-        f"data.init_args.dataset.init_args.transforms={json.dumps(args.transforms)}",
-        f"data.init_args.dataset.init_args.transform_prob={args.transform_prob}",
+        f"{dataset}.dot_radius={args.target_radius}",
+        f"{dataset}.transforms={json.dumps(TWIN_VIEWS)}",
+        f"{dataset}.transform_prob={args.transform_prob}",
         f"data.init_args.val_size={args.val_pairs}",
         *args.set,
     ]
 
 
+def diagnosed(policy: Path, cache: Path, seed: int, args: argparse.Namespace) -> PairDiagnosis:
+    """The diagnosis of ``policy`` on the seed's held-out mirrored target pairs, kept in ``cache`` (for --reuse)."""
+    if args.reuse and cache.is_file():
+        return PairDiagnosis(**json.loads(cache.read_text()))
+    with stage_slot():
+        result = diagnose(policy, target_pairs(args.diagnosis_pairs, seed, args.target_radius))
+    cache.write_text(json.dumps(dataclasses.asdict(result)))
+    return result
+
+
 def run_seed(seed: int, args: argparse.Namespace) -> SeedResult:
     folder = Path(args.out).resolve() / f"seed{seed}"
-    # The seed also draws the embedded model's random weights, so every seed is its own SFT start.
-    sft_args = [f"model.init_args.policy.init_args.seed={seed}"]
+    sft_args = [
+        f"model.init_args.policy.init_args.seed={seed}",  # the seed draws the embedded model's weights too
+        f"trainer.max_steps={args.sft_steps}",
+        f"trainer.val_check_interval={args.sft_steps}",
+    ]
     sft = run_stage(SFT, seed, folder, sft_args, reuse=args.reuse, seed_module=False)
     seconds, reused = sft.seconds, int(sft.reused)
     policy = folder / "runs" / SFT.removesuffix(".yaml") / "policy"
@@ -109,9 +149,12 @@ def run_seed(seed: int, args: argparse.Namespace) -> SeedResult:
         seconds, reused = seconds + result.seconds, reused + int(result.reused)
         acc[condition], before[condition] = result.after[KEY], result.before[KEY]
     if max(before.values()) - min(before.values()) > 1e-6:  # the same policy on the same prompts, greedy
-        raise SystemExit(f"seed {seed}: the runs disagree on the SFT policy's accuracy {before}")
+        raise SystemExit(f"seed {seed}: the runs disagree on the start's accuracy {before}")
     acc["none"] = before["accuracy"]
-    return SeedResult(seed, acc, reused, seconds)
+    policies = {"none": policy} | {c: folder / c / "runs" / GRPO.removesuffix(".yaml") / "policy" for c in REWARDS}
+    diagnosis = in_parallel(lambda c: diagnosed(policies[c], folder / f"{c}.diagnosis.json", seed, args), CONDITIONS)
+    print(f"seed {seed}: start correct_sign {diagnosis['none'].correct_sign:.3f}", flush=True)
+    return SeedResult(seed, acc, diagnosis, sft.after[KEY], reused, seconds)
 
 
 def recovered(acc: dict[str, float]) -> float:
@@ -120,111 +163,117 @@ def recovered(acc: dict[str, float]) -> float:
     return (acc["minimal"] - acc["none"]) / gain if gain else float("nan")
 
 
-def verdict(differences: list[float]) -> str:
-    """Reproduced in direction when the mean difference is positive; "mixed" when some seeds disagree."""
-    mean, wins = mean_std(differences)[0], sum(d > 0 for d in differences)
-    if mean <= 0:
-        return "**not reproduced**"
-    if wins == len(differences):
-        return "**reproduced** in direction (every seed)"
-    return f"**mixed**: positive on the mean, but in only {wins} of {len(differences)} seeds"
+def per_seed_table(results: list[SeedResult]) -> list[str]:
+    rows = [
+        "| seed | source acc. | start correct sign | (d) | (a) | (b) | (c) | recovered (b-d)/(a-d) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        accs = " | ".join(f"{r.acc[c]:.3f}" for c in CONDITIONS)
+        rows.append(
+            f"| {r.seed} | {r.source_acc:.3f} | {r.diagnosis['none'].correct_sign:.3f} | {accs} | {recovered(r.acc):.2f} |"
+        )
+    return rows
+
+
+def summary_table(results: list[SeedResult]) -> list[str]:
+    rows = [
+        "| condition | target acc. (val) | mirrored pairs: right on both | wrong on both | inconsistent | correct sign |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in CONDITIONS:
+        d = [r.diagnosis[c] for r in results]
+        rows.append(
+            f"| {LABELS[c]} | {fmt([r.acc[c] for r in results])} | {fmt([x.consistent_right for x in d])} | "
+            f"{fmt([x.consistent_wrong for x in d])} | {fmt([x.inconsistent for x in d])} | "
+            f"{fmt([x.correct_sign for x in d])} |"
+        )
+    return rows
 
 
 def report(results: list[SeedResult], args: argparse.Namespace) -> str:
-    conditions = ["none", "accuracy", "minimal", "random"]
-    seeds = [r.seed for r in results]
-    values = {c: [r.acc[c] for r in results] for c in conditions}
-    means = {c: mean_std(values[c])[0] for c in conditions}
-    rows = [
-        "| condition | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± std |",
-        "|---|" + "---|" * (len(seeds) + 1),
-    ]
-    for c in conditions:
-        rows.append(f"| {LABELS[c]} | " + " | ".join(f"{v:.3f}" for v in values[c]) + f" | {fmt(values[c])} |")
-    b_minus_d = [r.acc["minimal"] - r.acc["none"] for r in results]
-    b_minus_c = [r.acc["minimal"] - r.acc["random"] for r in results]
-    per_seed_fraction = [recovered(r.acc) for r in results]
-    fraction = recovered(means)
+    acc = {c: [r.acc[c] for r in results] for c in CONDITIONS}
+    means = {c: mean_std(acc[c])[0] for c in CONDITIONS}
+    b_minus_d = [b - d for b, d in zip(acc["minimal"], acc["none"], strict=True)]
+    b_minus_c = [b - c for b, c in zip(acc["minimal"], acc["random"], strict=True)]
+    a_minus_d = [a - d for a, d in zip(acc["accuracy"], acc["none"], strict=True)]
+    half = [bd - 0.5 * ad for bd, ad in zip(b_minus_d, a_minus_d, strict=True)]
+    c_minus_d = [c - d for c, d in zip(acc["random"], acc["none"], strict=True)]
+    wrong_start = [r.diagnosis["none"].consistent_wrong for r in results]
+    wrong_minimal = [r.diagnosis["minimal"].consistent_wrong for r in results]
     n_reused = sum(r.reused for r in results)
-    reused = f"; {n_reused} of {4 * len(seeds)} stages read back from an earlier run" if n_reused else ""
+    reused = f"; {n_reused} of {4 * len(results)} stages read back from an earlier run" if n_reused else ""
     overridden = f" Overrides of every GRPO run: `{' '.join(args.set)}`." if args.set else ""
-    wall = sum(r.seconds for r in results)
+    stage_minutes = sum(r.seconds for r in results) / 60
     checks = [
-        f"- (b) > (d), consistency training beats no RL: {verdict(b_minus_d)}; b - d = {fmt(b_minus_d)}.",
-        f"- (b) > (c), minimal pairing beats random pairing: {verdict(b_minus_c)}; b - c = {fmt(b_minus_c)}.",
-        f"- (b) recovers at least half of (a)'s gain over (d): "
-        f"{'**reproduced**' if fraction >= 0.5 else '**not reproduced**'}; (b - d) / (a - d) = "
-        f"{fraction:.2f} from the means (per seed: {', '.join(f'{v:.2f}' for v in per_seed_fraction)}).",
+        f"- Accuracy training (labels) adapts the start, (a) - (d): {verdict(a_minus_d, COUNTED_GAIN)}.",
+        f"- Label-free consistency training beats no RL, (b) - (d): {verdict(b_minus_d, COUNTED_GAIN)}.",
+        f"- Minimal pairing beats random pairing, (b) - (c), counted from the paper's {MINIMAL_VS_RANDOM:.3f}: "
+        f"{verdict(b_minus_c, MINIMAL_VS_RANDOM)}.",
+        f"- Consistency training recovers at least half of accuracy training's gain, (b - d) - (a - d) / 2 "
+        f"(reproduced when its interval lies above 0, not reproduced when below): {verdict(half, 0.0)}; "
+        f"(b - d) / (a - d) = {recovered(means):.2f} from the means.",
+        f"- Random pairing beats no RL, (c) - (d): {verdict(c_minus_d, COUNTED_GAIN)}.",
+        f"- Consistent-and-wrong mirrored pairs (greedy), start → minimal pairing: {fmt(wrong_start)} → "
+        f"{fmt(wrong_minimal)}.",
     ]
     return "\n".join(
         [
-            "## OT-GRPO: label-free consistency vs accuracy rewards",
+            "## OT-GRPO: label-free adaptation to a shifted domain",
             "",
-            f"`{command_line()}` ({len(seeds)} seeds; {wall_time(args.jobs)}; the stages themselves took "
-            f"{wall / 60:.1f} min{reused}).",
+            f"`{command_line()}` ({len(results)} seeds; {wall_time(args.jobs)}; the stages themselves took "
+            f"{stage_minutes:.1f} min{reused}).",
             "",
-            f"From one quickstart CoT-SFT policy per seed, {args.steps} GRPO steps each on the same paired dots data "
-            f"(`configs/consistency_dots.yaml`: 4 pairs per step, K = 8, lr 2e-4, no KL; twin transforms "
-            f"{', '.join(args.transforms)}, each with probability {args.transform_prob}), differing only in the reward. "
-            f"Greedy held-out accuracy (`{KEY}`) on the same {2 * args.val_pairs} validation prompts (originals and "
-            f"twins); mean ± sample std over the seeds.{overridden}",
+            "**Design.** The paper's premise is a model with latent ability that answers inconsistently; consistency "
+            "training then amplifies what it already half-knows. Per seed, a CoT-SFT start of "
+            f"{args.sft_steps} steps on large dots (radius 12, 64 px: the source domain) is adapted without labels to "
+            f"small dots (radius {args.target_radius}: the target domain), where it is biased but its preference "
+            "moves the right way between a scene and its mirror image on most pairs (start correct sign, below). "
+            f"Four arms from that start at equal steps ({args.steps} GRPO steps, 4 pairs x K = 8, lr 2e-4, no KL; "
+            f"`configs/consistency_dots.yaml` on target-domain pairs): (a) accuracy reward, (b) consistency with "
+            "minimal (OT) pairing, (c) consistency with random pairing, (d) no RL. Each twin applies, each with "
+            f"probability {args.transform_prob}, the mirror (equivariant: the answer flips) and three invariant "
+            "views (the scene translated; cropped around both dots and resized back; colour-jittered), so mirrored "
+            "and identity twins mix: under the mirror alone any rule that flips with the mirror is consistent, and "
+            "the invariant views make such rules inconsistent. Labels are read by arm (a) and by evaluation only. Held-out target accuracy is "
+            f"greedy `{KEY}` on {2 * args.val_pairs} prompts (originals and twins); the pair diagnosis "
+            f"(`benchmarks/repro/pair_diagnosis.py`) is greedy and teacher-forced on {args.diagnosis_pairs} "
+            f"held-out mirrored target pairs per seed.{overridden}",
             "",
-            *rows,
+            *summary_table(results),
+            "",
+            "Per seed (target-domain `val/acc`):",
+            "",
+            *per_seed_table(results),
             "",
             *checks,
             "",
-            FINDINGS,
+            READING,
         ]
     )
 
 
-FINDINGS = """**What we found.** Single runs are marked as such; the per-kind and per-pair figures were measured with a
-throw-away greedy-decoding script (not in the repository) on the same validation prompts. These findings come from the runs of
-2026-12-02, before rollouts moved to inverse-transform sampling; their seed figures and "the table" refer to that
-table: (d) 0.762 / 0.803 / 0.790, (a) 0.875 / 0.858 / 0.853, (b) 0.868 / 0.770 / 0.825, (c) 0.738 / 0.623 / 0.835 for
-seeds 0-2. In the rerun above seed 0 rises and seed 1 falls again, as then, and seed 2 falls too, so the verdicts
-are now "not reproduced" where they were "mixed"; the per-pair diagnosis below was not repeated on the rerun.
-
-- *The earlier collapse of consistency training (0.640 -> 0.480) came from the SFT start, not from the reward.* The quickstart SFT only ever
-  sees "Is the red dot left of the blue dot?"; asked the swapped question it answers as if it were the original one
-  (seed-0 SFT policy: originals 0.735, mirrored twins 0.80, swapped-question twins 0.24, mirrored and swapped 0.23).
-  With the recipe's default twins (mirror and object swap, each with probability 1/2) half the pairs pit the image
-  against the wording, and minimal-consistency GRPO settles them by wording (single run: `python -m app fit --config
-  configs/consistency_dots.yaml --trainer.max_steps 200` from the seed-0 quickstart SFT policy, 100 validation pairs).
-- *An SFT on both wordings did not give a usable start at this size* (single runs of `configs/quickstart_sft.yaml` on
-  `PairedDotsDataset`): after 300 steps of 8 pairs it answered "yes" to every prompt (0.52); after 400 steps of 16
-  pairs it reached 0.605 but answered "no" to 96 % of the swapped questions, a wording shortcut learned by SFT itself.
-- *So the twins keep the wording the start knows and only mirror the image* (`PairedDotsDataset(transforms=["hflip"])`,
-  a new option), *and every twin is mirrored* (`transform_prob` 1): every pair is then a negation pair, where a fixed
-  answer per wording is never consistent. With the mirror at probability 1/2, half the twins are the same prompt asked
-  again, which rewards mere agreement; single run, seed 0, `--transform-prob 0.5`: (d) 0.743, (a) 0.885, (b) 0.805,
-  (c) 0.770, recovered fraction 0.44 (seed 0 with every twin mirrored, in the table: 0.93).
-- *Why the seeds disagree.* Consistency cannot tell right from wrong: a policy that is wrong on both views of a scene is
-  as consistent as one that is right on both. Training makes the greedy answers of the two views agree (pairs
-  consistent 0.615 -> 0.805 on seed 0, 0.655 -> 0.830 on seed 1), and the pairs the SFT start answered inconsistently
-  are resolved to whichever side the joint majority of the 2K samples favours. On seed 0 they went to the right side
-  (consistent and right 0.570 -> 0.770, consistent and wrong 0.045 -> 0.035); on seed 1 a good share went to the wrong
-  one (consistent and right 0.630 -> 0.685, consistent and wrong 0.025 -> 0.145), so accuracy fell. Random pairing
-  rewards agreement with one random partner, a far noisier signal: it drifted furthest (0.623 on seed 1) and spread
-  most over the seeds, though on seed 2 it ended above minimal pairing.
-- *A smaller learning rate did not fix it.* The same three seeds at lr 1e-4 (`--set model.init_args.optimizer.learning_rate=1e-4`,
-  same SFT starts): (a) 0.869 ± 0.026, (b) 0.817 ± 0.052, (c) 0.813 ± 0.034, (d) 0.785 ± 0.020; seed 1 still fell
-  (0.803 -> 0.757), the recovered fraction was 0.38 and minimal beat random on 1 seed of 3."""
+READING = """The old design (the quickstart start on its own domain, every twin the mirror image, 3 seeds) could not
+show the effect: its start had the correct sign on only 0.84-0.875 of pairs, about +0.06 of reachable gain, inside a
+seed-to-seed spread of 0.075, and under the mirror alone consistent-but-wrong rules were as rewarded as right ones."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("seeds", type=int, nargs="+")
     parser.add_argument("--out", default="runs/repro/ot_grpo")
-    parser.add_argument("--steps", type=int, default=300, help="GRPO steps of every condition")
+    parser.add_argument("--sft-steps", type=int, default=600, help="CoT-SFT steps of the source-domain start")
+    parser.add_argument("--steps", type=int, default=300, help="GRPO steps of every arm")
+    parser.add_argument("--target-radius", type=int, default=7, help="dot radius of the target domain (px at 64)")
     parser.add_argument("--val-pairs", type=int, default=200, help="validation pairs (twice as many prompts)")
-    parser.add_argument("--transforms", nargs="+", default=["hflip"], help="the twins' transforms")
-    parser.add_argument("--transform-prob", type=float, default=1.0, help="probability of each twin transform")
+    parser.add_argument("--diagnosis-pairs", type=int, default=200, help="mirrored pairs of the diagnosis")
+    parser.add_argument("--transform-prob", type=float, default=0.5, help="probability of each twin transform")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE override of every GRPO run")
     parser.add_argument("--reuse", action="store_true", help="reuse finished stages (their summary.json)")
     parser.add_argument("--no-write", action="store_true", help="print the section instead of writing docs/results.md")
-    parser.add_argument("--jobs", type=int, default=default_jobs(), help="seeds run at once (default: one per core)")
+    parser.add_argument("--jobs", type=int, default=default_jobs(), help="stages run at once (default: one per core)")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # the diagnoses run in this process, one per stage slot
     results = for_seeds(functools.partial(run_seed, args=args), args.seeds, args.jobs)
     section = report(results, args)
     print(section) if args.no_write else write_section("ot-grpo", section)
