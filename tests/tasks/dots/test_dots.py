@@ -86,3 +86,18 @@ def test_unlabeled_keeps_the_scene_and_drops_labels():
         assert unlabeled[i].answer is None and unlabeled[i].reasoning is None
         assert np.array_equal(pixels(labeled[i]), pixels(unlabeled[i]))
         assert unlabeled[i].meta == labeled[i].meta
+
+
+def test_right_relation_asks_the_other_way_with_the_same_reasoning():
+    dataset = DotsDataset(num_samples=40, seed=2, image_size=64, dot_radius=6, relation="right")
+    answers = []
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        red_right = sample.meta["red_xy"][0] > sample.meta["blue_xy"][0]
+        assert sample.question == "Is the red dot right of the blue dot?"
+        assert sample.answer == ("yes" if red_right else "no")
+        assert sample.reasoning == f"red is {'right' if red_right else 'left'} of blue"
+        answers.append(sample.answer)
+    assert answers.count("yes") == 20
+    with pytest.raises(ValueError, match="relation must be one of"):
+        DotsDataset(num_samples=2, seed=0, relation="above")

@@ -21,6 +21,8 @@ from app.types import VisualSample
 
 TASK = "dots_left_of"
 QUESTION = "Is the red dot left of the blue dot?"
+QUESTIONS = {"left": QUESTION, "right": "Is the red dot right of the blue dot?"}
+"""The question per ``relation``: the same scenes and reasoning, the answer mapped the other way for ``right``."""
 BACKGROUND = (230, 230, 230)
 RED = (220, 30, 30)
 BLUE = (30, 60, 220)
@@ -35,6 +37,7 @@ def make_dots_sample(
     num_distractors: int = 0,
     answer: str | None = None,
     dot_radius: int | None = None,
+    relation: str = "left",
 ) -> VisualSample:
     """Render one red/blue dot scene with its question, answer and a one-line reasoning.
 
@@ -43,9 +46,13 @@ def make_dots_sample(
         image_size: side of the square RGB image in pixels.
         min_gap: smallest horizontal distance between the red and blue centres; ``image_size // 4`` when None.
         num_distractors: extra green or yellow dots, placed without touching the red and blue ones when possible.
-        answer: "yes" (red is left) or "no"; drawn from ``rng`` when None.
+        answer: "yes" (red is left, or right with ``relation="right"``) or "no"; drawn from ``rng`` when None.
         dot_radius: radius in pixels; ``image_size / 14`` when None.
+        relation: ``left`` asks "Is the red dot left of the blue dot?", ``right`` "... right of ...": the reasoning
+            names the side seen either way, and the answer follows the question.
     """
+    if relation not in QUESTIONS:
+        raise ValueError(f"relation must be one of {sorted(QUESTIONS)}, got {relation!r}")
     radius = max(2, round(image_size / 14)) if dot_radius is None else dot_radius
     if radius < 1 or 2 * radius >= image_size:
         raise ValueError(f"dot_radius must be in [1, {image_size // 2 - 1}] for image_size={image_size}, got {radius}")
@@ -60,7 +67,8 @@ def make_dots_sample(
 
     gap = rng.randint(min_gap, hi - lo)
     left_x = rng.randint(lo, hi - gap)
-    red_x, blue_x = (left_x, left_x + gap) if answer == "yes" else (left_x + gap, left_x)
+    red_left = (answer == "yes") == (relation == "left")
+    red_x, blue_x = (left_x, left_x + gap) if red_left else (left_x + gap, left_x)
     red_xy, blue_xy = (red_x, rng.randint(lo, hi)), (blue_x, rng.randint(lo, hi))
 
     placed = [red_xy, blue_xy]
@@ -78,10 +86,10 @@ def make_dots_sample(
     for xy, color in [*distractors, (red_xy, RED), (blue_xy, BLUE)]:  # red and blue on top if a distractor overlaps
         draw.ellipse((xy[0] - radius, xy[1] - radius, xy[0] + radius, xy[1] + radius), fill=color)
 
-    side = "left" if answer == "yes" else "right"
+    side = "left" if red_left else "right"
     return VisualSample(
         images=[image],
-        question=QUESTION,
+        question=QUESTIONS[relation],
         task=TASK,
         answer=answer,
         # The reasoning names what must be seen, not pixel coordinates: with coordinates in the teacher-forced target
@@ -102,6 +110,9 @@ class DotsDataset(SeededDataset):
         num_distractors: extra green or yellow dots per image.
         labeled: when False, ``answer`` and ``reasoning`` are None (label-free training); the scene is unchanged.
         dot_radius: radius in pixels (``image_size / 14`` when None).
+        relation: ``left`` (the quickstart's question) or ``right`` ("Is the red dot right of the blue dot?"): the
+            same reasoning about the side seen, the answer mapped the other way (a new skill for a model taught
+            ``left``).
     """
 
     stream = "dots"
@@ -115,8 +126,12 @@ class DotsDataset(SeededDataset):
         num_distractors: int = 0,
         labeled: bool = True,
         dot_radius: int | None = None,
+        relation: str = "left",
     ) -> None:
+        if relation not in QUESTIONS:
+            raise ValueError(f"relation must be one of {sorted(QUESTIONS)}, got {relation!r}")
         super().__init__(num_samples, seed, image_size)
+        self.relation = relation
         self.min_gap = min_gap
         self.num_distractors = num_distractors
         self.labeled = labeled
@@ -135,6 +150,7 @@ class DotsDataset(SeededDataset):
             self.num_distractors,
             self.answer_for(index),
             self.dot_radius,
+            self.relation,
         )
         if not self.labeled:
             sample.answer = sample.reasoning = None
