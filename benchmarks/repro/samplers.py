@@ -10,7 +10,7 @@ registered in ``flow_grpo.ARMS`` and run by ``flow_grpo.run_arm``), at ``GRPO_ST
 ``configs/quickstart_flow.yaml`` (32 prompts x 8 samples; the recipe's 100 steps reach nearly all of their rise by
 step 50).
 
-- ``separation`` (no training): from each seed's stage-1 model, rollouts on the 128 held-out prompts (K = 8, one
+- ``separation`` (no training): from each seed's stage-1 model, rollouts on the first 64 held-out prompts (K = 8, one
   starting noise per group, as the recipe) drawn with CPS and with Flow-GRPO's SDE at the same eta and with the same
   noises, for an early window (step 0, the recipe's) and later ones: the SDE / CPS noise-std ratio per step, the RMS
   distance between the CPS and SDE final latents (and each one's from the Euler sample of the same start), the
@@ -30,10 +30,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import common
+import torch
 import yaml
 from common import (
     ROOT,
@@ -55,6 +59,7 @@ ETAS = (0.1, 0.3, 0.7, 0.9)
 RECIPE_ETA = 0.7
 EARLY_WINDOW = (0, 1)  # the recipe's: step 0 of 8
 WINDOWS = (EARLY_WINDOW, (4, 6), (5, 6), (6, 7), (5, 7))  # measured by the separation part
+SEPARATION_PROMPTS = 64  # held-out prompts of the sampling-only measures (x K = 8 trajectories each)
 LATE_WINDOW = (5, 7)  # steps 5 and 6, the last two stochastic steps (chosen from the separation part, see its section)
 SOLVERS = ("euler", "unipc")
 EFFECT = 0.02  # the smallest gap in held-out reward counted as a paper's effect (about half VBVR-Pro's 0.039)
@@ -63,6 +68,11 @@ SAMPLING = "model.init_args.sampling"
 
 def _steps() -> tuple[str, ...]:
     return (f"trainer.max_steps={GRPO_STEPS}",)
+
+
+def _key(window: tuple[int, int]) -> str:
+    """A window as a JSON key."""
+    return f"{window[0]},{window[1]}"
 
 
 def _window(window: tuple[int, int]) -> str:
@@ -154,8 +164,6 @@ def rollouts(policy, samples: list, seed: int, sampler: str, eta: float, window:
     """K trajectories per prompt as the recipe draws them (one starting noise per group), stochastic on ``window``
     (None: Euler throughout), from starting noise and step noise seeded by ``seed`` alone: two calls with the same
     seed and window see the same noises whatever the sampler."""
-    import torch
-
     from app.sampling import FlowSampler, stochastic_steps
     from app.settings import FlowSamplingSettings
 
@@ -181,8 +189,6 @@ def rollouts(policy, samples: list, seed: int, sampler: str, eta: float, window:
 
 def std_ratios(window: tuple[int, int], eta: float) -> list[float]:
     """SDE / CPS noise std of each stochastic step of ``window`` at ``eta`` (a property of the schedule alone)."""
-    import torch
-
     from app.models import FlowPolicy
     from app.sampling import cps_step, sde_step, stochastic_steps
 
@@ -206,8 +212,6 @@ def rms(a, b) -> float:
 def group_spread(rewards: list[float], k: int) -> tuple[float, float]:
     """Mean within-group std of the rewards and the fraction of groups whose rewards differ at all (a group of equal
     rewards gives GRPO no advantage)."""
-    import torch
-
     groups = torch.tensor(rewards).view(-1, k)
     spread = groups.std(dim=1, unbiased=False)
     return float(spread.mean()), float((spread > 1e-6).float().mean())
@@ -215,7 +219,7 @@ def group_spread(rewards: list[float], k: int) -> tuple[float, float]:
 
 def separation(seed: int, folder: Path) -> dict:
     """The sampling-only measures of one seed's stage-1 model (see the module docstring)."""
-    samples = held_out(seed)
+    samples = held_out(seed)[:SEPARATION_PROMPTS]
     policy = load_policy(folder / "runs" / TASK.pretrain.removesuffix(".yaml") / "policy")
     k = yaml.safe_load((ROOT / "configs" / TASK.grpo).read_text())["model"]["init_args"]["sampling"]["group_size"]
     euler = rollouts(policy, samples, seed, "cps", RECIPE_ETA, None)
@@ -223,7 +227,9 @@ def separation(seed: int, folder: Path) -> dict:
     for window in WINDOWS:
         cps = rollouts(policy, samples, seed, "cps", RECIPE_ETA, window)
         sde = rollouts(policy, samples, seed, "sde", RECIPE_ETA, window)
-        windows[window] = {
+        if window == EARLY_WINDOW:
+            cps_early = cps
+        windows[_key(window)] = {
             "cps_sde": rms(cps.final, sde.final),
             "cps_euler": rms(cps.final, euler.final),
             "sde_euler": rms(sde.final, euler.final),
@@ -234,8 +240,8 @@ def separation(seed: int, folder: Path) -> dict:
         }
     etas = {}
     for eta in ETAS:
-        cps = rollouts(policy, samples, seed, "cps", eta, EARLY_WINDOW)
-        etas[eta] = {
+        cps = cps_early if eta == RECIPE_ETA else rollouts(policy, samples, seed, "cps", eta, EARLY_WINDOW)
+        etas[str(eta)] = {
             "cps_euler": rms(cps.final, euler.final),
             "reward": sum(cps.rewards) / len(cps.rewards),
             "spread": group_spread(cps.rewards, k),
@@ -244,11 +250,23 @@ def separation(seed: int, folder: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------ runs
-def run_seed(seed: int, arms: list[str], out: Path, reuse: bool):
-    """Stage 1 (always reused when there), then the arms from it: the stage-1 result and each arm's."""
+def run_seed(seed: int, arms: list[str], out: Path, reuse: bool, measure: bool = False):
+    """Stage 1 (always reused when there), then the arms from it (or with ``measure`` the sampling-only measures, in a
+    stage slot): the stage-1 result and each arm's (or the measures)."""
     folder = out / f"seed{seed}"
     pre = run_stage(TASK.pretrain, seed, folder, reuse=True)
     print(f"seed {seed}: stage 1 {pre.after[TASK.key]:.3f} ({pre.seconds / 60:.1f} min)", flush=True)
+    if measure:
+        cache = folder / "separation.json"
+        if reuse and cache.is_file():
+            return pre, json.loads(cache.read_text())
+        with common._stage_slots:  # one core's work, counted as a stage
+            start = time.time()
+            measures = separation(seed, folder)
+            measures["seconds"] = time.time() - start
+        cache.write_text(json.dumps(measures, indent=1))
+        print(f"seed {seed}: {measures}", flush=True)
+        return pre, measures
 
     def arm_run(arm: str):
         result = run_arm("flow", arm, seed, folder, reuse)
@@ -284,23 +302,32 @@ def header(title: str, jobs: int, stage1: list, seeds: Sequence[int]) -> list[st
     ]
 
 
+def relative(row: dict) -> float:
+    """How much of a window's exploration differs between the samplers: the CPS - SDE distance over the mean of
+    their distances from the Euler sample (0: the same perturbation; above 1: more apart than either moves)."""
+    return row["cps_sde"] / ((row["cps_euler"] + row["sde_euler"]) / 2)
+
+
 def separation_section(seeds: Sequence[int], stage1: list, measures: list[dict], jobs: int) -> str:
     lines = header("Flow-GRPO samplers: where CPS and SDE differ (sampling only)", jobs, stage1, seeds)
     lines += [
         "Design: each seed's stage-1 model draws the GRPO recipe's rollouts (K = 8 per prompt from one starting noise, "
-        "8 steps) on its 128 held-out prompts, with CPS and with Flow-GRPO's SDE at eta 0.7, the same starting and "
-        "step noises, stochastic on one window and Euler elsewhere. The two samplers' noise std differs by a factor "
-        "that depends on sigma alone, so a window where the factor is near 1 cannot show a difference between "
-        "them in training. Distances are RMS over latent elements, averaged over trajectories; spread is the "
-        "within-group std of the rollouts' reward (GRPO's signal) and, in brackets, the fraction of groups whose "
-        "rewards differ at all. Mean ± sample std over seeds.",
+        f"8 steps) on the first {SEPARATION_PROMPTS} of its held-out prompts, with CPS and with Flow-GRPO's SDE at eta "
+        f"{RECIPE_ETA}, the same starting and step noises, stochastic on one window and Euler elsewhere. The samplers "
+        "differ in their noise std (the SDE / CPS ratio, a function of sigma alone, is given per step of the window) "
+        "and in their mean; the distances measure where that leaves the samples. Distances are RMS over latent "
+        "elements (4 x 16 x 16), averaged over trajectories; relative is the CPS - SDE distance over the mean of the "
+        "two samplers' distances from the Euler sample (how much of the exploration differs); rollout reward is the "
+        "recipe's reward of those samples; spread is the within-group std of that reward, the signal GRPO's "
+        "advantages are made of, and in brackets the fraction of groups whose rewards differ at all. Mean ± sample "
+        "std over seeds.",
         "",
-        "| window | SDE / CPS noise std per step | CPS - SDE distance | CPS - Euler | SDE - Euler | rollout reward "
-        "CPS | rollout reward SDE | spread CPS | spread SDE |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| window | SDE / CPS noise std per step | CPS - SDE distance | CPS - Euler | SDE - Euler | relative | rollout "
+        "reward CPS | rollout reward SDE | spread CPS | spread SDE |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for window in WINDOWS:
-        rows = [m["windows"][window] for m in measures]
+        rows = [m["windows"][_key(window)] for m in measures]
         ratios = ", ".join(f"{r:.2f}" for r in std_ratios(window, RECIPE_ETA))
 
         def col(key: str, rows=rows) -> str:
@@ -311,11 +338,17 @@ def separation_section(seeds: Sequence[int], stage1: list, measures: list[dict],
 
         lines.append(
             f"| {_window(window)} | {ratios} | {col('cps_sde')} | {col('cps_euler')} | {col('sde_euler')} | "
-            f"{col('reward_cps')} | {col('reward_sde')} | {spread('spread_cps')} | {spread('spread_sde')} |"
+            f"{fmt([relative(r) for r in rows], 2)} | {col('reward_cps')} | {col('reward_sde')} | "
+            f"{spread('spread_cps')} | {spread('spread_sde')} |"
         )
     lines += [
         "",
-        f"Euler samples of the same starts: reward {fmt([m['euler_reward'] for m in measures])}.",
+        f"Euler samples of the same starts: reward {fmt([m['euler_reward'] for m in measures])}. Per seed, relative "
+        "separation: "
+        + "; ".join(
+            f"{_window(w)} {per_seed([relative(m['windows'][_key(w)]) for m in measures], seeds, 2)}" for w in WINDOWS
+        )
+        + ".",
         "",
         f"CPS at each eta of the sweep, {_window(EARLY_WINDOW)} (the recipe's window):",
         "",
@@ -323,25 +356,21 @@ def separation_section(seeds: Sequence[int], stage1: list, measures: list[dict],
         "|---|---|---|---|",
     ]
     for eta in ETAS:
-        rows = [m["etas"][eta] for m in measures]
+        rows = [m["etas"][str(eta)] for m in measures]
         lines.append(
             f"| {eta} | {fmt([r['cps_euler'] for r in rows])} | {fmt([r['reward'] for r in rows])} | "
             f"{fmt([r['spread'][0] for r in rows])} ({fmt([r['spread'][1] for r in rows], 2)}) |"
         )
-    early = [m["windows"][EARLY_WINDOW] for m in measures]
-    late = [m["windows"][LATE_WINDOW] for m in measures]
+    early = [m["windows"][_key(EARLY_WINDOW)] for m in measures]
+    late = [m["windows"][_key(LATE_WINDOW)] for m in measures]
     lines += [
-        "",
-        "Per seed, CPS - SDE distance: "
-        + "; ".join(f"{_window(w)} {per_seed([m['windows'][w]['cps_sde'] for m in measures], seeds)}" for w in WINDOWS)
-        + ".",
         "",
         claim(
             f"The late window ({_window(LATE_WINDOW)}) separates CPS from SDE more than the recipe's "
-            f"({_window(EARLY_WINDOW)}): late minus early CPS - SDE distance (counted from 0.05)",
-            [b["cps_sde"] - a["cps_sde"] for a, b in zip(early, late, strict=True)],
+            f"({_window(EARLY_WINDOW)}): late minus early relative separation (counted from 0.2)",
+            [relative(b) - relative(a) for a, b in zip(early, late, strict=True)],
             seeds,
-            effect=0.05,
+            effect=0.2,
         ),
         claim(
             f"CPS's rollouts score above SDE's in the late window (SDE's excess noise at low sigma stays in the "
@@ -472,13 +501,14 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out).resolve()
     arms = PART_ARMS[args.part]
-    done = for_seeds(functools.partial(run_seed, arms=arms, out=out, reuse=args.reuse), args.seeds, args.jobs)
+    measure = args.part == "separation"
+    if measure:
+        torch.set_num_threads(1)  # each seed's measures on one core, as a stage
+    run = functools.partial(run_seed, arms=arms, out=out, reuse=args.reuse, measure=measure)
+    done = for_seeds(run, args.seeds, args.jobs)
     stage1 = [pre for pre, _ in done]
-    if args.part == "separation":
-        measures = []
-        for seed in args.seeds:
-            measures.append(separation(seed, out / f"seed{seed}"))
-            print(f"seed {seed}: {measures[-1]}", flush=True)
+    if measure:
+        measures = [m for _, m in done]
         text = separation_section(args.seeds, stage1, measures, args.jobs)
         print("\n" + text, flush=True)
         write_section("samplers-separation", text)
