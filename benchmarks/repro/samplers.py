@@ -137,12 +137,17 @@ def score(images, samples) -> list[float]:
     return WeightedReward([ColorRegionReward()])(list(images), samples).total.tolist()
 
 
-def evaluate(folder: Path, seed: int, samples: list) -> dict[str, float]:
+def evaluate(folder: Path, seed: int, samples: list, reuse: bool = False) -> dict[str, float]:
     """Held-out reward of the policy in ``folder`` with each deterministic solver: what the fit's validation logs as
-    ``val/reward/color_region`` (one batch, noise seeded by the module seed, which the repro sets to ``seed``)."""
+    ``val/reward/color_region`` (one batch, noise seeded by the module seed, which the repro sets to ``seed``). Kept
+    beside the folder (``samplers_eval.json``), read back with ``reuse`` when newer than the policy's files."""
     from app.sampling import FlowSampler
     from app.settings import FlowSamplingSettings
 
+    cache = folder.parent / "samplers_eval.json"
+    newest = max(p.stat().st_mtime for p in folder.rglob("*"))
+    if reuse and cache.is_file() and cache.stat().st_mtime > newest:
+        return json.loads(cache.read_text())
     policy = load_policy(folder)
     steps = yaml.safe_load((ROOT / "configs" / TASK.grpo).read_text())["model"]["init_args"]["sampling"]["num_steps"]
     result = {}
@@ -151,6 +156,7 @@ def evaluate(folder: Path, seed: int, samples: list) -> dict[str, float]:
         images = sampler.generate([s.question for s in samples], seed=seed)
         values = score(images, samples)
         result[solver] = sum(values) / len(values)
+    cache.write_text(json.dumps(result))
     return result
 
 
@@ -277,7 +283,16 @@ def run_seed(seed: int, arms: list[str], out: Path, reuse: bool, measure: bool =
         )
         return result
 
-    return pre, in_parallel(arm_run, arms)
+    results = in_parallel(arm_run, arms)
+    samples = held_out(seed)
+    with common._stage_slots:  # one core's work, counted as a stage
+        start = evaluate(folder / "runs" / TASK.pretrain.removesuffix(".yaml") / "policy", seed, samples, reuse)
+        evals = {
+            arm: evaluate(folder / arm / "runs" / TASK.grpo.removesuffix(".yaml") / "policy", seed, samples, reuse)
+            for arm in arms
+        }
+    print(f"seed {seed}: start {start}, " + ", ".join(f"{a} {e}" for a, e in evals.items()), flush=True)
+    return pre, (results, start, evals)
 
 
 def per_seed(values: Sequence[float], seeds: Sequence[int], digits: int = 3) -> str:
@@ -502,8 +517,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     arms = PART_ARMS[args.part]
     measure = args.part == "separation"
-    if measure:
-        torch.set_num_threads(1)  # each seed's measures on one core, as a stage
+    torch.set_num_threads(1)  # each seed's measures and evaluations on one core, as a stage
     run = functools.partial(run_seed, arms=arms, out=out, reuse=args.reuse, measure=measure)
     done = for_seeds(run, args.seeds, args.jobs)
     stage1 = [pre for pre, _ in done]
@@ -513,18 +527,9 @@ def main() -> None:
         print("\n" + text, flush=True)
         write_section("samplers-separation", text)
         return
-    results = {arm: [runs[arm] for _, runs in done] for arm in arms}
-    evals: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
-    start_evals = []
-    for seed in args.seeds:
-        samples = held_out(seed)
-        folder = out / f"seed{seed}"
-        start_evals.append(evaluate(folder / "runs" / TASK.pretrain.removesuffix(".yaml") / "policy", seed, samples))
-        for arm in arms:
-            evals[arm].append(
-                evaluate(folder / arm / "runs" / TASK.grpo.removesuffix(".yaml") / "policy", seed, samples)
-            )
-        print(f"seed {seed}: start {start_evals[-1]}, " + ", ".join(f"{a} {evals[a][-1]}" for a in arms), flush=True)
+    results = {arm: [runs[arm] for _, (runs, _, _) in done] for arm in arms}
+    start_evals = [start for _, (_, start, _) in done]
+    evals = {arm: [e[arm] for _, (_, _, e) in done] for arm in arms}
     mismatch = max(
         abs(e["euler"] - r.after[TASK.key]) for arm in arms for e, r in zip(evals[arm], results[arm], strict=True)
     )
