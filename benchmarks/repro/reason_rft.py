@@ -1,21 +1,28 @@
-"""Reason-RFT, claim: the RL stages generalise better under domain shift than SFT alone.
+"""Reason-RFT with a skill to learn: do the RL stages teach a new skill that generalises better under domain shift,
+and forgets less, than SFT alone?
 
-    python benchmarks/repro/reason_rft.py 0 1 2 [--out runs/repro/reason_rft]
+    python benchmarks/repro/reason_rft.py 0 1 2 3 4 5 [--out runs/repro/reason_rft] [--reuse]
 
-Suite: the dots left-of task (``app.tasks.dots.DotsDataset``: is the red dot left of the blue dot? radius-12 dots in
-64 px images), the one the random-weight tiny model learns within minutes on CPU (dot counting, tried first with
-``configs/reason_rft_count_*.yaml``, stays near chance at these budgets). Domain shift: small dots (radius 6) and two
-green / yellow distractor dots, never seen in training. Per seed, in ``<out>/seed<S>/<arm>``:
+Per seed S, in ``<out>/seed<S>``:
 
-- ``format``: ``--format-steps`` of CoT-SFT (``configs/reason_rft_leftof_sft.yaml``) from random weights: the model
-  writes ``<think>/<answer>`` with a yes / no answer, at chance on the task; every other arm starts here;
-- ``sft_only``: CoT-SFT for ``--sft-steps + --grpo-steps`` steps;
-- ``grpo_only`` (Reason-RFT-Zero): GRPO (``configs/reason_rft_leftof_grpo.yaml``) for ``--grpo-steps``;
-- ``cot_sft`` then ``reason_rft``: CoT-SFT for ``--sft-steps``, then GRPO for ``--grpo-steps``.
+0. **Generalist** (``configs/reason_rft_skill_generalist.yaml``): CoT-SFT from random weights (drawn from S) on "Is the
+   red dot left of the blue dot?" over large dots, small dots and large dots with two distractors. It perceives every
+   domain the evaluation uses (target ``<think>red is left of blue</think><answer>yes</answer>``).
+1. **The new skill**: "Is the red dot right of the blue dot?", taught on large dots only. The perception the
+   reasoning names is the one the generalist has; the answer maps it the other way. Arms from the generalist, each
+   reading the same number of labelled prompts (``--labelled`` = 1,600):
 
-The SFT-only and Reason-RFT arms take the same number of optimizer steps. Held-out accuracy, in-domain and under each
-shift, is printed per seed and written, with mean ± sample std, to the ``reason-rft`` section of
-``docs/results.md``.
+   - ``sft``: CoT-SFT only (``configs/reason_rft_skill_sft.yaml``, 16 prompts a step);
+   - ``reason_rft``: a short activation CoT-SFT (``--activation-steps`` of 16 prompts), then GRPO (accuracy + format;
+     ``configs/reason_rft_skill_grpo.yaml``, 8 prompts x K = 8 a step) on the rest of the prompts;
+   - ``grpo_zero``: GRPO only from the generalist (Reason-RFT-Zero);
+   - ``sft_time``: CoT-SFT for as many steps as take the GRPO arm's wall time (``--sft-time-steps``, set from the
+     stages' measured times): equal compute, 3-4x the labelled prompts;
+   - ``generalist``: no new-skill training.
+
+Evaluated (greedy exact match, 100 held-out prompts per set) on the new skill in-domain (large dots), under shift
+(small dots; distractors: domains the new skill never saw but the generalist perceives) and on the old question
+(forgetting). Verdicts follow :func:`common.verdict`.
 """
 
 from __future__ import annotations
@@ -31,153 +38,170 @@ from common import (
     default_jobs,
     fmt,
     for_seeds,
-    in_direction,
+    in_parallel,
     run_stage,
+    verdict,
     wall_time,
     write_section,
 )
 
-SFT, GRPO = "reason_rft_leftof_sft.yaml", "reason_rft_leftof_grpo.yaml"
-SETS = {"in_domain": "in-domain", "small_dots": "small dots", "distractors": "distractors"}
-SHIFTS = ("small_dots", "distractors")
-ARMS = {
-    "sft_only": "SFT only (CoT-SFT)",
-    "grpo_only": "GRPO only (Reason-RFT-Zero)",
-    "reason_rft": "CoT-SFT → GRPO (Reason-RFT)",
-    "cot_sft": "stage 1 alone (CoT-SFT, fewer steps)",
-    "format": "format-only start",
+GENERALIST, SFT, GRPO = "reason_rft_skill_generalist.yaml", "reason_rft_skill_sft.yaml", "reason_rft_skill_grpo.yaml"
+SFT_BATCH, GRPO_BATCH = 16, 8  # prompts per optimizer step of the two recipes
+SETS = {
+    "new_in_domain": "new skill, in-domain",
+    "new_small_dots": "new skill, small dots",
+    "new_distractors": "new skill, distractors",
+    "old_skill": "old skill",
 }
-
-
-DIAGNOSIS = (
-    "Reading (from the training logs of seeds 0-2 at the default steps, 2026-12-03): GRPO only does not move "
-    "greedy accuracy because its sampled completions (temperature 1) from the 60-step format start almost never "
-    "pass the strict format (`train/reward/format` 0 to 0.006 over the first and the last 40 steps) and, in most "
-    "early groups, all K completions score alike (`train/frac_zero_std` 0.91-0.97 over the first 40 steps, "
-    "0.55-0.61 over the last 40); its sampled accuracy rises to 0.30-0.41 while the greedy answer stays one "
-    "constant. From the CoT-SFT start, GRPO raises in-domain and shifted accuracy a little (stage 1 alone → "
-    "Reason-RFT) but 400 more SFT steps raise both more, and by the end 80-86% of GRPO groups score alike (zero "
-    "advantage; sampled accuracy 0.85-0.96, so mostly all-correct). On this task exact labels are free and "
-    "in-distribution, so SFT is the cheaper teacher; the shift gap (in-domain − shift) is about the same for every "
-    "trained arm. At equal wall time SFT is further ahead (400 GRPO steps take 1.6-2.2 min here, 700 SFT steps 0.8 "
-    "min)."
-)
-
-
-@dataclass(frozen=True)
-class Steps:
-    """Optimizer steps of each stage."""
-
-    format: int
-    sft: int
-    grpo: int
+SHIFTS = ("new_small_dots", "new_distractors")
+ARMS = {
+    "generalist": "generalist (no new-skill training)",
+    "sft": "CoT-SFT only",
+    "reason_rft": "activation SFT → GRPO (Reason-RFT)",
+    "grpo_zero": "GRPO only (Reason-RFT-Zero)",
+    "sft_time": "CoT-SFT only, equal compute",
+}
+COUNTED_EFFECT = 0.03  # an accuracy difference under 3 points would not be the paper's generalisation gain
 
 
 @dataclass(frozen=True)
 class ArmScores:
-    """One arm's held-out accuracy per evaluation set, and the mean over the shifted sets."""
+    """One arm's held-out accuracy per evaluation set and its stage's wall time in minutes."""
 
     by_set: dict[str, float]
+    minutes: float
 
     @property
     def shift(self) -> float:
         return sum(self.by_set[name] for name in SHIFTS) / len(SHIFTS)
 
+    def value(self, column: str) -> float:
+        return self.shift if column == "shift" else self.by_set[column]
+
     @classmethod
-    def of(cls, metrics: dict[str, float]) -> ArmScores:
-        return cls({name: metrics[f"val/{name}/acc"] for name in SETS})
+    def of(cls, metrics: dict[str, float], seconds: float) -> ArmScores:
+        return cls({name: metrics[f"val/{name}/acc"] for name in SETS}, seconds / 60)
 
 
-def run_seed(seed: int, out: Path, steps: Steps, extra: list[str]) -> dict[str, ArmScores]:
-    folder = out / f"seed{seed}"
+def run_seed(seed: int, args: argparse.Namespace) -> dict[str, ArmScores]:
+    folder = Path(args.out).resolve() / f"seed{seed}"
 
-    def stage(config: str, arm: str, max_steps: int, start: Path | None) -> StageResult:
-        overrides = [*extra, f"trainer.max_steps={max_steps}"]
+    def stage(config: str, arm: str, max_steps: int, start: Path | None, extra: tuple[str, ...] = ()) -> StageResult:
+        overrides = [*args.set, *extra, f"trainer.max_steps={max_steps}", f"trainer.val_check_interval={max_steps}"]
         if start is not None:
             overrides.append(f"model.init_args.policy.init_args.model={start}")
-        # The VLM modules take no seed of their own: seed_everything covers them.
-        result = run_stage(config, seed, folder / arm, overrides, reuse=True, seed_module=False)
+        else:  # the embedded model's random weights come from the seed too
+            overrides.append(f"model.init_args.policy.init_args.seed={seed}")
+        result = run_stage(config, seed, folder / arm, overrides, reuse=args.reuse, seed_module=False)
         print(f"seed {seed}: {arm} done ({result.seconds / 60:.1f} min)", flush=True)
         return result
 
     def policy(arm: str, config: str) -> Path:
         return folder / arm / "runs" / config.removesuffix(".yaml") / "policy"
 
-    fmt_start = stage(SFT, "format", steps.format, None)
-    start = policy("format", SFT)
-    sft_only = stage(SFT, "sft_only", steps.sft + steps.grpo, start)
-    grpo_only = stage(GRPO, "grpo_only", steps.grpo, start)
-    stage(SFT, "cot_sft", steps.sft, start)
-    reason_rft = stage(GRPO, "reason_rft", steps.grpo, policy("cot_sft", SFT))
-    return {
-        "sft_only": ArmScores.of(sft_only.after),
-        "grpo_only": ArmScores.of(grpo_only.after),
-        "reason_rft": ArmScores.of(reason_rft.after),
-        "cot_sft": ArmScores.of(reason_rft.before),  # the GRPO stage's start, evaluated before it trains
-        "format": ArmScores.of(fmt_start.after),
-    }
+    stage(GENERALIST, "generalist", args.generalist_steps, None)
+    start = policy("generalist", GENERALIST)
+    sft_steps = args.labelled // SFT_BATCH
+    grpo_steps = args.labelled // GRPO_BATCH
+    rest_steps = (args.labelled - args.activation_steps * SFT_BATCH) // GRPO_BATCH
+    no_before = ("validate_before_and_after=false",)
+
+    def arm_run(arm: str) -> tuple[StageResult, float]:
+        """The arm's last stage and the minutes of all its stages."""
+        if arm == "sft":  # the one arm that also evaluates its start: the generalist's scores
+            result = stage(SFT, arm, sft_steps, start)
+        elif arm == "sft_time":
+            result = stage(SFT, arm, args.sft_time_steps, start, no_before)
+        elif arm == "grpo_zero":
+            result = stage(GRPO, arm, grpo_steps, start, no_before)
+        else:  # reason_rft: activation, then GRPO from it
+            activation = stage(SFT, "activation", args.activation_steps, start, no_before)
+            result = stage(GRPO, arm, rest_steps, policy("activation", SFT), no_before)
+            return result, activation.seconds + result.seconds
+        return result, result.seconds
+
+    runs = in_parallel(arm_run, ["sft", "reason_rft", "grpo_zero", "sft_time"])
+    scores = {arm: ArmScores.of(result.after, seconds) for arm, (result, seconds) in runs.items()}
+    return {"generalist": ArmScores.of(runs["sft"][0].before, float("nan")), **scores}
 
 
-def report(results: dict[int, dict[str, ArmScores]], steps: Steps, jobs: int) -> str:
+def report(results: dict[int, dict[str, ArmScores]], args: argparse.Namespace) -> str:
     seeds = sorted(results)
-    columns = [*SETS, "shift", "gap"]
-    names = [*SETS.values(), "shift mean", "in-domain − shift"]
+    columns = [*SETS, "shift"]
+    names = [*SETS.values(), "new skill, shift mean"]
 
     def values(arm: str, column: str) -> list[float]:
-        scores = [results[s][arm] for s in seeds]
-        if column == "gap":
-            return [x.by_set["in_domain"] - x.shift for x in scores]
-        return [x.shift if column == "shift" else x.by_set[column] for x in scores]
+        return [results[s][arm].value(column) for s in seeds]
+
+    def gaps(arm: str, base: str, column: str) -> list[float]:
+        return [a - b for a, b in zip(values(arm, column), values(base, column), strict=True)]
 
     lines = [
-        "## Reason-RFT",
+        "## Reason-RFT: a new skill by SFT or by RL",
         "",
-        "SFT only vs GRPO only vs CoT-SFT → GRPO, in-domain and under domain shift. Dots left-of task (is the red dot left of the blue dot? radius-12 dots, 64 px); domain shift: small dots "
-        f"(radius 6) and two distractor dots. Greedy exact-match accuracy on 200 held-out prompts per set; seeds "
-        f"{seeds}; mean ± sample std over seeds. Every arm starts from {steps.format} CoT-SFT steps from random "
-        f"weights (format learnt, task at chance), then: SFT only {steps.sft + steps.grpo} CoT-SFT steps; GRPO only "
-        f"{steps.grpo} GRPO steps; Reason-RFT {steps.sft} CoT-SFT + {steps.grpo} GRPO steps "
-        "(`configs/reason_rft_leftof_sft.yaml`, `configs/reason_rft_leftof_grpo.yaml`).",
+        f"`{command_line()}` ({len(seeds)} seeds; {wall_time(args.jobs)}).",
         "",
-        "| arm | " + " | ".join(names) + " |",
-        "|---|" + "---|" * len(names),
+        "**Design.** The paper's claim is that RL teaches a task in a way that generalises beyond the training "
+        "distribution, where SFT fits the distribution it is shown. That needs a start that already perceives the "
+        "shifted domains and a skill it does not have. Per seed, a generalist is CoT-SFT'd from random weights "
+        f'({args.generalist_steps} steps) on "Is the red dot left of the blue dot?" over large dots, small dots and '
+        'distractor scenes. The new skill is the question "Is the red dot right of the blue dot?": the reasoning '
+        'names the same perception ("red is left of blue") and the answer maps it the other way; it is taught on '
+        f"large dots only. Arms from the generalist, each reading {args.labelled} labelled prompts: CoT-SFT only "
+        f"({sft_steps(args)} steps x {SFT_BATCH}); Reason-RFT, an activation CoT-SFT of {args.activation_steps} "
+        f"steps then GRPO (accuracy + format, K = 8, lr 2e-4) on the rest; GRPO only from the generalist "
+        f"(Reason-RFT-Zero, {args.labelled // GRPO_BATCH} steps x {GRPO_BATCH}); and CoT-SFT at equal compute "
+        f"({args.sft_time_steps} steps, about the GRPO arm's wall time; see the minutes column). Greedy exact-match "
+        "accuracy on 100 held-out prompts per set: the new skill in-domain, under shift (small dots, distractors) "
+        "and the old question (forgetting). `configs/reason_rft_skill_generalist.yaml`, "
+        "`configs/reason_rft_skill_sft.yaml`, `configs/reason_rft_skill_grpo.yaml`.",
+        "",
+        "| arm | " + " | ".join(names) + " | stage minutes |",
+        "|---|" + "---|" * (len(names) + 1),
     ]
     for arm, label in ARMS.items():
-        lines.append(f"| {label} | " + " | ".join(fmt(values(arm, c)) for c in columns) + " |")
+        minutes = fmt([results[s][arm].minutes for s in seeds], 1) if arm != "generalist" else "-"
+        lines.append(f"| {label} | " + " | ".join(fmt(values(arm, c)) for c in columns) + f" | {minutes} |")
     lines += ["", "Per seed (" + " / ".join(SETS.values()) + "):", ""]
     lines += ["| seed | " + " | ".join(ARMS) + " |", "|---|" + "---|" * len(ARMS)]
     for s in seeds:
-        cells = ["/".join(f"{results[s][arm].by_set[n]:.3f}" for n in SETS) for arm in ARMS]
+        cells = ["/".join(f"{results[s][arm].by_set[n]:.2f}" for n in SETS) for arm in ARMS]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    lines += ["", verdict(results, seeds), "", DIAGNOSIS, "", f"Command: `{command_line()}` ({wall_time(jobs)})."]
+    claims = [
+        ("reason_rft", "sft", "shift", "Reason-RFT generalises better under shift than SFT at equal labelled prompts"),
+        ("grpo_zero", "sft", "shift", "GRPO only generalises better under shift than SFT at equal labelled prompts"),
+        ("reason_rft", "sft_time", "shift", "Reason-RFT generalises better under shift than SFT at equal compute"),
+        ("reason_rft", "sft", "old_skill", "Reason-RFT forgets the old skill less than SFT"),
+        ("grpo_zero", "sft", "old_skill", "GRPO only forgets the old skill less than SFT"),
+    ]
+    lines += [""]
+    for arm, base, column, what in claims:
+        label = dict(zip(columns, names, strict=True))[column]
+        lines.append(f"- {what}, {arm} − {base} on {label}: {verdict(gaps(arm, base, column), COUNTED_EFFECT)}.")
     return "\n".join(lines)
 
 
-def verdict(results: dict[int, dict[str, ArmScores]], seeds: list[int]) -> str:
-    """The claim in direction: each RL arm's shift accuracy above SFT only's, paired by seed."""
-    parts = []
-    for arm in ("reason_rft", "grpo_only"):
-        gaps = [results[s][arm].shift - results[s]["sft_only"].shift for s in seeds]
-        parts.append(f"{ARMS[arm]} minus SFT only, shift mean: {fmt(gaps)} ({in_direction(gaps)})")
-    return "Claim (the RL stages generalise better under domain shift than SFT alone): " + "; ".join(parts) + "."
+def sft_steps(args: argparse.Namespace) -> int:
+    return args.labelled // SFT_BATCH
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("seeds", type=int, nargs="+")
     parser.add_argument("--out", default="runs/repro/reason_rft")
-    parser.add_argument("--format-steps", type=int, default=60, help="CoT-SFT steps of the format-only start")
-    parser.add_argument("--sft-steps", type=int, default=300, help="CoT-SFT steps of Reason-RFT's stage 1")
-    parser.add_argument("--grpo-steps", type=int, default=400, help="GRPO steps of the RL arms")
+    parser.add_argument("--generalist-steps", type=int, default=900, help="CoT-SFT steps of the generalist")
+    parser.add_argument("--labelled", type=int, default=1600, help="labelled prompts every new-skill arm reads")
+    parser.add_argument("--activation-steps", type=int, default=10, help="Reason-RFT's activation SFT steps")
+    parser.add_argument("--sft-time-steps", type=int, default=900, help="SFT steps at the GRPO arm's wall time")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE override for every stage")
-    parser.add_argument("--no-write", action="store_true", help="print the table, leave docs/results.md alone")
-    parser.add_argument("--jobs", type=int, default=default_jobs(), help="seeds run at once (default: one per core)")
+    parser.add_argument("--reuse", action="store_true", help="reuse finished stages (their summary.json)")
+    parser.add_argument("--no-write", action="store_true", help="print the section, leave docs/results.md alone")
+    parser.add_argument("--jobs", type=int, default=default_jobs(), help="stages run at once (default: one per core)")
     args = parser.parse_args()
-    out = Path(args.out).resolve()
-    steps = Steps(args.format_steps, args.sft_steps, args.grpo_steps)
-    run = functools.partial(run_seed, out=out, steps=steps, extra=args.set)
-    results = dict(zip(args.seeds, for_seeds(run, args.seeds, args.jobs), strict=True))
-    markdown = report(results, steps, args.jobs)
+    results = dict(
+        zip(args.seeds, for_seeds(functools.partial(run_seed, args=args), args.seeds, args.jobs), strict=True)
+    )
+    markdown = report(results, args)
     print(markdown)
     if not args.no_write:
         write_section("reason-rft", markdown)
