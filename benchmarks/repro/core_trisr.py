@@ -1,18 +1,23 @@
 """CoRe (TriSR), claim: GRPO with the TriSR reward beats GRPO with the task-accuracy reward alone on triplets.
 
-    python benchmarks/repro/core_trisr.py 0 1 2 [--out runs/repro/core_trisr]
+    python benchmarks/repro/core_trisr.py 0 1 2 3 4 [--out runs/repro/core_trisr]
 
-Task: dot triplets (``app.tasks.dots.TripletDotsDataset``: three images of 1-6 dots, "which image has more dots?" for
-each pair). The random-weight tiny model does not write the structured triplet response by itself, so per seed, in
-``<out>/seed<S>/<arm>``, both arms start from one format-teaching stage:
+Task: dot triplets (``app.tasks.dots.TripletDotsDataset``: three images of 1-4 dots of radius 8, "which image has
+more dots?" for each pair; the three counts differ). The random-weight tiny model neither writes the structured
+triplet response nor counts by itself, so per seed, in ``<out>/seed<S>/<arm>``, every arm starts from one CoT-SFT stage
+that teaches both (``configs/trisr_dots_sft.yaml``, ``--sft-steps``; its per-image count accuracy is measured and
+reported), then takes ``--grpo-steps`` GRPO steps (``configs/trisr_dots_grpo.yaml``, KL beta 0.01 as in the paper)
+with the same data and seed; only the reward differs:
 
-- ``sft``: CoT-SFT on the triplet targets (``configs/trisr_dots_sft.yaml``) for ``--sft-steps``;
-- ``trisr``: GRPO (``configs/trisr_dots_grpo.yaml``) with ``R_task + 0.2 R_ag + 0.2 R_ja + 0.3 R_tc`` + format;
-- ``task_only``: the same GRPO with ``R_task`` (``TripletTaskReward``) + format: same steps, data and seed.
+- ``sft``: the start itself (no RL);
+- ``task_only``: ``R_task`` (``TripletTaskReward``) + format;
+- ``trisr``: ``R_task + 0.2 R_ag + 0.2 R_ja + 0.3 R_tc`` + format, ``R_tc`` by the paper's rule applied literally (it
+  decides only when image 2 is ranked in the middle: an ordering prior);
+- ``trisr_sym``: the same with the symmetric rule (``consistency_rule="transitive"``: +1 for any transitive answer).
 
-Held-out overall and partial triplet accuracy, the consistency term ``R_tc`` (in [-1, 1]), attribute grounding and
-judgment alignment are printed per seed and written, with mean ± sample std, to the ``core-trisr`` section of
-``docs/results.md``.
+Held-out (greedy, 100 triplets) overall, partial and order accuracy, cycle rate, ``R_tc`` under both rules, attribute
+grounding, per-image count accuracy, judgment alignment and format are written per arm (mean ± sample std and per
+seed) with paired verdicts (:func:`common.verdict`) to the ``core-trisr`` section of ``docs/results.md``.
 """
 
 from __future__ import annotations
@@ -20,54 +25,59 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import resource
+import statistics
+import time
 from pathlib import Path
 
 from common import (
+    STARTED,
     StageResult,
     command_line,
     default_jobs,
     fmt,
     for_seeds,
-    in_direction,
     in_parallel,
     run_stage,
-    wall_time,
+    verdict,
     write_section,
 )
 
 METRICS = {
     "triplet_overall_accuracy": "overall acc.",
     "triplet_partial_accuracy": "partial acc.",
-    "triplet_consistency": "consistency R_tc",
+    "triplet_order_accuracy": "order acc.",
+    "triplet_cycle_rate": "cycle rate",
+    "triplet_consistency": "R_tc (paper rule)",
+    "triplet_consistency_transitive": "R_tc (symmetric rule)",
+    "middle_two": "image 2 ranked middle",
     "attribute_grounding": "grounding R_ag",
+    "triplet_attribute_accuracy": "count acc.",
     "judgment_alignment": "alignment R_ja",
     "format": "format",
 }
-CLAIM_METRICS = ("triplet_overall_accuracy", "triplet_partial_accuracy", "triplet_consistency")
-ARMS = {"trisr": "GRPO, TriSR reward", "task_only": "GRPO, task-accuracy reward only", "sft": "SFT start (no GRPO)"}
+DERIVED = {"middle_two"}  # computed from the others (see _metrics)
+ARMS = {
+    "sft": "SFT start (no RL)",
+    "task_only": "GRPO, task-accuracy reward only",
+    "trisr": "GRPO, TriSR (paper's R_tc rule)",
+    "trisr_sym": "GRPO, TriSR (symmetric R_tc rule)",
+}
+GRPO_ARMS = ("task_only", "trisr", "trisr_sym")
 FORMAT = {"class_path": "app.rewards.FormatReward", "init_args": {"weight": 0.5}}
 TASK_ONLY_REWARDS = [{"class_path": "app.rewards.trisr.TripletTaskReward", "init_args": {"weight": 1.0}}, FORMAT]
-
-DIAGNOSIS = (
-    "Reading (seeds 0-2 at the default steps, 2026-12-03): neither GRPO arm improves on its SFT start on seeds 0 "
-    "and 1 (partial accuracy 0.563 → 0.367 / 0.000 and 0.530 → 0.480 / 0.207 for TriSR / task only); seed 2's SFT "
-    "start is weak (0.217) and both arms rise from it (0.437 / 0.530). The sampled completions (temperature 1) "
-    "score below the greedy ones (task-only arm: `train/reward/triplet_task` 0.00-0.27 over the first 30 steps, "
-    "against greedy partial accuracies of 0.22-0.56 at its starts), and at lr 2e-4 both arms drift towards answers "
-    "that ignore the images: TriSR's arm ends perfectly consistent on seeds 1 and 2 (R_tc 1.0) with overall / "
-    "partial accuracy near what one fixed transitive ordering scores (1/6 and 1/2), and with R_tc 0 on seed 0; the "
-    "task-only arm ends with R_tc 0 on every seed (answers whose 1-2 and 2-3 directions disagree, which R_tc "
-    "leaves undecided) and loses the count lines on seeds 0 and 2 (grounding 0.66 → 0.27 and 0.63 → 0.00), which "
-    "TriSR's arm keeps (0.59-0.65 on every seed). So the structured terms keep the response structured and, on two "
-    "seeds of three, consistent, which is what the TriSR-minus-task-only gaps measure here; they do not show the "
-    "paper's accuracy gain from better comparisons. At lr 5e-5 (`--set model.init_args.optimizer.learning_rate=5e-5`, same "
-    "SFT starts, seeds 0-2; run on 2026-12-02, before inverse-transform sampling) neither arm collapsed and the "
-    "two were level: overall 0.163 ± 0.040 vs 0.187 ± 0.023, partial 0.513 ± 0.043 vs 0.510 ± 0.030, R_tc 0.667 ± "
-    "0.577 vs 0.583 ± 0.528 (TriSR vs task only; not reproduced)."
-)
+TRISR = {"weight": 1.0, "ag_weight": 0.2, "ja_weight": 0.2, "tc_weight": 0.3}
+SYMMETRIC_REWARDS = [
+    {"class_path": "app.rewards.trisr.TriSRReward", "init_args": {**TRISR, "consistency_rule": "transitive"}},
+    FORMAT,
+]
+FIXED_ORDER = 1 / 6  # order (and overall) accuracy of an image-blind fixed ranking: the counts are distinct
+TRUE_MIDDLE = 1 / 3  # how often image 2 is truly ranked in the middle
+COUNTED_GAIN = 0.05  # 5 of 100 held-out triplets: about one binomial standard error of a single seed's accuracy
 
 
-def run_seed(seed: int, out: Path, sft_steps: int, grpo_steps: int, extra: list[str]) -> dict[str, dict[str, float]]:
+def run_seed(seed: int, out: Path, sft_steps: int, grpo_steps: int, extra: list[str]) -> dict:
     folder = out / f"seed{seed}"
 
     def stage(config: str, arm: str, overrides: list[str]) -> StageResult:
@@ -76,38 +86,58 @@ def run_seed(seed: int, out: Path, sft_steps: int, grpo_steps: int, extra: list[
         print(f"seed {seed}: {arm} done ({result.seconds / 60:.1f} min)", flush=True)
         return result
 
-    stage("trisr_dots_sft.yaml", "sft", [f"trainer.max_steps={sft_steps}"])
+    sft = stage("trisr_dots_sft.yaml", "sft", [f"trainer.max_steps={sft_steps}"])
     grpo = [
         f"trainer.max_steps={grpo_steps}",
         f"model.init_args.policy.init_args.model={folder / 'sft' / 'runs' / 'trisr_dots_sft' / 'policy'}",
     ]
-    arms = {"trisr": grpo, "task_only": [*grpo, f"model.init_args.rewards={json.dumps(TASK_ONLY_REWARDS)}"]}
-    done = in_parallel(lambda arm: stage("trisr_dots_grpo.yaml", arm, arms[arm]), list(arms))
-    trisr, task_only = done["trisr"], done["task_only"]
-    return {
-        "trisr": _metrics(trisr.after),
-        "task_only": _metrics(task_only.after),
-        "sft": _metrics(trisr.before),  # the GRPO stages' start, evaluated with the GRPO recipe's metrics
+    arms = {
+        "task_only": [*grpo, f"model.init_args.rewards={json.dumps(TASK_ONLY_REWARDS)}"],
+        "trisr": grpo,
+        "trisr_sym": [*grpo, f"model.init_args.rewards={json.dumps(SYMMETRIC_REWARDS)}"],
     }
+    done = in_parallel(lambda arm: stage("trisr_dots_grpo.yaml", arm, arms[arm]), list(arms))
+    metrics = {arm: _metrics(done[arm].after) for arm in GRPO_ARMS}
+    metrics["sft"] = _metrics(done["trisr"].before)  # the GRPO stages' start, evaluated with their metrics
+    stages = [sft, *(done[arm] for arm in GRPO_ARMS)]
+    return {"metrics": metrics, "seconds": sum(r.seconds for r in stages), "reused": any(r.reused for r in stages)}
 
 
 def _metrics(summary: dict[str, float]) -> dict[str, float]:
-    return {name: summary[f"val/{name}"] for name in METRICS}
+    values = {name: summary[f"val/{name}"] for name in METRICS if name not in DERIVED}
+    # Complete answers only score R_tc: paper = P(transitive, image 2 in the middle) - P(cycle), so the share of
+    # answers ranking image 2 in the middle (the orders the paper's rule rewards) is R_tc + cycle rate.
+    values["middle_two"] = values["triplet_consistency"] + values["triplet_cycle_rate"]
+    return values
 
 
-def report(results: dict[int, dict[str, dict[str, float]]], sft_steps: int, grpo_steps: int, jobs: int) -> str:
+def report(results: dict[int, dict], sft_steps: int, grpo_steps: int, jobs: int, timing: dict) -> str:
     seeds = sorted(results)
+    metrics = {s: results[s]["metrics"] for s in seeds}
 
     def values(arm: str, metric: str) -> list[float]:
-        return [results[s][arm][metric] for s in seeds]
+        return [metrics[s][arm][metric] for s in seeds]
 
+    def gaps(first: str, second: str, metric: str) -> list[float]:
+        return [metrics[s][first][metric] - metrics[s][second][metric] for s in seeds]
+
+    count = values("sft", "triplet_attribute_accuracy")
     lines = [
         "## CoRe (TriSR)",
         "",
-        f'TriSR reward vs task-accuracy reward on dot triplets: three images of 1-6 dots, three pairwise "which has more dots?" sub-questions. Both GRPO arms start from '
-        f"the same {sft_steps}-step CoT-SFT stage on the triplet targets (`configs/trisr_dots_sft.yaml`) and take "
-        f"{grpo_steps} GRPO steps (`configs/trisr_dots_grpo.yaml`) with the same data and seed; only the reward "
-        f"differs (TriSR: R_task + 0.2 R_ag + 0.2 R_ja + 0.3 R_tc; task only: R_task; both + 0.5 format). Greedy "
+        "Does the TriSR reward (R_task + 0.2 R_ag + 0.2 R_ja + 0.3 R_tc) beat the task-accuracy reward alone, and does "
+        "its consistency term help through consistency or through an ordering prior? Dot triplets: three images of "
+        '1-4 dots (radius 8 px in 64 px; the three counts differ), three pairwise "which has more dots?" sub-questions. '
+        f"Per seed, one {sft_steps}-step CoT-SFT stage (`configs/trisr_dots_sft.yaml`) teaches the structured response "
+        "and counting; from it, each GRPO arm takes "
+        f"{grpo_steps} steps (`configs/trisr_dots_grpo.yaml`: group 4, KL β = 0.01 as in the paper, lr 1e-4) with the "
+        "same data and seed; only the reward differs (every arm + 0.5 format). Why this can show the mechanism: the "
+        "start counts above chance (per-image count accuracy "
+        f"{fmt(count)}, chance 0.25), so the comparisons have something to build on; order accuracy (the answers "
+        "determine one ranking of the three images and it is the true one) and cycle rate (the three answers are "
+        "intransitive) separate correct structure from mere consistency; an image-blind fixed ranking scores order "
+        f"accuracy {FIXED_ORDER:.3f} and ranks image 2 in the middle on every triplet (truly: {TRUE_MIDDLE:.3f}); and "
+        "the symmetric-rule arm differs from the paper-rule arm only in the orders its R_tc rewards. Greedy "
         f"completions on 100 held-out triplets; seeds {seeds}; mean ± sample std over seeds.",
         "",
         "| arm | " + " | ".join(METRICS.values()) + " |",
@@ -115,50 +145,140 @@ def report(results: dict[int, dict[str, dict[str, float]]], sft_steps: int, grpo
     ]
     for arm, label in ARMS.items():
         lines.append(f"| {label} | " + " | ".join(fmt(values(arm, m)) for m in METRICS) + " |")
-    lines += ["", "Per seed (overall / partial / consistency):", "", "| seed | " + " | ".join(ARMS) + " |"]
-    lines.append("|---|" + "---|" * len(ARMS))
-    for s in seeds:
-        cells = ["/".join(f"{results[s][arm][k]:.3f}" for k in CLAIM_METRICS) for arm in ARMS]
-        lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    lines += ["", verdict(results, seeds), "", DIAGNOSIS, "", f"Command: `{command_line()}` ({wall_time(jobs)})."]
+    lines += [
+        "",
+        "Per seed (" + ", ".join(f"seed {s}" for s in seeds) + "):",
+        "",
+        "| arm | " + " | ".join(METRICS.values()) + " |",
+        "|---|" + "---|" * len(METRICS),
+    ]
+    for arm, label in ARMS.items():
+        lines.append(
+            f"| {label} | " + " | ".join(" / ".join(f"{v:.2f}" for v in values(arm, m)) for m in METRICS) + " |"
+        )
+    lines += ["", *verdicts(values, gaps), "", *reading(values, gaps), ""]
+    lines += [f"Command: `{timing['command']}`. {budget(timing, jobs)}"]
     return "\n".join(lines)
 
 
-def verdict(results: dict[int, dict[str, dict[str, float]]], seeds: list[int]) -> str:
-    """The claim in direction: TriSR minus task-only, paired by seed, on each accuracy and on consistency."""
-    parts = []
-    for metric in CLAIM_METRICS:
-        gaps = [results[s]["trisr"][metric] - results[s]["task_only"][metric] for s in seeds]
-        parts.append(f"{METRICS[metric]} {fmt(gaps)} ({in_direction(gaps)})")
-    rises = []
-    for arm in ("trisr", "task_only"):
-        gains = [
-            results[s][arm]["triplet_partial_accuracy"] - results[s]["sft"]["triplet_partial_accuracy"] for s in seeds
-        ]
-        rises.append(f"{ARMS[arm]} {fmt(gains)}")
-    return (
-        "Claim (TriSR beats the task-accuracy reward alone), TriSR minus task only: "
-        + "; ".join(parts)
-        + ". Partial accuracy after GRPO minus its SFT start: "
-        + "; ".join(rises)
-        + "."
+def verdicts(values, gaps) -> list[str]:
+    overall = gaps("trisr", "task_only", "triplet_overall_accuracy")
+    order = gaps("trisr", "task_only", "triplet_order_accuracy")
+    cycles = [-g for g in gaps("trisr", "task_only", "triplet_cycle_rate")]
+    prior = gaps("trisr", "trisr_sym", "triplet_order_accuracy")
+    symmetric = gaps("trisr_sym", "task_only", "triplet_order_accuracy")
+    return [
+        "Verdicts (paired by seed; reproduced when the 95 % interval of the mean difference lies above 0, not "
+        f"reproduced when it lies below the counted effect, {COUNTED_GAIN:.2f}: 5 of the 100 held-out triplets, about "
+        "one binomial standard error of one seed's accuracy, so a smaller gain would hide in one evaluation's noise):",
+        "",
+        f"- TriSR (paper rule) beats task only on overall accuracy: {verdict(overall, COUNTED_GAIN)}.",
+        f"- ... on order accuracy: {verdict(order, COUNTED_GAIN)}.",
+        f"- ... makes fewer cycles (task only minus TriSR cycle rate): {verdict(cycles, COUNTED_GAIN)}.",
+        "- The paper rule's ordering prior helps (paper rule minus symmetric rule, order accuracy): "
+        f"{verdict(prior, COUNTED_GAIN)}.",
+        f"- TriSR with the symmetric rule beats task only on order accuracy: {verdict(symmetric, COUNTED_GAIN)}.",
+    ]
+
+
+def reading(values, gaps) -> list[str]:
+    """The numbers behind the verdicts: what each arm did to its start, and whether consistency rose without
+    accuracy (consistency is never counted as success on its own)."""
+    sentences = []
+    for arm in GRPO_ARMS:
+        rise = gaps(arm, "sft", "triplet_order_accuracy")
+        tc = gaps(arm, "sft", "triplet_consistency")
+        counting = gaps(arm, "sft", "triplet_attribute_accuracy")
+        cycles = gaps(arm, "sft", "triplet_cycle_rate")
+        middle = statistics.mean(values(arm, "middle_two"))
+        order = values(arm, "triplet_order_accuracy")
+        hacked = statistics.mean(tc) > 0 and statistics.mean(order) <= FIXED_ORDER + COUNTED_GAIN / 2
+        note = (
+            f" Its R_tc rose while its order accuracy stayed at the fixed-answer level ({FIXED_ORDER:.3f}): "
+            "consistency without accuracy, reward hacking, not success."
+            if hacked
+            else ""
+        )
+        sentences.append(
+            f"{ARMS[arm]}: minus the start, order accuracy {fmt(rise)}, count accuracy {fmt(counting)}, cycle rate "
+            f"{fmt(cycles)}, R_tc (paper rule) {fmt(tc)}; image 2 ranked in the middle on {middle:.2f} of the answers "
+            f"(true orders: {TRUE_MIDDLE:.2f}).{note}"
+        )
+    same = all(
+        a == b
+        for arm in ARMS
+        for a, b in zip(values(arm, "triplet_order_accuracy"), values(arm, "triplet_overall_accuracy"), strict=True)
     )
+    if same:
+        sentences.append(
+            "Order accuracy equals overall accuracy on every arm and seed: every answer gave all three sub-answers, "
+            "and three sub-answers determine the ranking and conversely, so the two accuracy verdicts are one test."
+        )
+    return [
+        "Reading: " + " ".join(sentences),
+        "",
+        "What the old design could not show: with the paper's R_tc applied literally, an answer scores +1 only when "
+        "image 2 is ranked in the middle, two of the six orders, so an image-blind fixed answer 1 > 2 > 3 scores R_tc = "
+        "1 on every triplet and a perfect answer 1/3 on average (R_task + 0.3 R_tc: 0.8 against 1.1). The earlier "
+        "section counted R_tc rising to 1.0 as consistency reproduced while overall / partial accuracy sat at a fixed "
+        "ranking's 1/6 and 1/2: without order accuracy, cycle rate and the symmetric-rule arm it could not tell "
+        "consistency from that prior, and its start (1-6 dots of radius 5) could hardly count: at radius 5 the SFT "
+        "stage's per-image count accuracy stays at chance (0.21-0.25 after 300-900 steps even at 1-4 dots).",
+    ]
+
+
+def measure(results: dict[int, dict], out: Path) -> dict:
+    """This run's timing: wall time, the stages' summed wall time, and the CPU time of the stage processes (each stage
+    is single-threaded, so their CPU time / 2 is what 2 free cores would take while other work slows the wall clock).
+    Kept in ``<out>/timing.json`` when every stage ran; a rerun that reuses every stage reports the kept one."""
+    path = out / "timing.json"
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    timing = {
+        "command": command_line(),
+        "seeds": sorted(results),
+        "wall_s": time.time() - STARTED,
+        "stage_s": sum(r["seconds"] for r in results.values()),
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "stages": 4 * len(results),
+    }
+    reused = [r["reused"] for r in results.values()]
+    if not any(reused):
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(timing, indent=1) + "\n")
+    elif all(reused) and path.is_file():
+        kept = json.loads(path.read_text())
+        if kept.get("seeds") == timing["seeds"]:
+            return kept
+    else:
+        timing["partial"] = True
+    return timing
+
+
+def budget(timing: dict, jobs: int) -> str:
+    text = (
+        f"Wall time {timing['wall_s'] / 60:.1f} min on {os.cpu_count()} CPU cores shared with other work, at most "
+        f"{jobs} stages at a time; the {timing['stages']} stages took {timing['stage_s'] / 60:.1f} min of wall time "
+        f"summed (sum / 2: {timing['stage_s'] / 120:.1f} min) and {timing['cpu_s'] / 60:.1f} min of CPU time, so "
+        f"about {timing['cpu_s'] / 120:.1f} min on 2 free cores."
+    )
+    return text + (" (Some stages were reused from an earlier run.)" if timing.get("partial") else "")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("seeds", type=int, nargs="+")
     parser.add_argument("--out", default="runs/repro/core_trisr")
-    parser.add_argument("--sft-steps", type=int, default=300, help="steps of the format-teaching CoT-SFT stage")
-    parser.add_argument("--grpo-steps", type=int, default=300, help="GRPO steps of each arm")
+    parser.add_argument("--sft-steps", type=int, default=400, help="steps of the CoT-SFT start")
+    parser.add_argument("--grpo-steps", type=int, default=150, help="GRPO steps of each arm")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE override for every stage")
     parser.add_argument("--no-write", action="store_true", help="print the table, leave docs/results.md alone")
-    parser.add_argument("--jobs", type=int, default=default_jobs(), help="seeds run at once (default: one per core)")
+    parser.add_argument("--jobs", type=int, default=default_jobs(), help="stages run at once (default: one per core)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     run = functools.partial(run_seed, out=out, sft_steps=args.sft_steps, grpo_steps=args.grpo_steps, extra=args.set)
     results = dict(zip(args.seeds, for_seeds(run, args.seeds, args.jobs), strict=True))
-    markdown = report(results, args.sft_steps, args.grpo_steps, args.jobs)
+    timing = measure(results, out)
+    markdown = report(results, args.sft_steps, args.grpo_steps, args.jobs, timing)
     print(markdown)
     if not args.no_write:
         write_section("core-trisr", markdown)
