@@ -87,20 +87,21 @@ def run_seed(seed: int, out: Path, sft_steps: int, grpo_steps: int, extra: list[
         return result
 
     sft = stage("trisr_dots_sft.yaml", "sft", [f"trainer.max_steps={sft_steps}"])
-    grpo = [
-        f"trainer.max_steps={grpo_steps}",
-        f"model.init_args.policy.init_args.model={folder / 'sft' / 'runs' / 'trisr_dots_sft' / 'policy'}",
-    ]
-    arms = {
-        "task_only": [*grpo, f"model.init_args.rewards={json.dumps(TASK_ONLY_REWARDS)}"],
-        "trisr": grpo,
-        "trisr_sym": [*grpo, f"model.init_args.rewards={json.dumps(SYMMETRIC_REWARDS)}"],
-    }
-    done = in_parallel(lambda arm: stage("trisr_dots_grpo.yaml", arm, arms[arm]), list(arms))
+    start = folder / "sft" / "runs" / "trisr_dots_sft" / "policy"
+    done = in_parallel(
+        lambda arm: stage("trisr_dots_grpo.yaml", arm, arm_overrides(arm, start, grpo_steps)), list(GRPO_ARMS)
+    )
     metrics = {arm: _metrics(done[arm].after) for arm in GRPO_ARMS}
     metrics["sft"] = _metrics(done["trisr"].before)  # the GRPO stages' start, evaluated with their metrics
     stages = [sft, *(done[arm] for arm in GRPO_ARMS)]
     return {"metrics": metrics, "seconds": sum(r.seconds for r in stages), "reused": any(r.reused for r in stages)}
+
+
+def arm_overrides(arm: str, start: Path | str, steps: int) -> list[str]:
+    """The ``KEY=VALUE`` overrides of ``configs/trisr_dots_grpo.yaml`` (TriSR, paper rule) for one GRPO arm."""
+    grpo = [f"trainer.max_steps={steps}", f"model.init_args.policy.init_args.model={start}"]
+    rewards = {"task_only": TASK_ONLY_REWARDS, "trisr": None, "trisr_sym": SYMMETRIC_REWARDS}[arm]
+    return grpo if rewards is None else [*grpo, f"model.init_args.rewards={json.dumps(rewards)}"]
 
 
 def _metrics(summary: dict[str, float]) -> dict[str, float]:
