@@ -56,8 +56,12 @@ def run_stage(
     reuse: bool = False,
     seed_module: bool = True,
     seed_data: bool = True,
+    summary: bool = True,
 ) -> StageResult:
     """Run ``configs/<config>`` for ``seed`` in ``folder``; return its ``summary.json``.
+
+    ``summary=False`` is for a stage run with ``validate_before_and_after=false`` (one that only exports a start for
+    the next): it writes no summary, so its result has no metrics and a finished run (its ``.seconds`` file) is reused.
 
     ``overrides`` are ``KEY=VALUE`` CLI options (``model.init_args.optimizer.learning_rate=1e-4``). ``run_dir`` is the folder
     (relative to ``folder``) holding ``summary.json`` -- the recipe's ``runs/<config stem>`` unless given.
@@ -66,6 +70,8 @@ def run_stage(
     log_name = log_name or stem
     summary_path = folder / (run_dir or f"runs/{stem}") / "summary.json"
     seconds_path = folder / f"{log_name}.seconds"
+    if reuse and not summary and seconds_path.is_file():
+        return StageResult({}, {}, float(seconds_path.read_text()), reused=True)
     if reuse and summary_path.is_file():
         seconds = float(seconds_path.read_text()) if seconds_path.is_file() else float("nan")
         return _read(summary_path, seconds, reused=True)
@@ -101,7 +107,7 @@ def run_stage(
     if code:
         raise SystemExit(f"seed {seed}: {config} failed (exit {code}), see {log}")
     seconds_path.write_text(f"{seconds:.1f}\n")
-    return _read(summary_path, seconds)
+    return _read(summary_path, seconds) if summary else StageResult({}, {}, seconds)
 
 
 def stage_slot() -> threading.BoundedSemaphore:

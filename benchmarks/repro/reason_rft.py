@@ -86,37 +86,39 @@ class ArmScores:
 def run_seed(seed: int, args: argparse.Namespace) -> dict[str, ArmScores]:
     folder = Path(args.out).resolve() / f"seed{seed}"
 
-    def stage(config: str, arm: str, max_steps: int, start: Path | None, extra: tuple[str, ...] = ()) -> StageResult:
-        overrides = [*args.set, *extra, f"trainer.max_steps={max_steps}", f"trainer.val_check_interval={max_steps}"]
+    def stage(config: str, arm: str, max_steps: int, start: Path | None, evaluate: bool = True) -> StageResult:
+        """One stage; ``evaluate=False`` for a stage that only exports the next one's start (no validation)."""
+        overrides = [*args.set, f"trainer.max_steps={max_steps}", f"trainer.val_check_interval={max_steps}"]
+        if not evaluate:
+            overrides += ["validate_before_and_after=false", "trainer.limit_val_batches=0"]
         if start is not None:
             overrides.append(f"model.init_args.policy.init_args.model={start}")
         else:  # the embedded model's random weights come from the seed too
             overrides.append(f"model.init_args.policy.init_args.seed={seed}")
-        result = run_stage(config, seed, folder / arm, overrides, reuse=args.reuse, seed_module=False)
+        result = run_stage(config, seed, folder / arm, overrides, reuse=args.reuse, seed_module=False, summary=evaluate)
         print(f"seed {seed}: {arm} done ({result.seconds / 60:.1f} min)", flush=True)
         return result
 
     def policy(arm: str, config: str) -> Path:
         return folder / arm / "runs" / config.removesuffix(".yaml") / "policy"
 
-    stage(GENERALIST, "generalist", args.generalist_steps, None)
+    stage(GENERALIST, "generalist", args.generalist_steps, None, evaluate=False)
     start = policy("generalist", GENERALIST)
     sft_steps = args.labelled // SFT_BATCH
     grpo_steps = args.labelled // GRPO_BATCH
     rest_steps = (args.labelled - args.activation_steps * SFT_BATCH) // GRPO_BATCH
-    no_before = ("validate_before_and_after=false",)
 
     def arm_run(arm: str) -> tuple[StageResult, float]:
         """The arm's last stage and the minutes of all its stages."""
         if arm == "sft":  # the one arm that also evaluates its start: the generalist's scores
             result = stage(SFT, arm, sft_steps, start)
         elif arm == "sft_time":
-            result = stage(SFT, arm, args.sft_time_steps, start, no_before)
+            result = stage(SFT, arm, args.sft_time_steps, start)
         elif arm == "grpo_zero":
-            result = stage(GRPO, arm, grpo_steps, start, no_before)
+            result = stage(GRPO, arm, grpo_steps, start)
         else:  # reason_rft: activation, then GRPO from it
-            activation = stage(SFT, "activation", args.activation_steps, start, no_before)
-            result = stage(GRPO, arm, rest_steps, policy("activation", SFT), no_before)
+            activation = stage(SFT, "activation", args.activation_steps, start, evaluate=False)
+            result = stage(GRPO, arm, rest_steps, policy("activation", SFT))
             return result, activation.seconds + result.seconds
         return result, result.seconds
 
