@@ -4,6 +4,10 @@
     python benchmarks/repro/samplers.py eta 0 1 2 3 4          # CPS at eta 0.1 / 0.3 / 0.7 / 0.9, Euler and UniPC
     python benchmarks/repro/samplers.py late 0 1 2 3 4         # CPS against SDE with a late stochastic window
 
+(2026-12-06, on the 2-core machine shared with two other agents' runs, load 7-13: ``separation`` took 72.2 min of
+wall time, seed 0's stage 1 run just before it; the sections were then rewritten with ``--reuse``, which reads the
+cached measures and evaluations back and reruns nothing. Each section states its summed stage minutes.)
+
 The three parts share ``--out`` (default ``runs/repro/samplers``): stage 1 (``configs/quickstart_flow_pretrain.yaml``)
 runs once per seed in ``<out>/seed<S>`` and the later parts reuse it; every GRPO arm starts from it (the arms are
 registered in ``flow_grpo.ARMS`` and run by ``flow_grpo.run_arm``), at ``GRPO_STEPS`` optimizer steps of the recipe
@@ -305,11 +309,15 @@ def claim(text: str, gaps: Sequence[float], seeds: Sequence[int], effect: float 
     return f"- {text}: per seed {gap_list}; mean {verdict(gaps, effect)}"
 
 
-def header(title: str, jobs: int, stage1: list, seeds: Sequence[int]) -> list[str]:
+def header(title: str, jobs: int, stage1: list, seeds: Sequence[int], work: float, what: str) -> list[str]:
+    """The section's title, command, budget and stage-1 line; ``work`` is the part's summed stage seconds, ``what``
+    says what they count."""
     return [
         f"## {title}",
         "",
-        f"Command: `{command_line()}` ({wall_time(jobs)}).",
+        f"Command: `{command_line()}` ({wall_time(jobs)}). This part's work: {work / 60:.1f} min of {what}, one core "
+        f"each, so {work / 120:.1f} min of wall time on 2 cores at the load it ran under (the machine was shared "
+        "with other jobs, which slowed every stage against running alone).",
         "",
         f"Stage 1 per seed (`configs/{TASK.pretrain}`): held-out reward {fmt([p.after[TASK.key] for p in stage1])} "
         f"after it (seeds {', '.join(map(str, seeds))}; {', '.join(f'{p.seconds / 60:.1f}' for p in stage1)} min"
@@ -325,7 +333,15 @@ def relative(row: dict) -> float:
 
 
 def separation_section(seeds: Sequence[int], stage1: list, measures: list[dict], jobs: int) -> str:
-    lines = header("Flow-GRPO samplers: where CPS and SDE differ (sampling only)", jobs, stage1, seeds)
+    work = sum(p.seconds for p in stage1) + sum(m["seconds"] for m in measures)
+    lines = header(
+        "Flow-GRPO samplers: where CPS and SDE differ (sampling only)",
+        jobs,
+        stage1,
+        seeds,
+        work,
+        f"stage 1 and sampling (sampling {per_seed([m['seconds'] / 60 for m in measures], seeds, 1)} min)",
+    )
     lines += [
         "Design: each seed's stage-1 model draws the GRPO recipe's rollouts (K = 8 per prompt from one starting noise, "
         f"8 steps) on the first {SEPARATION_PROMPTS} of its held-out prompts, with CPS and with Flow-GRPO's SDE at eta "
@@ -400,6 +416,39 @@ def separation_section(seeds: Sequence[int], stage1: list, measures: list[dict],
             seeds,
         ),
     ]
+    last = (LATE_WINDOW[1] - 1, LATE_WINDOW[1])  # the last stochastic step of the late window
+    alone = [m["windows"][_key(last)] for m in measures]
+
+    def mean(rows: list[dict], key: str, index: int | None = None) -> str:
+        return f"{mean_std([r[key] if index is None else r[key][index] for r in rows])[0]:.3f}"
+
+    def rel(rows: list[dict]) -> str:
+        return f"{mean_std([relative(r) for r in rows])[0]:.2f}"
+
+    lines += [
+        "",
+        f"Reading: on {_window(EARLY_WINDOW)} (the recipe's window) SDE's noise std is "
+        f"{std_ratios(EARLY_WINDOW, RECIPE_ETA)[0]:.2f}x CPS's, yet the final samples end {mean(early, 'cps_sde')} "
+        f"apart, {rel(early)} of the samplers' own move from the Euler sample: a perturbation of the first step is "
+        "carried through all the steps after it. What GRPO learns from is alike there: rollout reward "
+        f"{mean(early, 'reward_cps')} (CPS) against {mean(early, 'reward_sde')} (SDE), within-group spread "
+        f"{mean(early, 'spread_cps', 0)} against {mean(early, 'spread_sde', 0)}. On {_window(last)} CPS barely moves "
+        f"the sample ({mean(alone, 'cps_euler')} from Euler: its std is s' sin(eta pi / 2) and s' is near 0) while "
+        f"SDE's std is {std_ratios(last, RECIPE_ETA)[0]:.0f}x CPS's: relative separation {rel(alone)}, and CPS's "
+        f"groups barely carry a signal (spread {mean(alone, 'spread_cps', 0)} against SDE's "
+        f"{mean(alone, 'spread_sde', 0)}; {mean(alone, 'spread_cps', 1)} against {mean(alone, 'spread_sde', 1)} of "
+        f"the groups). The GRPO comparison takes {_window(LATE_WINDOW)}: the samplers part more there, relative to "
+        f"what they explore ({rel(late)}), than on {_window(EARLY_WINDOW)} ({rel(early)}), while both still explore "
+        f"(spread {mean(late, 'spread_cps', 0)} against {mean(late, 'spread_sde', 0)}); {_window(last)} alone would "
+        "pit a sampler that explores against one that hardly does. SDE's extra noise at low sigma does not lower "
+        f"this reward (rollout reward {mean(late, 'reward_cps')} against {mean(late, 'reward_sde')}): the colour, "
+        "region and shape checks do not see the noise left in the sample, so the CPS paper's reason to prefer CPS "
+        "(samples left noisy and scored lower) has no hold on this task's reward.",
+        "",
+        f"What the old design could not show: with {_window(EARLY_WINDOW)} the only stochastic step the two samplers' "
+        "rollouts score and spread alike, so the `flow-grpo-flow` section's CPS = SDE says nothing of the low-sigma "
+        "steps where their noise parts.",
+    ]
     return "\n".join(lines)
 
 
@@ -423,8 +472,14 @@ def arm_table(arms: list[str], results: dict, evals: dict, seeds: Sequence[int])
 
 
 def eta_section(seeds, stage1, results, evals, start_evals, jobs, mismatch) -> str:
+    work = sum(r.seconds for arm in PART_ARMS["eta"] for r in results[arm])
     lines = header(
-        "Flow-GRPO samplers: CPS eta sweep, evaluated with Euler and UniPC (VBVR-Pro's ablation)", jobs, stage1, seeds
+        "Flow-GRPO samplers: CPS eta sweep, evaluated with Euler and UniPC (VBVR-Pro's ablation)",
+        jobs,
+        stage1,
+        seeds,
+        work,
+        "GRPO stages (stage 1 is the separation part's; the evaluations, under a minute per seed, not counted)",
     )
     lines += [
         f"Design: per seed, four GRPO arms from the same stage-1 model, {GRPO_STEPS} steps of the flow recipe "
@@ -494,11 +549,14 @@ def eta_section(seeds, stage1, results, evals, start_evals, jobs, mismatch) -> s
 
 
 def late_section(seeds, stage1, results, evals, start_evals, jobs, mismatch) -> str:
+    work = sum(r.seconds for arm in PART_ARMS["late"] for r in results[arm])
     lines = header(
         f"Flow-GRPO samplers: CPS against SDE with a late stochastic window ({_window(LATE_WINDOW)})",
         jobs,
         stage1,
         seeds,
+        work,
+        "GRPO stages (stage 1 is the separation part's; the evaluations, under a minute per seed, not counted)",
     )
     lines += [
         f"Design: per seed, two GRPO arms from the same stage-1 model, {GRPO_STEPS} steps of the flow recipe, eta "
