@@ -104,7 +104,7 @@ def test_report_renders_tables_verdicts_and_the_hacking_note(core_trisr):
     text = core_trisr.report(results, 400, 150, 2, timing)
     assert text.startswith("## CoRe (TriSR)")
     assert text.count("| GRPO, TriSR (symmetric R_tc rule) |") == 2  # the mean ± std table and the per-seed one
-    assert text.count("**") == 2 * 5  # five verdicts
+    assert text.count("**") == 2 * 6  # five verdicts and the mechanism check
     assert "reward hacking" in text and text.count("reward hacking") == 1  # only the hacked arm
     assert "image 2 ranked in the middle on 1.00" in text  # R_tc 1 and no cycles: every answer has 2 in the middle
     assert "Order accuracy equals overall accuracy on every arm and seed" in text
