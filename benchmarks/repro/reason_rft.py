@@ -142,6 +142,10 @@ def report(runs: dict[int, dict[str, ArmScores]], args: argparse.Namespace) -> s
     def values(arm: str, column: str) -> list[float]:
         return [results[s][arm].value(column) for s in seeds]
 
+    def collapsed(arm: str) -> bool:
+        """The arm scores chance (0.5, what one constant answer scores on balanced sets) on every set of every seed."""
+        return all(abs(results[s][arm].by_set[name] - 0.5) < 0.02 for s in seeds for name in SETS)
+
     def gaps(arm: str, base: str, column: str) -> list[float]:
         return [a - b for a, b in zip(values(arm, column), values(base, column), strict=True)]
 
@@ -191,9 +195,23 @@ def report(runs: dict[int, dict[str, ArmScores]], args: argparse.Namespace) -> s
     lines += [""]
     for arm, base, column, what in claims:
         label = dict(zip(columns, names, strict=True))[column]
-        lines.append(f"- {what}, {arm} − {base} on {label}: {verdict(gaps(arm, base, column), COUNTED_EFFECT)}.")
-    lines += ["", OLD_DESIGN]
+        line = f"- {what}, {arm} − {base} on {label}: {verdict(gaps(arm, base, column), COUNTED_EFFECT)}"
+        if collapsed(arm):
+            line += (
+                f"; but {ARMS[arm]} answers one constant on every set of every seed (0.50): it has collapsed, so this "
+                "difference is not the claimed effect"
+            )
+        lines.append(line + ".")
+    lines += ["", READING, "", OLD_DESIGN]
     return "\n".join(lines)
+
+
+READING = """Reading: the constant answer is an attractor for GRPO from the generalist. The generalist answers the new
+question with the old mapping (new skill in-domain about 0.1), so the few rewarded samples pull its answer away from
+its perception before they pull it to the new mapping, and every seed ends at one answer for every prompt (its groups
+then all score alike: no advantage left). A 10-step activation SFT left seed 0's policy at that point too (0.50 on
+every set, measured while designing this experiment), yet GRPO from there learns the mapping. Every arm that learns the new skill forgets the old one (old question 0.02-0.05): the tiny
+model never needed to read the question's relation word, and none of the arms teaches it to."""
 
 
 OLD_DESIGN = """The old design (until 2026-12-05) could not show the claim: its stage 1 was 4,800 CoT samples reaching 0.90
