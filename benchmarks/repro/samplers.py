@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -125,11 +126,15 @@ def held_out(seed: int) -> list:
     return [module.val_dataset[i] for i in range(len(module.val_dataset))]
 
 
+_loading = threading.Lock()  # from_pretrained builds on the meta device through process-wide patches: one at a time
+
+
 def load_policy(folder: Path):
-    """An exported policy (merged weights), in evaluation mode."""
+    """An exported policy (merged weights), in evaluation mode; safe to call from the seeds' threads."""
     from app.models import FlowPolicy
 
-    policy = FlowPolicy(model=str(folder), lora=None)
+    with _loading:
+        policy = FlowPolicy(model=str(folder), lora=None)
     policy.eval()
     return policy
 
