@@ -4,9 +4,11 @@
     python benchmarks/repro/samplers.py eta 0 1 2 3 4          # CPS at eta 0.1 / 0.3 / 0.7 / 0.9, Euler and UniPC
     python benchmarks/repro/samplers.py late 0 1 2 3 4         # CPS against SDE with a late stochastic window
 
-(2026-12-06, on the 2-core machine shared with two other agents' runs, load 7-13: ``separation`` took 72.2 min of
-wall time, seed 0's stage 1 run just before it; the sections were then rewritten with ``--reuse``, which reads the
-cached measures and evaluations back and reruns nothing. Each section states its summed stage minutes.)
+(2026-12-06, on the 2-core machine shared with two other agents' runs, load 5-13: ``separation`` took 72.2 min of
+wall time, seed 0's stage 1 run just before it; ``eta`` 58.4 min for its 20 GRPO stages, whose evaluations then
+failed (two threads loading policies at once, since serialised) and ran in a ``--reuse`` call of 0.8 min. The
+sections were rewritten with ``--reuse``, which reads the stages, measures and evaluations back and reruns nothing;
+each section states its summed stage minutes.)
 
 The three parts share ``--out`` (default ``runs/repro/samplers``): stage 1 (``configs/quickstart_flow_pretrain.yaml``)
 runs once per seed in ``<out>/seed<S>`` and the later parts reuse it; every GRPO arm starts from it (the arms are
@@ -476,7 +478,21 @@ def arm_table(arms: list[str], results: dict, evals: dict, seeds: Sequence[int])
     return lines
 
 
-def eta_section(seeds, stage1, results, evals, start_evals, jobs, mismatch) -> str:
+def exploration(seeds: Sequence[int], out: Path) -> str:
+    """The within-group spread of CPS's rollout reward at each eta, from the separation part's cached measures of
+    the same seeds (empty when they are not all there)."""
+    caches = [out / f"seed{seed}" / "separation.json" for seed in seeds]
+    if not all(cache.is_file() for cache in caches):
+        return ""
+    measures = [json.loads(cache.read_text()) for cache in caches]
+    spreads = ", ".join(f"{fmt([m['etas'][str(eta)]['spread'][0] for m in measures])} at {eta}" for eta in ETAS)
+    return (
+        f" The within-group spread of the rollouts' reward that each eta gives the stage-1 models on "
+        f"{_window(EARLY_WINDOW)} (sampling-only section, same seeds): {spreads}."
+    )
+
+
+def eta_section(seeds, stage1, results, evals, start_evals, jobs, mismatch, out: Path) -> str:
     work = sum(r.seconds for arm in PART_ARMS["eta"] for r in results[arm])
     lines = header(
         "Flow-GRPO samplers: CPS eta sweep, evaluated with Euler and UniPC (VBVR-Pro's ablation)",
@@ -544,7 +560,7 @@ def eta_section(seeds, stage1, results, evals, start_evals, jobs, mismatch) -> s
         f"Reading: the highest mean held-out reward is at eta {best['euler']} with Euler "
         f"({after['euler'][best['euler']]:.3f}) and at eta {best['unipc']} with UniPC "
         f"({after['unipc'][best['unipc']]:.3f}). Rise over the no-RL start (Euler): {rises}. UniPC minus Euler over "
-        f"all trained policies: {fmt(solver_gaps)}.",
+        f"all trained policies: {fmt(solver_gaps)}.{exploration(seeds, out)}",
         "",
         "What the earlier flow sections could not show: they trained eta 0.7 only and evaluated with Euler only, so "
         "neither whether the recipe's eta is the best of VBVR-Pro's grid nor whether the two deterministic solvers "
@@ -553,7 +569,7 @@ def eta_section(seeds, stage1, results, evals, start_evals, jobs, mismatch) -> s
     return "\n".join(lines)
 
 
-def late_section(seeds, stage1, results, evals, start_evals, jobs, mismatch) -> str:
+def late_section(seeds, stage1, results, evals, start_evals, jobs, mismatch, out: Path) -> str:
     work = sum(r.seconds for arm in PART_ARMS["late"] for r in results[arm])
     lines = header(
         f"Flow-GRPO samplers: CPS against SDE with a late stochastic window ({_window(LATE_WINDOW)})",
@@ -641,7 +657,7 @@ def main() -> None:
         [mismatch] + [abs(e["euler"] - results[arms[0]][i].before[TASK.key]) for i, e in enumerate(start_evals)]
     )
     section = eta_section if args.part == "eta" else late_section
-    text = section(args.seeds, stage1, results, evals, start_evals, args.jobs, mismatch)
+    text = section(args.seeds, stage1, results, evals, start_evals, args.jobs, mismatch, out)
     print("\n" + text, flush=True)
     write_section("samplers-eta" if args.part == "eta" else "samplers-late-window", text)
 
