@@ -6,15 +6,16 @@
 
 (2026-12-06, on the 2-core machine shared with two other agents' runs, load 5-13: ``separation`` took 72.2 min of
 wall time, seed 0's stage 1 run just before it; ``eta`` 58.4 min for its 20 GRPO stages, whose evaluations then
-failed (two threads loading policies at once, since serialised) and ran in a ``--reuse`` call of 0.8 min. The
-sections were rewritten with ``--reuse``, which reads the stages, measures and evaluations back and reruns nothing;
-each section states its summed stage minutes.)
+failed (two threads loading policies at once, since serialised) and ran in a ``--reuse`` call of 0.8 min; ``late``
+14.7 min at load 2-3. The sections were rewritten with ``--reuse``, which reads the stages, measures and evaluations
+back and reruns nothing; each section states its summed stage minutes.)
 
 The three parts share ``--out`` (default ``runs/repro/samplers``): stage 1 (``configs/quickstart_flow_pretrain.yaml``)
 runs once per seed in ``<out>/seed<S>`` and the later parts reuse it; every GRPO arm starts from it (the arms are
 registered in ``flow_grpo.ARMS`` and run by ``flow_grpo.run_arm``), at ``GRPO_STEPS`` optimizer steps of the recipe
-``configs/quickstart_flow.yaml`` (32 prompts x 8 samples; the recipe's 100 steps reach nearly all of their rise by
-step 50).
+``configs/quickstart_flow.yaml`` (32 prompts x 8 samples). The recipe's 100 steps have their rise by step 50: the
+``window2`` and ``mixgrpo`` arms of the ``flow-grpo-flow-flash`` run logged at step 50 a held-out reward within 0.031
+of their step-100 figure on each of their 3 seeds, equal on the mean.
 
 - ``separation`` (no training): from each seed's stage-1 model, rollouts on the first 64 held-out prompts (K = 8, one
   starting noise per group, as the recipe) drawn with CPS and with Flow-GRPO's SDE at the same eta and with the same
@@ -569,6 +570,31 @@ def eta_section(seeds, stage1, results, evals, start_evals, jobs, mismatch, out:
     return "\n".join(lines)
 
 
+def late_context(seeds: Sequence[int], start_evals: list[dict], out: Path) -> str:
+    """The other parts' figures for the same seeds, where their caches are all there: the rollouts' within-group
+    spread on the late window (separation part) and the rise of CPS at the recipe's eta on step 0 (eta part)."""
+    text = ""
+    caches = [out / f"seed{seed}" / "separation.json" for seed in seeds]
+    if all(cache.is_file() for cache in caches):
+        rows = [json.loads(cache.read_text())["windows"][_key(LATE_WINDOW)] for cache in caches]
+        text += (
+            f" Within-group spread of the stage-1 rollouts' reward on {_window(LATE_WINDOW)} (sampling-only section): "
+            f"CPS {fmt([r['spread_cps'][0] for r in rows])}, SDE {fmt([r['spread_sde'][0] for r in rows])}."
+        )
+    arm = f"eta{RECIPE_ETA}"
+    caches = [
+        out / f"seed{seed}" / arm / "runs" / TASK.grpo.removesuffix(".yaml") / "samplers_eval.json" for seed in seeds
+    ]
+    if all(cache.is_file() for cache in caches):
+        after = [json.loads(cache.read_text())["euler"] for cache in caches]
+        rise = [a - b["euler"] for a, b in zip(after, start_evals, strict=True)]
+        text += (
+            f" For comparison, CPS at eta {RECIPE_ETA} on {_window(EARLY_WINDOW)} (the eta sweep's arm, same starts "
+            f"and steps) rose {fmt(rise)} (Euler)."
+        )
+    return text
+
+
 def late_section(seeds, stage1, results, evals, start_evals, jobs, mismatch, out: Path) -> str:
     work = sum(r.seconds for arm in PART_ARMS["late"] for r in results[arm])
     lines = header(
@@ -582,9 +608,10 @@ def late_section(seeds, stage1, results, evals, start_evals, jobs, mismatch, out
     lines += [
         f"Design: per seed, two GRPO arms from the same stage-1 model, {GRPO_STEPS} steps of the flow recipe, eta "
         f"{RECIPE_ETA}, stochastic on {_window(LATE_WINDOW)} of 8 (Euler before), CPS in one and Flow-GRPO's SDE in "
-        "the other; evaluated with Euler and UniPC as the eta sweep. The sampling-only section above shows the two "
-        "samplers' rollouts differ there (the SDE's noise std is many times CPS's on the last stochastic step), "
-        "so this is where VBVR-Pro's and the CPS paper's preference for CPS can show.",
+        "the other; evaluated with Euler and UniPC as the eta sweep. The sampling-only section shows the two "
+        "samplers' rollouts part there (the SDE's noise std is many times CPS's on the last stochastic step), so a "
+        "preference for one of them that comes from their noise (VBVR-Pro and the CPS paper prefer CPS) can show "
+        "here.",
         "",
         f"No-RL start: Euler {fmt([e['euler'] for e in start_evals])}, UniPC {fmt([e['unipc'] for e in start_evals])}.",
         "",
@@ -606,9 +633,10 @@ def late_section(seeds, stage1, results, evals, start_evals, jobs, mismatch, out
         "",
         "Reading: CPS minus SDE after GRPO, "
         + ", ".join(
-            f"{'Euler' if solver == 'euler' else 'UniPC'} "
-            + fmt([a[solver] - b[solver] for a, b in zip(evals["cps_late"], evals["sde_late"], strict=True)])
+            f"{'Euler' if solver == 'euler' else 'UniPC'} {fmt(gaps)} (SDE ahead on {sum(g < 0 for g in gaps)} of "
+            f"{len(gaps)} seeds)"
             for solver in SOLVERS
+            for gaps in [[a[solver] - b[solver] for a, b in zip(evals["cps_late"], evals["sde_late"], strict=True)]]
         )
         + "; rise over the no-RL start (Euler): "
         + ", ".join(
@@ -616,7 +644,8 @@ def late_section(seeds, stage1, results, evals, start_evals, jobs, mismatch, out
             + fmt([a["euler"] - b["euler"] for a, b in zip(evals[arm], start_evals, strict=True)])
             for arm in PART_ARMS["late"]
         )
-        + ".",
+        + "."
+        + late_context(seeds, start_evals, out),
         "",
         f"What the old design could not show: the `flow-grpo-flow` comparison (CPS = SDE) had {_window(EARLY_WINDOW)} "
         f"stochastic only, where SDE's noise std is {', '.join(f'{r:.2f}' for r in early)}x CPS's and their "
