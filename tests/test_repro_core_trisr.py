@@ -6,10 +6,9 @@ import random
 from pathlib import Path
 
 import pytest
-import yaml
 from jsonargparse import ArgumentParser
+from test_configs import print_config  # tests/ is on sys.path (pytest's rootdir import)
 
-from app.cli import AppCLI
 from app.rewards import RewardComponent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,14 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def core_trisr(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "repro"))
     return importlib.import_module("core_trisr")
-
-
-def print_config(args: list[str], capsys) -> dict:
-    with pytest.raises(SystemExit) as exit_info:
-        AppCLI(args=["fit", *args, "--print_config"])
-    captured = capsys.readouterr()
-    assert exit_info.value.code in (0, None), captured.err[-2000:]
-    return yaml.safe_load(captured.out)
 
 
 def build(spec: dict) -> RewardComponent:
