@@ -261,9 +261,9 @@ def probe_video_memory(folder: Path, frames: int, height: int, width: int, micro
 
 
 RECIPES = {
-    "sd3": ("configs/flow_grpo_sd3_5_medium.yaml", []),
+    "sd3": ("configs/flow/flow_grpo_sd3_5_medium.yaml", []),
     "wan": (  # 33 frames and K = 4 keep one step near a minute; the probe measures the recipe's 81 frames
-        "configs/flow_grpo_wan2_1_t2v_1_3b.yaml",
+        "configs/flow/flow_grpo_wan2_1_t2v_1_3b.yaml",
         [
             "--model.init_args.policy.init_args.resolution.num_frames=33",
             "--model.init_args.sampling.group_size=4",

@@ -10,7 +10,7 @@ No checkpoint can be downloaded where this runs: the policy is the real Qwen2.5-
 hidden 2048, 151,936-token vocabulary, the 32-block vision tower) with random bfloat16 weights and the embedded
 tokenizer (whose ids are a subset of the vocabulary), saved once to ``--workdir`` and loaded through ``VLMPolicy``. The
 processor keeps 448x448 images whole (256 image tokens), as the real one does. Geometry of
-configs/grpo_qwen2_5_vl_3b.yaml: B = 4 prompts x K = 8 completions, ``--new-tokens`` (the recipe's 1024 by default) new tokens, micro-batches of 8,
+configs/vlm/grpo_qwen2_5_vl_3b.yaml: B = 4 prompts x K = 8 completions, ``--new-tokens`` (the recipe's 1024 by default) new tokens, micro-batches of 8,
 gradient checkpointing. Random weights almost never sample the end token, so completions run to the full length.
 
 Per variant: the rollout (``encode_prompts`` + ``generate``) in tokens/s of generated tokens; the training phase (one

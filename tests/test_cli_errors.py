@@ -129,10 +129,17 @@ def test_unrecognised_shapes_of_jsonargparse_errors_still_come_out_whole():
             ["fitt"],
             "error: unknown command 'fitt'; did you mean 'fit'? (commands: fit, validate, test, predict, export)",
         ),
-        (["fit", "--config", "configs/quickstrat.yaml"], "configs/quickstrat.yaml; did you mean 'quickstart.yaml'?"),
+        (
+            ["fit", "--config", "configs/quickstrat.yaml"],
+            "quickstrat.yaml; did you mean 'configs/quickstart/quickstart.yaml'?",
+        ),
+        (
+            ["fit", "--config", "configs/trisr_dots.yaml"],
+            "trisr_dots.yaml; did you mean 'configs/quickstart/trisr_dots.yaml'?",
+        ),
         (["fit"], "error: fit needs --model (a recipe gives it: --config configs/X.yaml)"),
     ],
-    ids=["no_command", "misspelt_command", "misspelt_config_file", "no_config"],
+    ids=["no_command", "misspelt_command", "misspelt_config_file", "recipe_in_a_subfolder", "no_config"],
 )
 def test_command_and_config_file_mistakes_are_one_line(args, expected, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
@@ -208,11 +215,12 @@ def test_help_lists_the_commands_and_the_recipes(capsys):
     code, output = run_main(["--help"], capsys)
     assert code == 0
     assert "{fit,validate,test,predict,export}" in output
-    assert "export --config configs/quickstart.yaml --output_dir" in output
-    assert "recipes (configs/):" in output
-    for recipe in sorted((ROOT / "configs").glob("*.yaml")):
+    assert "export --config configs/quickstart/quickstart.yaml --output_dir" in output
+    assert "recipes (configs/: quickstart/ on CPU, vlm/ and flow/ for GPUs" in output
+    for recipe in sorted((ROOT / "configs").rglob("*.yaml")):
         first = recipe.read_text().splitlines()[0].lstrip("# ")
-        assert any(line.split()[:2] == [recipe.name, first.split()[0]] for line in output.splitlines()), recipe.name
+        shown = recipe.relative_to(ROOT / "configs").as_posix()  # quickstart/quickstart.yaml
+        assert any(line.split()[:2] == [shown, first.split()[0]] for line in output.splitlines()), shown
 
 
 def test_export_has_its_own_help(capsys):

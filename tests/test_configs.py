@@ -9,7 +9,7 @@ import yaml
 from app.cli import AppCLI
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
+RECIPES = sorted((ROOT / "configs").rglob("*.yaml"))
 FIXTURE_CONFIGS = [ROOT / "tests" / "fixtures" / "tiny_grpo.yaml", ROOT / "tests" / "fixtures" / "tiny_sft.yaml"]
 
 
@@ -65,7 +65,7 @@ def test_tiny_fixture_instantiates(path, module_class, tmp_path):
 
 def test_a_misspelt_dataset_argument_fails_parsing_naming_the_key(tmp_path, capsys):
     """Data sets come in as ``class_path`` / ``init_args``: their arguments are checked when the config is parsed."""
-    text = (ROOT / "configs" / "quickstart.yaml").read_text()
+    text = (ROOT / "configs" / "quickstart/quickstart.yaml").read_text()
     assert "        dot_radius: 12\n" in text
     path = tmp_path / "typo.yaml"
     path.write_text(text.replace("        dot_radius: 12\n", "        dot_radus: 12\n"))

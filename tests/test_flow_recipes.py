@@ -27,7 +27,7 @@ def test_flow_quickstart_two_stages(tmp_path, monkeypatch):
     cli = AppCLI(
         args=[
             "--config",
-            str(CONFIGS / "quickstart_flow_pretrain.yaml"),
+            str(CONFIGS / "quickstart/quickstart_flow_pretrain.yaml"),
             *SMALL,
             "--model.init_args.num_steps",
             "2",
@@ -45,7 +45,7 @@ def test_flow_quickstart_two_stages(tmp_path, monkeypatch):
     cli = AppCLI(
         args=[
             "--config",
-            str(CONFIGS / "quickstart_flow.yaml"),
+            str(CONFIGS / "quickstart/quickstart_flow.yaml"),
             *SMALL,
             "--model.init_args.sampling.group_size",
             "2",

@@ -1,5 +1,5 @@
 """Label-free consistency training end to end: shards written without answers, twins made on the fly, two GRPO steps
-from configs/consistency_dots_shards.yaml, and proof that nothing on the training path read a label."""
+from configs/quickstart/consistency_dots_shards.yaml, and proof that nothing on the training path read a label."""
 
 import math
 import tarfile
@@ -14,7 +14,7 @@ from app.rewards.consistency import ConsistencyReward
 from app.tasks.__main__ import main as data_main
 from app.types import VisualSample
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "consistency_dots_shards.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "quickstart/consistency_dots_shards.yaml"
 
 
 class LabelTrap(VisualSample):

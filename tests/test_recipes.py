@@ -13,9 +13,9 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 @pytest.mark.parametrize(
     "config, rewards",
     [
-        ("quickstart.yaml", ["accuracy", "format"]),
-        ("reason_rft_counting.yaml", ["numeric_tolerance", "format"]),
-        ("reason_rft_transform.yaml", ["function_sequence", "format"]),
+        ("quickstart/quickstart.yaml", ["accuracy", "format"]),
+        ("quickstart/reason_rft_counting.yaml", ["numeric_tolerance", "format"]),
+        ("quickstart/reason_rft_transform.yaml", ["function_sequence", "format"]),
     ],
 )
 def test_recipe_trains_two_steps(config, rewards, tmp_path, monkeypatch):

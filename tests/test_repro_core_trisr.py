@@ -1,4 +1,4 @@
-"""benchmarks/repro/core_trisr.py: every GRPO arm is a valid run of configs/trisr_dots_grpo.yaml with the reward it
+"""benchmarks/repro/core_trisr.py: every GRPO arm is a valid run of configs/repro/trisr_dots_grpo.yaml with the reward it
 names, and the report renders its tables, verdicts and the reward-hacking note from per-seed metrics (no training)."""
 
 import importlib
@@ -34,7 +34,7 @@ def test_arms_parse_and_build_their_rewards(core_trisr, capsys):
     }
     assert set(expected) == set(core_trisr.GRPO_ARMS) and set(core_trisr.ARMS) == {"sft", *expected}
     for arm, (names, rule) in expected.items():
-        args = ["--config", str(ROOT / "configs" / "trisr_dots_grpo.yaml")]
+        args = ["--config", str(ROOT / "configs" / "repro/trisr_dots_grpo.yaml")]
         for item in core_trisr.arm_overrides(arm, "runs/start/policy", 7):
             key, _, value = item.partition("=")
             args += [f"--{key}", value]
@@ -52,7 +52,7 @@ def test_arms_parse_and_build_their_rewards(core_trisr, capsys):
 
 def test_the_sft_start_reports_every_metric_the_grpo_stage_does(capsys):
     """The start's own summary names the triplet metrics the report reads (except those only GRPO's eval lists)."""
-    sft = print_config(["--config", str(ROOT / "configs" / "trisr_dots_sft.yaml")], capsys)
+    sft = print_config(["--config", str(ROOT / "configs" / "repro/trisr_dots_sft.yaml")], capsys)
     names = {build(spec).name for spec in sft["model"]["init_args"]["eval_rewards"]}
     assert {"triplet_order_accuracy", "triplet_cycle_rate", "triplet_attribute_accuracy"} <= names
     dataset = sft["data"]["init_args"]["dataset"]["init_args"]

@@ -5,8 +5,8 @@
 Task: dot triplets (``app.tasks.dots.TripletDotsDataset``: three images of 1-4 dots of radius 8, "which image has
 more dots?" for each pair; the three counts differ). The random-weight tiny model neither writes the structured
 triplet response nor counts by itself, so per seed, in ``<out>/seed<S>/<arm>``, every arm starts from one CoT-SFT stage
-that teaches both (``configs/trisr_dots_sft.yaml``, ``--sft-steps``; its per-image count accuracy is measured and
-reported), then takes ``--grpo-steps`` GRPO steps (``configs/trisr_dots_grpo.yaml``, KL beta 0.01 as in the paper)
+that teaches both (``configs/repro/trisr_dots_sft.yaml``, ``--sft-steps``; its per-image count accuracy is measured and
+reported), then takes ``--grpo-steps`` GRPO steps (``configs/repro/trisr_dots_grpo.yaml``, KL beta 0.01 as in the paper)
 with the same data and seed; only the reward differs:
 
 - ``sft``: the start itself (no RL);
@@ -99,10 +99,10 @@ def run_seed(seed: int, out: Path, sft_steps: int, grpo_steps: int, extra: list[
         print(f"seed {seed}: {arm} done ({result.seconds / 60:.1f} min)", flush=True)
         return result
 
-    sft = stage("trisr_dots_sft.yaml", "sft", [f"trainer.max_steps={sft_steps}"])
+    sft = stage("repro/trisr_dots_sft.yaml", "sft", [f"trainer.max_steps={sft_steps}"])
     start = folder / "sft" / "runs" / "trisr_dots_sft" / "policy"
     done = in_parallel(
-        lambda arm: stage("trisr_dots_grpo.yaml", arm, arm_overrides(arm, start, grpo_steps)), list(GRPO_ARMS)
+        lambda arm: stage("repro/trisr_dots_grpo.yaml", arm, arm_overrides(arm, start, grpo_steps)), list(GRPO_ARMS)
     )
     metrics = {arm: _metrics(done[arm].after) for arm in GRPO_ARMS}
     metrics["sft"] = _metrics(done["trisr"].before)  # the GRPO stages' start, evaluated with their metrics
@@ -111,7 +111,7 @@ def run_seed(seed: int, out: Path, sft_steps: int, grpo_steps: int, extra: list[
 
 
 def arm_overrides(arm: str, start: Path | str, steps: int) -> list[str]:
-    """The ``KEY=VALUE`` overrides of ``configs/trisr_dots_grpo.yaml`` (TriSR, paper rule) for one GRPO arm."""
+    """The ``KEY=VALUE`` overrides of ``configs/repro/trisr_dots_grpo.yaml`` (TriSR, paper rule) for one GRPO arm."""
     grpo = [f"trainer.max_steps={steps}", f"model.init_args.policy.init_args.model={start}"]
     rewards = {"task_only": TASK_ONLY_REWARDS, "trisr": None, "trisr_sym": SYMMETRIC_REWARDS}[arm]
     return grpo if rewards is None else [*grpo, f"model.init_args.rewards={json.dumps(rewards)}"]
@@ -142,9 +142,9 @@ def report(results: dict[int, dict], sft_steps: int, grpo_steps: int, jobs: int,
         "Does the TriSR reward (R_task + 0.2 R_ag + 0.2 R_ja + 0.3 R_tc) beat the task-accuracy reward alone, and does "
         "its consistency term help through consistency or through an ordering prior? Dot triplets: three images of "
         '1-4 dots (radius 8 px in 64 px; the three counts differ), three pairwise "which has more dots?" sub-questions. '
-        f"Per seed, one {sft_steps}-step CoT-SFT stage (`configs/trisr_dots_sft.yaml`) teaches the structured response "
+        f"Per seed, one {sft_steps}-step CoT-SFT stage (`configs/repro/trisr_dots_sft.yaml`) teaches the structured response "
         "and counting; from it, each GRPO arm takes "
-        f"{grpo_steps} steps (`configs/trisr_dots_grpo.yaml`: group 4, KL β = 0.01 as in the paper, lr 1e-4) with the "
+        f"{grpo_steps} steps (`configs/repro/trisr_dots_grpo.yaml`: group 4, KL β = 0.01 as in the paper, lr 1e-4) with the "
         "same data and seed; only the reward differs (every arm + 0.5 format). Why this can show the mechanism: the "
         "start counts above chance (per-image count accuracy "
         f"{fmt(count)}, chance 0.25), so the comparisons have something to build on; order accuracy (the answers "

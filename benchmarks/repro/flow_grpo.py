@@ -14,13 +14,13 @@ from that same model, at equal steps and data. Arms:
 
 - ``cps``: the quickstart recipe as it is (coefficients-preserving sampler, eta 0.7).
 - ``sde``: the same with Flow-GRPO's SDE sampler at the same eta (VBVR-Pro prefers CPS).
-- ``cps_delay1``: the one-step-delayed reward pipeline, scorers in a process pool (``configs/vbvr_pipeline_cpu.yaml``;
+- ``cps_delay1``: the one-step-delayed reward pipeline, scorers in a process pool (``configs/quickstart/vbvr_pipeline_cpu.yaml``;
   VBVR only).
 - ``window2``: a fixed SDE window of the first 2 steps (Euler elsewhere), the baseline of MixGRPO's comparison.
 - ``mixgrpo``: MixGRPO: the same 2-step window moved one step later every ``WINDOW_EVERY[task]`` optimizer steps, UniPC
   after it (``window_stride``, ``ode_tail: unipc``).
 - ``mixgrpo_flash``: the same with the UniPC tail compressed to 2 steps (``ode_tail_steps: 2``).
-- ``nft``: DiffusionNFT (``configs/quickstart_flow_nft.yaml``, ``configs/quickstart_vbvr_nft.yaml``) on the same
+- ``nft``: DiffusionNFT (``configs/quickstart/quickstart_flow_nft.yaml``, ``configs/quickstart/quickstart_vbvr_nft.yaml``) on the same
   model, rewards, data and steps: equal rollouts.
 - ``nft_time``: the same with the step count that takes the ``cps`` arm's wall time (``EQUAL_TIME_STEPS``, from the
   two recipes' measured step times on 2 cores): equal wall time.
@@ -75,8 +75,8 @@ class Arm:
 
 TASKS = {
     "vbvr": Task(
-        "quickstart_vbvr_pretrain.yaml",
-        "quickstart_vbvr.yaml",
+        "quickstart/quickstart_vbvr_pretrain.yaml",
+        "quickstart/quickstart_vbvr.yaml",
         "val/reward/vbvr_scorer",
         "Flow-GRPO on the conditioned VBVR quickstart",
         "The tiny FLUX-Kontext-style image-edit model sees each problem frame (colour mixing, object counting; "
@@ -86,8 +86,8 @@ TASKS = {
         "delay of the reward pipeline costs nothing in learning.",
     ),
     "flow": Task(
-        "quickstart_flow_pretrain.yaml",
-        "quickstart_flow.yaml",
+        "quickstart/quickstart_flow_pretrain.yaml",
+        "quickstart/quickstart_flow.yaml",
         "val/reward/color_region",
         "Flow-GRPO on the flow quickstart",
         "The tiny SD3-style text-to-image model draws a coloured shape in a named half of the image; the "
@@ -98,9 +98,9 @@ T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31
 # optimizer steps between moves of the MixGRPO window: over each quickstart's steps (100 flow, 200 VBVR) the window
 # takes five positions, from steps 0-1 to steps 4-5 of 8
 WINDOW_EVERY = {"flow": 20, "vbvr": 40}
-NFT_CONFIGS = {"flow": "quickstart_flow_nft.yaml", "vbvr": "quickstart_vbvr_nft.yaml"}
+NFT_CONFIGS = {"flow": "quickstart/quickstart_flow_nft.yaml", "vbvr": "quickstart/quickstart_vbvr_nft.yaml"}
 # DiffusionNFT steps in the cps recipe's wall time: on 2 cores, alone, a whole fit of 100 steps took 3 min 19 s with
-# configs/quickstart_flow.yaml and 3 min 32 s with configs/quickstart_flow_nft.yaml (2026-12-04): 100 x 199 / 212
+# configs/quickstart/quickstart_flow.yaml and 3 min 32 s with configs/quickstart/quickstart_flow_nft.yaml (2026-12-04): 100 x 199 / 212
 # VBVR: in the 3-seed run of 2026-12-05 (two stages at a time on 2 cores) the cps arm's 200-step GRPO stages took
 # 5.3, 5.4, 5.4 min and the nft arm's 6.7, 6.3, 5.9 min: 200 x 5.37 / 6.30
 EQUAL_TIME_STEPS = {"flow": 94, "vbvr": 170}
@@ -135,7 +135,7 @@ ARMS = {
         "CPS, MixGRPO window as mixgrpo, UniPC tail of 2 steps (MixGRPO-Flash)",
     ),
     "sde": Arm(None, ("model.init_args.sampling.sampler=sde",), "SDE, eta 0.7"),
-    "cps_delay1": Arm("vbvr_pipeline_cpu.yaml", what="CPS, one-step-delayed rewards (process pool)"),
+    "cps_delay1": Arm("quickstart/vbvr_pipeline_cpu.yaml", what="CPS, one-step-delayed rewards (process pool)"),
     "nft": Arm(NFT_CONFIGS, what="DiffusionNFT, equal rollouts"),
     "nft_time": Arm(
         NFT_CONFIGS,

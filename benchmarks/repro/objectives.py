@@ -2,8 +2,8 @@
 
     python benchmarks/repro/objectives.py 0 1 2 [--out runs/repro/objectives] [--steps 400] [--reuse]
 
-Per seed S, in ``<out>/seed<S>``: the quickstart CoT-SFT (``configs/quickstart_sft.yaml``) once, then from that one
-policy one quickstart GRPO run (``configs/quickstart.yaml``, accuracy + format rewards) per arm, in
+Per seed S, in ``<out>/seed<S>``: the quickstart CoT-SFT (``configs/quickstart/quickstart_sft.yaml``) once, then from that one
+policy one quickstart GRPO run (``configs/quickstart/quickstart.yaml``, accuracy + format rewards) per arm, in
 ``<out>/seed<S>/<arm>``, differing only in the overrides of ``ARMS``. Every arm but ``grpo_delay0`` runs the
 one-step-delayed pipeline (``pipeline.delay=1``): with one update per rollout and no delay the importance ratio is
 exactly 1 and GSPO, CISPO, the off-policy mask and PPO-clip give the same gradient (docs/algorithms.md, "One update per
@@ -43,7 +43,7 @@ from common import (
 )
 
 KEY = "val/acc"
-SFT, GRPO = "quickstart_sft.yaml", "quickstart.yaml"
+SFT, GRPO = "quickstart/quickstart_sft.yaml", "quickstart/quickstart.yaml"
 DELAY = "model.init_args.pipeline.delay=1"
 G = "model.init_args.grpo."
 MASK_KL = 1e-3  # off_policy_max_kl of the masked arm (--max-kl); how it was picked: MASK_PICK
@@ -57,7 +57,7 @@ MASK_PICK = (
     "of those tried at 100 steps; it masks some rows."
 )
 
-# Arm -> its overrides of configs/quickstart.yaml (the masked arm's threshold comes from --max-kl).
+# Arm -> its overrides of configs/quickstart/quickstart.yaml (the masked arm's threshold comes from --max-kl).
 ARMS = {
     "grpo_delay0": [],
     "grpo": [DELAY],
@@ -96,7 +96,7 @@ class SeedResult:
 
 
 def arm_overrides(arm: str, max_kl: float) -> list[str]:
-    """The arm's overrides of ``configs/quickstart.yaml``, with the masked arm's threshold set to ``max_kl``."""
+    """The arm's overrides of ``configs/quickstart/quickstart.yaml``, with the masked arm's threshold set to ``max_kl``."""
     overrides = list(ARMS[arm])
     if arm == "masked":
         overrides[-1] = f"{G}off_policy_max_kl={max_kl}"
@@ -257,8 +257,8 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
             f"{wall / 60:.1f} min{reused}; {machine()}, {datetime.date.today().isoformat()}, "
             f"commit {COMMIT}).",
             "",
-            f"Per seed, one quickstart CoT-SFT policy (`configs/quickstart_sft.yaml`), then from it {args.steps} GRPO "
-            f"steps of `configs/quickstart.yaml` (accuracy + format rewards, B = 8 prompts, K = 8, lr 2e-4, no KL) per "
+            f"Per seed, one quickstart CoT-SFT policy (`configs/quickstart/quickstart_sft.yaml`), then from it {args.steps} GRPO "
+            f"steps of `configs/quickstart/quickstart.yaml` (accuracy + format rewards, B = 8 prompts, K = 8, lr 2e-4, no KL) per "
             f"arm, differing only in the overrides below. Every arm but `grpo_delay0` runs the one-step-delayed "
             f"pipeline (`pipeline.delay=1`; its first step only primes the pipeline, so it takes {args.steps - 1} "
             "updates): with one update per rollout and no delay the ratio is exactly 1 and GSPO, CISPO, the "

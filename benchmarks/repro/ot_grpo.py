@@ -7,11 +7,11 @@ of what accuracy training gives on a domain where the start is biased but has la
 Per seed S, in ``<out>/seed<S>``:
 
 1. **Source-domain start**: CoT-SFT from the embedded model's random weights (drawn from S) on large dots
-   (``configs/quickstart_sft.yaml``, radius 12 at 64 px) for ``--sft-steps`` (600: about 0.9 in-domain).
+   (``configs/quickstart/quickstart_sft.yaml``, radius 12 at 64 px) for ``--sft-steps`` (600: about 0.9 in-domain).
 2. **Target domain**: smaller dots (``--target-radius``, 7 px), where that start is biased (it answers one way more
    often) but its preference moves the right way between the two views of a mirrored pair more often than not (the
    diagnosis's ``correct_sign``, measured per seed): the latent ability the paper's premise needs.
-3. From that one start, ``--steps`` GRPO steps per arm on the same target-domain pairs (``configs/consistency_dots.yaml``:
+3. From that one start, ``--steps`` GRPO steps per arm on the same target-domain pairs (``configs/quickstart/consistency_dots.yaml``:
    4 pairs per step, K = 8, lr 2e-4, no KL), differing only in the reward:
 
    - (a) ``accuracy``: accuracy + format (reads the labels: the reference);
@@ -61,8 +61,8 @@ from common import (
 from pair_diagnosis import PairDiagnosis, diagnose, target_pairs
 
 KEY = "val/acc"
-GRPO = "consistency_dots.yaml"
-SFT = "quickstart_sft.yaml"
+GRPO = "quickstart/consistency_dots.yaml"
+SFT = "quickstart/quickstart_sft.yaml"
 FORMAT = {"class_path": "app.rewards.FormatReward", "init_args": {"weight": 0.5}}
 TWIN_VIEWS = ["hflip", "translate", "crop", "jitter"]
 MINIMAL_VS_RANDOM = 0.021  # the paper's gap of minimal over random pairing (2.1 points)
@@ -238,7 +238,7 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
             f"small dots (radius {args.target_radius}: the target domain), where it is biased but its preference "
             "moves the right way between a scene and its mirror image on most pairs (start correct sign, below). "
             f"Four arms from that start at equal steps ({args.steps} GRPO steps, 4 pairs x K = 8, lr 2e-4, no KL; "
-            f"`configs/consistency_dots.yaml` on target-domain pairs): (a) accuracy reward, (b) consistency with "
+            f"`configs/quickstart/consistency_dots.yaml` on target-domain pairs): (a) accuracy reward, (b) consistency with "
             "minimal (OT) pairing, (c) consistency with random pairing, (d) no RL. Each twin applies, each with "
             f"probability {args.transform_prob}, the mirror (equivariant: the answer flips) and three invariant "
             "views (the scene translated; cropped around both dots and resized back; colour-jittered), so mirrored "

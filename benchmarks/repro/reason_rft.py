@@ -5,16 +5,16 @@ and forgets less, than SFT alone?
 
 Per seed S, in ``<out>/seed<S>``:
 
-0. **Generalist** (``configs/reason_rft_skill_generalist.yaml``): CoT-SFT from random weights (drawn from S) on "Is the
+0. **Generalist** (``configs/repro/reason_rft_skill_generalist.yaml``): CoT-SFT from random weights (drawn from S) on "Is the
    red dot left of the blue dot?" over large dots, small dots and large dots with two distractors. It perceives every
    domain the evaluation uses (target ``<think>red is left of blue</think><answer>yes</answer>``).
 1. **The new skill**: "Is the red dot right of the blue dot?", taught on large dots only. The perception the
    reasoning names is the one the generalist has; the answer maps it the other way. Arms from the generalist, each
    reading the same number of labelled prompts (``--labelled`` = 1,600):
 
-   - ``sft``: CoT-SFT only (``configs/reason_rft_skill_sft.yaml``, 16 prompts a step);
+   - ``sft``: CoT-SFT only (``configs/repro/reason_rft_skill_sft.yaml``, 16 prompts a step);
    - ``reason_rft``: a short activation CoT-SFT (``--activation-steps`` of 16 prompts), then GRPO (accuracy + format;
-     ``configs/reason_rft_skill_grpo.yaml``, 8 prompts x K = 8 a step) on the rest of the prompts;
+     ``configs/repro/reason_rft_skill_grpo.yaml``, 8 prompts x K = 8 a step) on the rest of the prompts;
    - ``grpo_zero``: GRPO only from the generalist (Reason-RFT-Zero);
    - ``sft_time``: CoT-SFT for as many steps as take the GRPO arm's wall time (``--sft-time-steps``, set from the
      stages' measured times): equal compute, 3-4x the labelled prompts;
@@ -45,7 +45,11 @@ from common import (
     write_section,
 )
 
-GENERALIST, SFT, GRPO = "reason_rft_skill_generalist.yaml", "reason_rft_skill_sft.yaml", "reason_rft_skill_grpo.yaml"
+GENERALIST, SFT, GRPO = (
+    "repro/reason_rft_skill_generalist.yaml",
+    "repro/reason_rft_skill_sft.yaml",
+    "repro/reason_rft_skill_grpo.yaml",
+)
 SFT_BATCH, GRPO_BATCH = 16, 8  # prompts per optimizer step of the two recipes
 SETS = {
     "new_in_domain": "new skill, in-domain",
@@ -171,8 +175,8 @@ def report(runs: dict[int, dict[str, ArmScores]], args: argparse.Namespace) -> s
         f"(Reason-RFT-Zero, {args.labelled // GRPO_BATCH} steps x {GRPO_BATCH}); and CoT-SFT at equal compute "
         f"({args.sft_time_steps} steps, about the GRPO arm's wall time; see the minutes column). Greedy exact-match "
         "accuracy on 100 held-out prompts per set: the new skill in-domain, under shift (small dots, distractors) "
-        "and the old question (forgetting). `configs/reason_rft_skill_generalist.yaml`, "
-        "`configs/reason_rft_skill_sft.yaml`, `configs/reason_rft_skill_grpo.yaml`.",
+        "and the old question (forgetting). `configs/repro/reason_rft_skill_generalist.yaml`, "
+        "`configs/repro/reason_rft_skill_sft.yaml`, `configs/repro/reason_rft_skill_grpo.yaml`.",
         "",
         "| arm | " + " | ".join(names) + " | stage minutes |",
         "|---|" + "---|" * (len(names) + 1),

@@ -10,10 +10,10 @@ failed (two threads loading policies at once, since serialised) and ran in a ``-
 14.7 min at load 2-3. The sections were rewritten with ``--reuse``, which reads the stages, measures and evaluations
 back and reruns nothing; each section states its summed stage minutes.)
 
-The three parts share ``--out`` (default ``runs/repro/samplers``): stage 1 (``configs/quickstart_flow_pretrain.yaml``)
+The three parts share ``--out`` (default ``runs/repro/samplers``): stage 1 (``configs/quickstart/quickstart_flow_pretrain.yaml``)
 runs once per seed in ``<out>/seed<S>`` and the later parts reuse it; every GRPO arm starts from it (the arms are
 registered in ``flow_grpo.ARMS`` and run by ``flow_grpo.run_arm``), at ``GRPO_STEPS`` optimizer steps of the recipe
-``configs/quickstart_flow.yaml`` (32 prompts x 8 samples). The recipe's 100 steps have their rise by step 50: the
+``configs/quickstart/quickstart_flow.yaml`` (32 prompts x 8 samples). The recipe's 100 steps have their rise by step 50: the
 ``window2`` and ``mixgrpo`` arms of the ``flow-grpo-flow-flash`` run logged at step 50 a held-out reward within 0.031
 of their step-100 figure on each of their 3 seeds, equal on the mean.
 

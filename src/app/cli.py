@@ -94,29 +94,31 @@ def _first_comment(path: Path, width: int = 100) -> str:
 def _epilog() -> str:
     lines = [
         "examples:",
-        f"  {PROG} fit --config configs/quickstart_sft.yaml          train with a recipe",
+        f"  {PROG} fit --config configs/quickstart/quickstart_sft.yaml          train with a recipe",
         f"  {PROG} fit --config X.yaml --trainer.max_steps 10 --print_config",
         "                                            the resolved config; any field can be set on the command line",
         f"  {PROG} fit --model.help app.modules.VLMGRPOModule        the arguments of a module",
-        f"  {PROG} export --config configs/quickstart.yaml --output_dir exported/",
+        f"  {PROG} export --config configs/quickstart/quickstart.yaml --output_dir exported/",
         "                                            the policy of the run's newest checkpoint, as a Hugging Face folder",
-        f"  {PROG} rehearse --config configs/grpo_qwen2_5_vl_3b.yaml",
+        f"  {PROG} rehearse --config configs/vlm/grpo_qwen2_5_vl_3b.yaml",
         "                                            a GPU recipe on CPU with the tiny model: fit, resume, export, float32",
     ]
     folder = _configs_folder()
     if folder is not None:
         shown = os.path.relpath(folder) if folder.is_relative_to(Path.cwd()) else str(folder)
-        recipes = sorted(folder.glob("*.yaml"))
-        width = max((len(p.name) for p in recipes), default=0)
-        lines += ["", f"recipes ({shown}/):"]
-        lines += [f"  {p.name:<{width}}  {_first_comment(p, 116 - width)}" for p in recipes]
+        recipes = sorted(folder.rglob("*.yaml"))
+        width = max((len(p.relative_to(folder).as_posix()) for p in recipes), default=0)
+        lines += ["", f"recipes ({shown}/: quickstart/ on CPU, vlm/ and flow/ for GPUs, repro/ for docs/results.md):"]
+        for p in recipes:
+            name = p.relative_to(folder).as_posix()
+            lines.append(f"  {name:<{width}}  {_first_comment(p, 116 - width)}")
     lines += ["", f"Errors name the field and suggest a fix; {DEBUG_HINT}."]
     return "\n".join(lines)
 
 
 def _subcommand_epilog() -> str:
     return (
-        f"recipes: configs/*.yaml ({PROG} --help lists them). The arguments of one class: --model.help CLASS_PATH,\n"
+        f"recipes: configs/*/*.yaml ({PROG} --help lists them). The arguments of one class: --model.help CLASS_PATH,\n"
         f"--data.help CLASS_PATH. {DEBUG_HINT}."
     )
 

@@ -42,6 +42,25 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match else ""
 
 
+def _nearest_file(path: Path) -> str:
+    """``"; did you mean 'x'?"`` for a missing file: the closest name beside it or, with its suffix, in a subfolder
+    (recipes sit in ``configs/<purpose>/``, so ``configs/quickstart.yaml`` finds ``configs/quickstart/quickstart.yaml``).
+    """
+    folder = path.parent
+    if not folder.is_dir():
+        return ""
+    candidates = {p.name: p for p in sorted(folder.iterdir())}
+    if path.suffix:
+        for found in sorted(folder.rglob(f"*{path.suffix}"), key=lambda p: len(p.parts)):
+            candidates.setdefault(found.name, found)
+    match = difflib.get_close_matches(path.name, list(candidates), n=1, cutoff=0.6)
+    if not match:
+        return ""
+    found = candidates[match[0]]
+    shown = os.path.relpath(found) if found.is_relative_to(Path.cwd()) else str(found)
+    return f"; did you mean {shown!r}?"
+
+
 def _shorten(text: str, limit: int = 240) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -215,8 +234,7 @@ def describe_parse_error(message: str, options: Iterable[str] = (), command: str
         command = None
     elif missing_file:
         path = Path(missing_file.group(1))
-        siblings = [p.name for p in path.parent.glob("*")] if path.parent.is_dir() else []
-        lines = [f"error: no such file: {path}{did_you_mean(path.name, siblings)}"]
+        lines = [f"error: no such file: {path}{_nearest_file(path)}"]
     elif unrecognized:
         options = list(options)
         lines = []

@@ -34,33 +34,33 @@ from app.tasks.vbvr import VBVRPromptDataset
 ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG_FINGERPRINTS = {
-    "configs/consistency_dots.yaml": ("ae8ad7b3702f22e6", "5320c0c4519dc71d", "405964605de807f9"),
-    "configs/flow_grpo_sd3_5_medium.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
-    "configs/flow_grpo_sd3_5_medium_clip_vbvr.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
-    "configs/flow_grpo_wan2_1_i2v_14b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
-    "configs/flow_grpo_wan2_1_t2v_1_3b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
-    "configs/flow_grpo_wan2_2_ti2v_5b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
-    "configs/quickstart.yaml": ("96dda23eb0aa661f", "ab22a3d9fae8c114", "29cbec44f35c0172"),
-    "configs/quickstart_flow.yaml": ("f4f8f909e377c142", "379f6a67b9f47a0c", "f5f5c58de5dc851f"),
-    "configs/quickstart_flow_nft.yaml": ("f4f8f909e377c142", "379f6a67b9f47a0c", "f5f5c58de5dc851f"),
-    "configs/quickstart_flow_pretrain.yaml": ("6ff76a252511f58f", "c82736df8150f65d", "c3fd52f42e77a7f1"),
-    "configs/quickstart_sft.yaml": ("a4a1184ff08a981e", "ab22a3d9fae8c114", "29cbec44f35c0172"),
-    "configs/quickstart_vbvr.yaml": ("c5998104666a4839", "06a302f58967da93", "e20d472debfda762"),
-    "configs/quickstart_vbvr_nft.yaml": ("c5998104666a4839", "06a302f58967da93", "e20d472debfda762"),
-    "configs/quickstart_vbvr_pretrain.yaml": ("3fa428131048d768", "06a302f58967da93", "e20d472debfda762"),
-    "configs/reason_rft_count_grpo.yaml": ("94808dac33fc3a15", "68af59eb868669f0", "2577a9a27877f060"),
-    "configs/reason_rft_count_sft.yaml": ("8042d4e2da3f83d3", "68af59eb868669f0", "2577a9a27877f060"),
-    "configs/reason_rft_counting.yaml": ("94808dac33fc3a15", "137b6d276e74151c", "99b76f2453bbbd39"),
-    "configs/reason_rft_leftof_grpo.yaml": ("96dda23eb0aa661f", "f6393d38c0f1a137", "03758e800a5ee962"),
-    "configs/reason_rft_leftof_sft.yaml": ("a4a1184ff08a981e", "f6393d38c0f1a137", "03758e800a5ee962"),
-    "configs/reason_rft_skill_generalist.yaml": ("d620d8c0a79a0c19", "ad5a80cb6920e2c5", "07871493ea4e8ed9"),
-    "configs/reason_rft_skill_grpo.yaml": ("2aa03e599adde7cc", "6d4bf6973c823eb6", "bf130b4916182792"),
-    "configs/reason_rft_skill_sft.yaml": ("6afbba856e1a771b", "6d4bf6973c823eb6", "bf130b4916182792"),
-    "configs/reason_rft_transform.yaml": ("6b967b29f58aa98b", "b517552bff3b767b", "127158ca6c60d9c3"),
-    "configs/trisr_dots.yaml": ("624ac8a6e25ff223", "079f05ae662d577c", "6cbea93a6aa26d8f"),
-    "configs/trisr_dots_grpo.yaml": ("ef2e12d40265995c", "4e10778095fce635", "3d5f9fd317b389d2"),
-    "configs/trisr_dots_sft.yaml": ("905c2092cec775a9", "4e10778095fce635", "3d5f9fd317b389d2"),
-    "configs/vbvr_pipeline_cpu.yaml": ("c5998104666a4839", "06a302f58967da93", "e20d472debfda762"),
+    "configs/quickstart/consistency_dots.yaml": ("ae8ad7b3702f22e6", "5320c0c4519dc71d", "405964605de807f9"),
+    "configs/flow/flow_grpo_sd3_5_medium.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
+    "configs/flow/flow_grpo_sd3_5_medium_clip_vbvr.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
+    "configs/flow/flow_grpo_wan2_1_i2v_14b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
+    "configs/flow/flow_grpo_wan2_1_t2v_1_3b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
+    "configs/flow/flow_grpo_wan2_2_ti2v_5b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
+    "configs/quickstart/quickstart.yaml": ("96dda23eb0aa661f", "ab22a3d9fae8c114", "29cbec44f35c0172"),
+    "configs/quickstart/quickstart_flow.yaml": ("f4f8f909e377c142", "379f6a67b9f47a0c", "f5f5c58de5dc851f"),
+    "configs/quickstart/quickstart_flow_nft.yaml": ("f4f8f909e377c142", "379f6a67b9f47a0c", "f5f5c58de5dc851f"),
+    "configs/quickstart/quickstart_flow_pretrain.yaml": ("6ff76a252511f58f", "c82736df8150f65d", "c3fd52f42e77a7f1"),
+    "configs/quickstart/quickstart_sft.yaml": ("a4a1184ff08a981e", "ab22a3d9fae8c114", "29cbec44f35c0172"),
+    "configs/quickstart/quickstart_vbvr.yaml": ("c5998104666a4839", "06a302f58967da93", "e20d472debfda762"),
+    "configs/quickstart/quickstart_vbvr_nft.yaml": ("c5998104666a4839", "06a302f58967da93", "e20d472debfda762"),
+    "configs/quickstart/quickstart_vbvr_pretrain.yaml": ("3fa428131048d768", "06a302f58967da93", "e20d472debfda762"),
+    "configs/repro/reason_rft_count_grpo.yaml": ("94808dac33fc3a15", "68af59eb868669f0", "2577a9a27877f060"),
+    "configs/repro/reason_rft_count_sft.yaml": ("8042d4e2da3f83d3", "68af59eb868669f0", "2577a9a27877f060"),
+    "configs/quickstart/reason_rft_counting.yaml": ("94808dac33fc3a15", "137b6d276e74151c", "99b76f2453bbbd39"),
+    "configs/repro/reason_rft_leftof_grpo.yaml": ("96dda23eb0aa661f", "f6393d38c0f1a137", "03758e800a5ee962"),
+    "configs/repro/reason_rft_leftof_sft.yaml": ("a4a1184ff08a981e", "f6393d38c0f1a137", "03758e800a5ee962"),
+    "configs/repro/reason_rft_skill_generalist.yaml": ("d620d8c0a79a0c19", "ad5a80cb6920e2c5", "07871493ea4e8ed9"),
+    "configs/repro/reason_rft_skill_grpo.yaml": ("2aa03e599adde7cc", "6d4bf6973c823eb6", "bf130b4916182792"),
+    "configs/repro/reason_rft_skill_sft.yaml": ("6afbba856e1a771b", "6d4bf6973c823eb6", "bf130b4916182792"),
+    "configs/quickstart/reason_rft_transform.yaml": ("6b967b29f58aa98b", "b517552bff3b767b", "127158ca6c60d9c3"),
+    "configs/quickstart/trisr_dots.yaml": ("624ac8a6e25ff223", "079f05ae662d577c", "6cbea93a6aa26d8f"),
+    "configs/repro/trisr_dots_grpo.yaml": ("ef2e12d40265995c", "4e10778095fce635", "3d5f9fd317b389d2"),
+    "configs/repro/trisr_dots_sft.yaml": ("905c2092cec775a9", "4e10778095fce635", "3d5f9fd317b389d2"),
+    "configs/quickstart/vbvr_pipeline_cpu.yaml": ("c5998104666a4839", "06a302f58967da93", "e20d472debfda762"),
     "tests/fixtures/tiny_grpo.yaml": ("fb56df4e51aa5439", "ab22a3d9fae8c114", "29cbec44f35c0172"),
     "tests/fixtures/tiny_sft.yaml": ("fb56df4e51aa5439", "ab22a3d9fae8c114", "29cbec44f35c0172"),
 }
@@ -131,7 +131,7 @@ def data_module_of(path: Path) -> LightningDataModule:
 
 
 def test_every_config_with_a_visual_task_data_module_is_pinned():
-    configs = sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "tests" / "fixtures").glob("*.yaml"))
+    configs = sorted((ROOT / "configs").rglob("*.yaml")) + sorted((ROOT / "tests" / "fixtures").glob("*.yaml"))
     generated = {
         str(path.relative_to(ROOT))
         for path in configs

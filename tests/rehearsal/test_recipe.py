@@ -86,7 +86,7 @@ def test_every_change_is_listed(recipe, tmp_path):
 
 
 def test_kernels_that_need_cuda_are_swapped_and_listed(tmp_path):
-    plan = plan_rehearsal(CONFIGS / "grpo_qwen2_5_vl_3b.yaml", tmp_path)
+    plan = plan_rehearsal(CONFIGS / "vlm/grpo_qwen2_5_vl_3b.yaml", tmp_path)
     policy = plan.config["model"]["init_args"]["policy"]["init_args"]
     assert policy["use_liger_kernel"] is False and policy["model"] == "tiny-qwen2.5-vl"
     change = next(c for c in plan.changes if c.field.endswith("use_liger_kernel"))
@@ -94,7 +94,7 @@ def test_kernels_that_need_cuda_are_swapped_and_listed(tmp_path):
 
 
 def test_learned_scorers_are_rehearsed_with_the_embedded_tiny_scorers_and_listed(tmp_path):
-    plan = plan_rehearsal(CONFIGS / "flow_grpo_sd3_5_medium_clip_vbvr.yaml", tmp_path)
+    plan = plan_rehearsal(CONFIGS / "flow/flow_grpo_sd3_5_medium_clip_vbvr.yaml", tmp_path)
     clip = next(r for r in plan.config["model"]["init_args"]["rewards"] if r["class_path"].endswith("CLIPScoreReward"))
     assert clip["init_args"]["model"] == "tiny-clip" and clip["init_args"]["weight"] == 0.2
     change = next(c for c in plan.changes if c.field.endswith(".init_args.model") and "rewards" in c.field)
@@ -102,7 +102,7 @@ def test_learned_scorers_are_rehearsed_with_the_embedded_tiny_scorers_and_listed
 
 
 def test_a_vlm_judge_reward_is_rehearsed_with_the_tiny_model_of_its_family(tmp_path):
-    text = (CONFIGS / "grpo_qwen2_5_vl_3b.yaml").read_text()  # its header's data commands kept
+    text = (CONFIGS / "vlm/grpo_qwen2_5_vl_3b.yaml").read_text()  # its header's data commands kept
     judge = (
         "      - class_path: app.rewards.learned.VLMJudgeReward\n"
         "        init_args: {model: Qwen/Qwen2.5-VL-7B-Instruct, device: 'cuda:1'}\n"
@@ -115,7 +115,7 @@ def test_a_vlm_judge_reward_is_rehearsed_with_the_tiny_model_of_its_family(tmp_p
 
 
 def test_the_header_commands_write_the_shards_the_data_module_reads(tmp_path):
-    recipe = CONFIGS / "consistency_spatial_qwen2_5_vl_3b.yaml"
+    recipe = CONFIGS / "vlm/consistency_spatial_qwen2_5_vl_3b.yaml"
     assert header_task_commands(recipe.read_text())[0][:3] == ["spatial", "--out", "data/spatial/train"]
     plan = plan_rehearsal(recipe, tmp_path / "run", tmp_path / "data")
     outs = [args[args.index("--out") + 1] for args in plan.data_commands]
@@ -126,7 +126,7 @@ def test_the_header_commands_write_the_shards_the_data_module_reads(tmp_path):
 
 def test_shard_urls_without_a_generator_command_are_an_error(tmp_path):
     recipe = tmp_path / "r.yaml"
-    config = yaml.safe_load((CONFIGS / "core_trisr_qwen3_vl_4b.yaml").read_text())
+    config = yaml.safe_load((CONFIGS / "vlm/core_trisr_qwen3_vl_4b.yaml").read_text())
     recipe.write_text(yaml.safe_dump(config))  # the header comment (with its commands) is gone
     with pytest.raises(ConfigError, match="header has no 'python -m app.tasks"):
         plan_rehearsal(recipe, tmp_path)
@@ -134,7 +134,7 @@ def test_shard_urls_without_a_generator_command_are_an_error(tmp_path):
 
 def test_a_model_of_no_known_family_is_an_error_naming_the_field(tmp_path):
     recipe = tmp_path / "r.yaml"
-    config = yaml.safe_load((CONFIGS / "grpo_qwen2_5_vl_3b.yaml").read_text())
+    config = yaml.safe_load((CONFIGS / "vlm/grpo_qwen2_5_vl_3b.yaml").read_text())
     config["model"]["init_args"]["policy"]["init_args"]["model"] = "some-org/llava-13b"
     recipe.write_text("# python -m app.tasks dots --out data/x --num 4\n" + yaml.safe_dump(config))
     with pytest.raises(ConfigError, match="policy.init_args.model = 'some-org/llava-13b'"):
@@ -142,7 +142,7 @@ def test_a_model_of_no_known_family_is_an_error_naming_the_field(tmp_path):
 
 
 def test_the_float32_variant_is_float32_throughout(tmp_path):
-    plan = plan_rehearsal(CONFIGS / "flow_grpo_wan2_1_i2v_14b.yaml", tmp_path)
+    plan = plan_rehearsal(CONFIGS / "flow/flow_grpo_wan2_1_i2v_14b.yaml", tmp_path)
     config, changes = float32_variant(plan.config)
     assert config["trainer"]["precision"] == "32-true"
     assert config["model"]["init_args"]["policy"]["init_args"]["dtype"] == "float32"

@@ -1,11 +1,11 @@
-"""configs/consistency_dots.yaml trains end to end: two GRPO steps on paired prompts with the consistency reward."""
+"""configs/quickstart/consistency_dots.yaml trains end to end: two GRPO steps on paired prompts with the consistency reward."""
 
 import math
 from pathlib import Path
 
 from app.cli import AppCLI
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "consistency_dots.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart/consistency_dots.yaml"
 
 
 def test_two_consistency_grpo_steps_from_the_config(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Two GRPO steps of configs/trisr_dots.yaml (dot triplets, TriSR + format rewards) through AppCLI."""
+"""Two GRPO steps of configs/quickstart/trisr_dots.yaml (dot triplets, TriSR + format rewards) through AppCLI."""
 
 from pathlib import Path
 
@@ -7,7 +7,7 @@ import yaml
 
 from app.cli import AppCLI
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "trisr_dots.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart/trisr_dots.yaml"
 
 
 def test_two_grpo_steps_log_the_trisr_reward(tmp_path):

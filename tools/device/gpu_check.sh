@@ -59,7 +59,7 @@ part gpu_tests 150 "$PY" -m pytest -m gpu -p no:cacheprovider -o addopts="-ra -q
   tests/models/test_packing.py
 part vlm_3b 300 "$PY" benchmarks/gpu_vlm_grpo.py --variants sdpa sdpa+liger flash_attention_2+liger \
   --modes lora full --shared on off --new-tokens 256 --out "$OUT/vlm_3b.jsonl"
-fsdp_args=(--config configs/trisr_dots.yaml --validate_before_and_after false --trainer.accelerator "${ACCEL:-gpu}"
+fsdp_args=(--config configs/quickstart/trisr_dots.yaml --validate_before_and_after false --trainer.accelerator "${ACCEL:-gpu}"
   --trainer.devices 1 --trainer.strategy.class_path app.parallel.FSDP2Strategy --trainer.precision bf16-mixed
   --trainer.limit_val_batches 0 --trainer.default_root_dir "$OUT/fsdp_run" --trainer.logger false
   --trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint --trainer.callbacks.dirpath="$OUT/fsdp_run/ckpt"

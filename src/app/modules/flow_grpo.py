@@ -20,7 +20,7 @@ Departures from the public Flow-GRPO / CPS code, and why:
 - The KL (k3, weight ``beta``) is taken per trained step between the policy's and the reference's log-densities of the
   same stored transition, as the token-level KL of GRPO.
 
-Run it with ``python -m app fit --config configs/<a flow-grpo recipe>.yaml``.
+Run it with ``python -m app fit --config configs/flow/<recipe>.yaml``.
 """
 
 from __future__ import annotations

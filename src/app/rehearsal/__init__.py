@@ -1,4 +1,4 @@
-"""Rehearse a GPU recipe on CPU (``python -m app rehearse --config configs/X.yaml``): the recipe as written but for
+"""Rehearse a GPU recipe on CPU (``python -m app rehearse --config configs/vlm/X.yaml``): the recipe as written but for
 what a CPU cannot have (:mod:`app.rehearsal.recipe`), fitted, resumed, exported and compared with its float32 variant
 (:mod:`app.rehearsal.run`)."""
 

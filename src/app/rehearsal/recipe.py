@@ -72,11 +72,11 @@ class RehearsalPlan:
 
 
 def gpu_recipes(folder: Path) -> list[Path]:
-    """The recipes of ``folder`` written for GPUs (``trainer.accelerator: gpu``)."""
+    """The recipes under ``folder`` (its subfolders included) written for GPUs (``trainer.accelerator: gpu``)."""
     import yaml
 
     found = []
-    for path in sorted(folder.glob("*.yaml")):
+    for path in sorted(folder.rglob("*.yaml")):
         config = yaml.safe_load(path.read_text()) or {}
         if str((config.get("trainer") or {}).get("accelerator", "")).lower() in ("gpu", "cuda"):
             found.append(path)

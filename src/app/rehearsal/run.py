@@ -1,4 +1,4 @@
-"""Rehearse GPU recipes on CPU: ``python -m app rehearse --config configs/X.yaml [--config Y.yaml ...] [--out DIR]``.
+"""Rehearse GPU recipes on CPU: ``python -m app rehearse --config configs/vlm/X.yaml [--config Y.yaml ...] [--out DIR]``.
 
 For each recipe (:mod:`app.rehearsal.recipe` lists what changes): generate its data with the header's commands, then
 fit as written for one step with a checkpoint, resume from that checkpoint for one more, export the policy from the

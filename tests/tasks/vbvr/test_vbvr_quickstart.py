@@ -31,7 +31,7 @@ def test_vbvr_quickstart_two_stages(tmp_path, monkeypatch):
     cli = AppCLI(
         args=[
             "--config",
-            str(CONFIGS / "quickstart_vbvr_pretrain.yaml"),
+            str(CONFIGS / "quickstart/quickstart_vbvr_pretrain.yaml"),
             *SMALL,
             "--model.init_args.num_steps",
             "2",
@@ -49,7 +49,7 @@ def test_vbvr_quickstart_two_stages(tmp_path, monkeypatch):
     cli = AppCLI(
         args=[
             "--config",
-            str(CONFIGS / "quickstart_vbvr.yaml"),
+            str(CONFIGS / "quickstart/quickstart_vbvr.yaml"),
             *SMALL,
             "--model.init_args.sampling.group_size",
             "2",
