@@ -48,13 +48,13 @@ DELAY = "model.init_args.pipeline.delay=1"
 G = "model.init_args.grpo."
 MASK_KL = 1e-3  # off_policy_max_kl of the masked arm (--max-kl); how it was picked: MASK_PICK
 MASK_PICK = (
-    "The masked arm's threshold was picked on seed 0 (pilot runs of the masked arm alone, 100 GRPO steps from the "
-    "seed-0 SFT policy, 2026-12-04): `off_policy_max_kl` 1e-3 / 1e-4 / 1e-5 masked 0.032 / 0.254 / 0.445 of the rows "
+    "The masked arm's threshold was chosen on seed 0 from runs of the masked arm alone, 100 GRPO steps from the "
+    "seed-0 SFT policy (2026-12-04): `off_policy_max_kl` 1e-3 / 1e-4 / 1e-5 masked 0.032 / 0.254 / 0.445 of the rows "
     "(mean `train/off_policy_masked` over the logged steps), and 1e-5 collapsed the policy (held-out accuracy 0.500 "
-    "after, against 0.865 / 0.835 for 1e-3 / 1e-4). The threshold of 0.05 masked nothing (0.000 in a 6-step smoke "
-    "run): the per-token ratios stay within the 0.2 clip (`train/clip_fraction` about 0 for `grpo`), so the rows' "
-    "mean k3 KL to the sampling policy is far below 0.05, and the arm would be `grpo` itself. 1e-3 is the largest "
-    "of those tried at 100 steps; it masks some rows."
+    "after, against 0.865 / 0.835 for 1e-3 / 1e-4). A threshold of 0.05 masks nothing (no row in a 6-step run): the "
+    "per-token ratios stay within the 0.2 clip (`train/clip_fraction` about 0 for `grpo`), so the rows' mean k3 KL "
+    "to the sampling policy is far below 0.05, and the arm would be `grpo` itself. 1e-3 is the largest of the "
+    "thresholds run for 100 steps; it masks some rows."
 )
 
 # Arm -> its overrides of configs/quickstart/quickstart.yaml (the masked arm's threshold comes from --max-kl).
@@ -243,9 +243,7 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
         if cells:
             logged.append(f"- {arm}: " + "; ".join(cells))
     n_reused = sum(r.reused for r in results)
-    reused = (
-        f"; {n_reused} of {(1 + len(args.arms)) * len(seeds)} stages read back from an earlier run" if n_reused else ""
-    )
+    reused = f"; {n_reused} of {(1 + len(args.arms)) * len(seeds)} stages reused (`--reuse`)" if n_reused else ""
     overridden = f" Overrides of every GRPO run: `{' '.join(args.set)}`." if args.set else ""
     wall = sum(r.seconds for r in results)
     words = ", ".join(f"{arm} {word}" for arm, word in verdicts.items())

@@ -213,15 +213,15 @@ def report(runs: dict[int, dict[str, ArmScores]], args: argparse.Namespace) -> s
 READING = """Reading: the constant answer is an attractor for GRPO from the generalist. The generalist answers the new
 question with the old mapping (new skill in-domain about 0.1), so the few rewarded samples pull its answer away from
 its perception before they pull it to the new mapping, and every seed ends at one answer for every prompt (its groups
-then all score alike: no advantage left). A 10-step activation SFT left seed 0's policy at that point too (0.50 on
-every set, measured while designing this experiment), yet GRPO from there learns the mapping. Every arm that learns the new skill forgets the old one (old question 0.02-0.05): the tiny
+then all score alike: no advantage left). A 10-step activation SFT can leave the policy at that point too (seed 0:
+0.50 on every set after it), yet GRPO from there learns the mapping. Every arm that learns the new skill forgets the old one (old question 0.02-0.05): the tiny
 model never needed to read the question's relation word, and none of the arms teaches it to."""
 
 
-OLD_DESIGN = """The old design (until 2026-12-05) could not show the claim: its stage 1 was 4,800 CoT samples reaching 0.90
-in-domain rather than an activation, its SFT-only arm read 11,200 labelled samples, its GRPO-only arm started from a
-format model whose samples passed the format under 1 % of the time, and its one task had exact in-distribution labels,
-a one-line chain of thought and a purely perceptual shift: SFT was the best teacher by construction."""
+OLD_DESIGN = """Why this design: with a stage 1 of thousands of CoT samples that already solves the task in-domain instead of an
+activation, an SFT-only arm that reads many times the labels of the GRPO arm, a GRPO-only arm that starts from a
+model whose samples rarely pass the format, and one task with exact in-distribution labels, a one-line chain of
+thought and a purely perceptual shift, SFT would be the best teacher by construction."""
 
 
 def sft_steps(args: argparse.Namespace) -> int:

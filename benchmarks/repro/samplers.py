@@ -453,7 +453,7 @@ def separation_section(seeds: Sequence[int], stage1: list, measures: list[dict],
         "region and shape checks do not see the noise left in the sample, so the CPS paper's reason to prefer CPS "
         "(samples left noisy and scored lower) has no hold on this task's reward.",
         "",
-        f"What the old design could not show: with {_window(EARLY_WINDOW)} the only stochastic step the two samplers' "
+        f"What step 0 alone cannot show: with {_window(EARLY_WINDOW)} the only stochastic step the two samplers' "
         "rollouts score and spread alike, so the `flow-grpo-flow` section's CPS = SDE says nothing of the low-sigma "
         "steps where their noise parts.",
     ]
@@ -563,7 +563,7 @@ def eta_section(seeds, stage1, results, evals, start_evals, jobs, mismatch, out:
         f"({after['unipc'][best['unipc']]:.3f}). Rise over the no-RL start (Euler): {rises}. UniPC minus Euler over "
         f"all trained policies: {fmt(solver_gaps)}.{exploration(seeds, out)}",
         "",
-        "What the earlier flow sections could not show: they trained eta 0.7 only and evaluated with Euler only, so "
+        "What the flow quickstart sections cannot show: they train eta 0.7 only and evaluate with Euler only, so "
         "neither whether the recipe's eta is the best of VBVR-Pro's grid nor whether the two deterministic solvers "
         "agree.",
     ]
@@ -647,10 +647,10 @@ def late_section(seeds, stage1, results, evals, start_evals, jobs, mismatch, out
         + "."
         + late_context(seeds, start_evals, out),
         "",
-        f"What the old design could not show: the `flow-grpo-flow` comparison (CPS = SDE) had {_window(EARLY_WINDOW)} "
+        f"What the `flow-grpo-flow` comparison cannot show: it (CPS = SDE) has {_window(EARLY_WINDOW)} "
         f"stochastic only, where SDE's noise std is {', '.join(f'{r:.2f}' for r in early)}x CPS's and their "
         "rollouts' reward spread within a group is alike (sampling-only section); the samplers' noise models part "
-        f"at low sigma ({', '.join(f'{r:.2f}' for r in late)}x on {_window(LATE_WINDOW)}), which it never sampled.",
+        f"at low sigma ({', '.join(f'{r:.2f}' for r in late)}x on {_window(LATE_WINDOW)}), which it never samples.",
     ]
     return "\n".join(lines)
 
