@@ -63,6 +63,12 @@ class RewardBreakdownLogger(L.Callback):
 
     The scalars go to the loggers directly (not through ``self.log``), so they do not crowd the progress bar;
     ``history`` keeps every logged step's (``step -> {key: value}``) for reports and notebooks.
+
+    Args:
+        every_n_steps: log the scalars on every optimizer step (``trainer.global_step``) that is a multiple of this,
+            >= 1 (1: every step).
+        histogram_every_n_steps: log the histograms on every optimizer step that is a multiple of this, >= 1; only
+            steps that also log the scalars (a multiple of ``every_n_steps`` as well) draw them.
     """
 
     def __init__(self, every_n_steps: int = 1, histogram_every_n_steps: int = 10) -> None:

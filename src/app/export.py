@@ -21,6 +21,10 @@ class ExportPolicy(L.Callback):
     The folder loads with ``AutoModelForImageTextToText.from_pretrained`` / ``AutoProcessor.from_pretrained``; with
     LoRA it holds the merged weights plus the adapter in PEFT format under ``adapter/``. A GRPO config points its
     ``policy.model`` at the SFT stage's folder to start from it.
+
+    Args:
+        output_dir: the folder the policy is written to, relative to the working directory; created when fit starts
+            (which checks it is writable), and files of the same names already in it are replaced.
     """
 
     def __init__(self, output_dir: str):

@@ -47,10 +47,12 @@ class SamplingSettings:
     """How a vision-language policy's completions are drawn.
 
     Attributes:
-        group_size: completions per prompt (K), the group GRPO normalises rewards in.
+        group_size: completions per prompt (K, >= 1), the group GRPO normalises rewards in.
         temperature: softmax temperature of sampling (> 0); the stored log-probs are those of this distribution.
-        top_p: nucleus sampling: draw from the smallest set of tokens whose probability reaches ``top_p`` (1: all).
-        max_new_tokens: the completion budget; a completion that reaches it without an end token is truncated.
+        top_p: nucleus sampling, in ``(0, 1]``: draw from the smallest set of tokens whose probability reaches
+            ``top_p`` (1: all).
+        max_new_tokens: the completion budget in tokens (>= 1); a completion that reaches it without an end token is
+            truncated.
     """
 
     group_size: int = 8
@@ -433,11 +435,14 @@ class NFTSettings:
             fresh noise per sample and level); 1.0 trains all T.
         weighting: ``adaptive`` (the reference code: the clean-sample error over its own detached mean absolute
             value, per sample) or ``velocity`` (the paper's plain flow-matching error ``||v_hat - v||^2``).
-        old_decay_rate, old_decay_max, old_decay_start: the sampling policy ``v_old`` follows the trained weights as a
-            moving average, ``old <- d old + (1 - d) theta`` after every training step, with
-            ``d = min(old_decay_rate * max(0, step - old_decay_start), old_decay_max)`` (the reference code's
-            ``decay_type`` 1: rate 0.001, max 0.5, start 0; its type 2: 0.0075, 0.999, 75). 0 throughout
-            (rate 0): ``v_old`` is the weights of the last step, fully on-policy.
+        old_decay_rate: the sampling policy ``v_old`` follows the trained weights as a moving average,
+            ``old <- d old + (1 - d) theta`` after every training step, with
+            ``d = min(old_decay_rate * max(0, step - old_decay_start), old_decay_max)``: this is how fast ``d`` grows
+            per step, >= 0 (the reference code's ``decay_type`` 1: rate 0.001, max 0.5, start 0; its type 2: 0.0075,
+            0.999, 75). 0: ``d`` stays 0 and ``v_old`` is the weights of the last step, fully on-policy.
+        old_decay_max: the cap of ``d``, in ``[0, 1)`` (0.5: ``v_old`` never moves less than halfway to the weights).
+        old_decay_start: training steps before ``d`` starts to grow from 0, >= 0 (until then ``v_old`` is the weights
+            of the last step).
     """
 
     beta: float = 1.0

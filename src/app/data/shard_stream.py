@@ -200,7 +200,8 @@ class ShardStream(IterableDataset):
     Args:
         urls: expanded shard URLs (see :func:`app.data.shards.expand_urls`).
         batch_size: items per batch; an augmented tuple counts as one item.
-        rank, world_size: this process's place among the data-parallel processes.
+        rank: this process's index among the data-parallel processes, in ``[0, world_size)``.
+        world_size: the number of data-parallel processes (1: a single process reads every shard).
         split_by_sample: split the stream between ranks by sample instead of by shard: every rank reads every shard
             but decodes only its own samples, so the ranks share even one shard exactly (for evaluation).
         seed: seed of shard order, shuffle buffer, resampling and augmentation.

@@ -75,6 +75,10 @@ class FSDP2Strategy(ModelParallelStrategy):
             backward (ZeRO-2-like: faster, more memory).
         save_distributed_checkpoint: True writes one shard per rank (``torch.distributed.checkpoint``, a folder);
             False gathers the trained weights into one file on rank 0.
+        process_group_backend: the ``torch.distributed`` backend of the process group (``nccl``, ``gloo``, ...);
+            None: the device's default (``nccl`` on CUDA, ``gloo`` on CPU).
+        timeout: how long a collective may wait for the other ranks before it fails, as ``"h:m:s"`` (e.g.
+            ``"1:00:00"``); None: PyTorch's default, 30 minutes.
     """
 
     def __init__(

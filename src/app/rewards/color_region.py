@@ -118,6 +118,10 @@ class ColorRegionReward(RewardComponent):
     Args:
         min_pixels: area of the smallest blob of the named colour that counts as present.
         shape_tolerance: fill-ratio distance at which the shape credit reaches 0.
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"color_region"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
     """
 
     side_state = ("num_malformed",)

@@ -399,7 +399,10 @@ class ConsistencyReward(RewardComponent):
             and a digest of the batch (:func:`batch_generator`), so a batch gets the same pairing whichever worker
             scores it (inline, thread or process), in whatever order, and after a resume: there is no generator state
             to carry back or checkpoint. None pairs in generation order.
-        weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"consistency"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
 
     Example:
         >>> from app.types import VisualSample

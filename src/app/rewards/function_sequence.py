@@ -167,7 +167,10 @@ class FunctionSequenceReward(RewardComponent):
         alpha: credit of a partial match (function plus object or value); paper: 0, 0.5 or -0.25.
         beta: credit of a function-only match; paper: 0, 0.25 or -0.5.
         ordered: require the same position instead of the best one-to-one pairing.
-        weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"function_sequence"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
 
     Example:
         >>> from app.types import VisualSample

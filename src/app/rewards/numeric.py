@@ -105,7 +105,10 @@ class NumericToleranceReward(RewardComponent):
         eps2: relative error from which on the score is 0 (paper: 0.20).
         zero_scale: replaces ``|gt|`` when ``gt == 0``, so the band is ``eps1 * zero_scale`` .. ``eps2 * zero_scale``
             in absolute terms.
-        weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"numeric_tolerance"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
 
     Example:
         >>> from app.types import VisualSample

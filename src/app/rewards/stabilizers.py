@@ -120,10 +120,15 @@ class CosineLengthReward(RewardComponent):
         correctness: the reward that decides correctness (its weight is ignored).
         correct_threshold: correctness score from which a completion counts as correct (ms-swift: 1.0).
         max_length: L_max, in ``length_unit`` (ms-swift: 1000 tokens).
-        min_len_value_correct, max_len_value_correct: values of a correct completion at length 0 and L_max.
-        min_len_value_wrong, max_len_value_wrong: values of a wrong completion at length 0 and L_max.
+        min_len_value_correct: value of a correct completion at length 0 (ms-swift: 1.0); finite.
+        max_len_value_correct: value of a correct completion at length L_max and beyond (ms-swift: 0.5); finite.
+        min_len_value_wrong: value of a wrong completion at length 0 (ms-swift: -0.5); finite.
+        max_len_value_wrong: value of a wrong completion at length L_max and beyond (ms-swift: 0.0); finite.
         length_unit: ``"words"`` (whitespace-separated) or ``"chars"``.
-        weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"cosine_length"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="Is the cube red?", task="color", answer="yes")
@@ -209,7 +214,10 @@ class RepetitionPenalty(RewardComponent):
         max_penalty: value of a completion that is one n-gram repeated, ``<= 0`` (ms-swift: -1.0); scale it here or
             with ``weight``.
         max_words: words read per completion.
-        weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"repetition_penalty"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="t")
@@ -280,7 +288,11 @@ class SoftOverlongPenalty(RewardComponent):
             converted to the unit, or truncated completions are never reached.
         cache_length: L_cache, the width of the linear ramp before L_max.
         length_unit: ``"words"`` (whitespace-separated) or ``"chars"``.
-        weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
+            ``"soft_overlong_penalty"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="t")

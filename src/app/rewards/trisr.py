@@ -26,7 +26,19 @@ from app.types import VisualSample
 
 # ------------------------------------------------------------------------------------------------ components
 class _TripletReward(RewardComponent):
-    """Shared plumbing: validate each sample's meta once per call, parse each completion once."""
+    """Shared plumbing: validate each sample's meta once per call, parse each completion once.
+
+    Args:
+        eps: floor of ``R_ag``'s relative-error denominator ``max(|v_k|, eps)``, > 0; only the grounding term reads
+            it.
+        interval_tolerance: quantisation tolerance of ``R_tc``'s interval check (in the answers' units), >= 0; 0:
+            exact; only the consistency term reads it.
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
+            the subclass's default name.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
+    """
 
     scope = "triplet"
     needs_attributes = False
@@ -76,8 +88,12 @@ class AttributeGroundingReward(_TripletReward):
     """``R_ag`` (see :func:`attribute_grounding_reward`); needs ``meta["attributes"]``; name ``"attribute_grounding"``.
 
     Args:
-        eps: floor of the relative error's denominator ``max(|v_k|, eps)``.
-        weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
+        eps: floor of the relative error's denominator ``max(|v_k|, eps)``, > 0.
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"attribute_grounding"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...);
+            ``interval_tolerance`` is accepted too, but this term does not read it.
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count", meta={"attributes": [4, 10, 9]})
@@ -96,6 +112,13 @@ class AttributeGroundingReward(_TripletReward):
 
 class JudgmentAlignmentReward(_TripletReward):
     """``R_ja`` (see :func:`judgment_alignment_reward`); needs ``meta["pair_answers"]``; name ``"judgment_alignment"``.
+
+    Args:
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"judgment_alignment"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` and
+            ``interval_tolerance`` are accepted too, but this term reads neither.
 
     Example:
         >>> meta = {"pair_answers": {"1-2": "2", "1-3": "1", "2-3": "2"}}
@@ -123,7 +146,11 @@ class TripletConsistencyReward(_TripletReward):
             symmetric rule: +1 for any three answers that some values realise (no cycle, ties transitive), whichever
             image is in the middle; -1 for a cycle; 0 when an answer is missing. Interval and categorical answers
             score the same under both.
-        weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"triplet_consistency"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` is
+            accepted too, but this term does not read it.
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count")
@@ -156,6 +183,13 @@ class TripletConsistencyReward(_TripletReward):
 
 class TripletTaskReward(_TripletReward):
     """``R_task`` (see :func:`triplet_task_reward`); needs ``meta["pair_answers"]``; name ``"triplet_task"``.
+
+    Args:
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"triplet_task"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` and
+            ``interval_tolerance`` are accepted too, but this term reads neither.
 
     Example:
         >>> meta = {"pair_answers": {"1-2": "2", "1-3": "1", "2-3": "2"}}
@@ -191,6 +225,13 @@ class TripletCycleRate(_TripletReward):
     :func:`~app.rewards.trisr_scores.triplet_cycle_rate`); lower is better; label-free; name ``"triplet_cycle_rate"``.
     Use it in ``eval_rewards``.
 
+    Args:
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"triplet_cycle_rate"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` and
+            ``interval_tolerance`` are accepted too, but this term reads neither.
+
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count")
         >>> TripletCycleRate().score(["<answer>1-2: 1; 1-3: 3; 2-3: 2</answer>", "<answer>1-2: 1</answer>"], [sample] * 2)
@@ -213,6 +254,14 @@ class TripletOrderAccuracy(_TripletReward):
     ``"triplet_order_accuracy"``. On complete ordinal answers it equals overall accuracy; it also credits a missing
     answer that the other two imply. An image-blind fixed ranking scores 1/6 on distinct values in random order.
 
+    Args:
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
+            ``"triplet_order_accuracy"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` and
+            ``interval_tolerance`` are accepted too, but this term reads neither.
+
     Example:
         >>> meta = {"pair_answers": {"1-2": "2", "1-3": "1", "2-3": "2"}}  # 2 > 1 > 3
         >>> sample = VisualSample(images=[], question="q", task="count", meta=meta)
@@ -230,6 +279,14 @@ class TripletOrderAccuracy(_TripletReward):
 class TripletAttributeAccuracy(_TripletReward):
     """Attribute accuracy, an evaluation metric: the fraction of the three ``Image k: <number>`` estimates equal to
     ``meta["attributes"][k]`` (for dots: per-image count accuracy); name ``"triplet_attribute_accuracy"``.
+
+    Args:
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
+            ``"triplet_attribute_accuracy"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` and
+            ``interval_tolerance`` are accepted too, but this term reads neither.
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count", meta={"attributes": [4, 10, 9]})
@@ -256,12 +313,18 @@ class TriSRReward(_TripletReward):
     components alone with the TriSR weights (:meth:`components`): the weighted sum is the same.
 
     Args:
-        ag_weight, ja_weight, tc_weight: lambda_ag, lambda_ja, lambda_tc (paper: 0.2, 0.2, 0.3).
+        ag_weight: lambda_ag, the weight of attribute grounding ``R_ag`` (paper: 0.2); finite; 0 also drops the need
+            for ``meta["attributes"]``.
+        ja_weight: lambda_ja, the weight of judgment alignment ``R_ja`` (paper: 0.2); finite.
+        tc_weight: lambda_tc, the weight of triplet consistency ``R_tc`` (paper: 0.3); finite.
         consistency_rule: the ordinal rule of ``R_tc`` (:class:`TripletConsistencyReward`'s ``rule``): ``"paper"``
             (default; rewards only the orders with image 2 in the middle) or ``"transitive"`` (symmetric: any order).
         eps: floor of the grounding denominator.
         interval_tolerance: quantisation tolerance of the interval consistency check.
-        weight, name, kwargs: see :class:`~app.rewards.RewardComponent`.
+        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
+            logs it without adding it to the total.
+        name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"tri_sr"``.
+        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
 
     Example:
         >>> meta = {"attributes": [7, 4, 2], "pair_answers": {"1-2": "1", "1-3": "1", "2-3": "2"}}

@@ -154,8 +154,10 @@ class PairedDotsDataset(SeededDataset):
         image_size: side of the square images in pixels.
         dot_radius: radius of the dots in pixels (``image_size / 14`` when None).
         labeled: when False, both prompts have ``answer`` and ``reasoning`` None (label-free training).
-        min_gap, num_distractors: as in :class:`~app.tasks.dots.DotsDataset`.
-        transform_prob: probability of each transform.
+        min_gap: smallest horizontal distance in pixels between the red and blue centres (``image_size // 4`` when
+            None), as in :class:`~app.tasks.dots.DotsDataset`.
+        num_distractors: extra green or yellow dots per image (>= 0), as in :class:`~app.tasks.dots.DotsDataset`.
+        transform_prob: probability, in ``[0, 1]``, that the twin applies each transform (drawn independently).
         transforms: the transforms the twin may apply, a subset of :data:`TRANSFORMS` (default: the two negating
             ones). A transform left out is still drawn and then dropped, so the scenes and the other transforms' draws
             stay those of the full set. ``["hflip"]`` keeps every prompt in the original wording (a model fine-tuned on
@@ -212,11 +214,16 @@ class DotsPairAugmenter:
     the answer, so it runs on label-free shards. The pair id is drawn from ``rng`` too (64 random bits): unique within
     any batch in practice, and reproducible.
 
-    >>> import random
-    >>> from app.tasks.dots.dots import DotsDataset
-    >>> x, twin = DotsPairAugmenter()(DotsDataset(2, seed=0, labeled=False)[0], random.Random(0))
-    >>> x.meta["pair_id"] == twin.meta["pair_id"], twin.answer is None
-    (True, True)
+    Args:
+        transform_prob: probability, in ``[0, 1]``, that the twin applies each of :data:`NEGATING` (drawn
+            independently); 0 makes every twin a copy of its original.
+
+    Example:
+        >>> import random
+        >>> from app.tasks.dots.dots import DotsDataset
+        >>> x, twin = DotsPairAugmenter()(DotsDataset(2, seed=0, labeled=False)[0], random.Random(0))
+        >>> x.meta["pair_id"] == twin.meta["pair_id"], twin.answer is None
+        (True, True)
     """
 
     def __init__(self, transform_prob: float = 0.5) -> None:

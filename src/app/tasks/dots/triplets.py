@@ -70,7 +70,8 @@ def make_dots_triplet_sample(
     Args:
         rng: the only source of randomness; the same generator state gives the same sample.
         image_size: side of each square RGB image in pixels.
-        min_count, max_count: range of the dot counts (at least three values, so the counts can differ).
+        min_count: fewest dots in an image, >= 0.
+        max_count: most dots in an image (inclusive), at least ``min_count + 2`` so the three counts can differ.
         dot_radius: radius in pixels; ``image_size / 14`` when None.
     """
     if not 0 <= min_count <= max_count - 2:
@@ -102,7 +103,9 @@ class TripletDotsDataset(SeededDataset):
         num_samples: length of the data set.
         seed: data set seed; different seeds give different triplets.
         image_size: side of the square images in pixels.
-        min_count, max_count: range of the dot counts.
+        min_count: fewest dots in an image, >= 0; each triplet draws three distinct counts from
+            ``[min_count, max_count]``.
+        max_count: most dots in an image (inclusive), at least ``min_count + 2`` so the three counts can differ.
         dot_radius: radius in pixels (``image_size / 14`` when None).
         labeled: when False, ``answer``, ``reasoning`` and the ground truth in ``meta`` are dropped (the label-free
             :class:`~app.rewards.trisr.TripletConsistencyReward` still applies).

@@ -26,7 +26,10 @@ class VBVRPromptDataset(SeededDataset):
     """``num_samples`` prompts cycling over ``tasks`` (all registered tasks by default) and over ``split``.
 
     Args:
-        num_samples, seed, image_size: see :class:`~app.tasks.base.SeededDataset`.
+        num_samples: number of prompts (>= 0).
+        seed: data set seed; prompt ``i``'s task instance depends only on ``(seed, i)``.
+        image_size: side of the square problem (and solution) images in pixels; the tasks' scenes are drawn at
+            this size.
         tasks: task names; None: every registered task.
         split: ``in_domain``, ``out_of_domain`` or a list of both (item ``i`` takes task ``i mod n_tasks`` and split
             ``(i // n_tasks) mod n_splits``, so every split holds every task); ``meta["split"]`` names it.
