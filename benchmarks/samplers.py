@@ -6,7 +6,7 @@
 
 A step is what a rollout pays: one transformer forward (``SD3Transformer2DModel``, random weights, batch 1, under
 ``inference_mode``) plus the sampler's math, which for SDE and CPS includes drawing the noise and the step's log-prob.
-Two models: the tiny SD3 config of ENVIRONMENT.md (4 x 32 x 32 latents), and an SD3-medium-wide stack cut to
+Two models: the embedded tiny SD3 config (4 x 32 x 32 latents), and an SD3-medium-wide stack cut to
 ``--layers`` joint blocks (head dim 64 x 24 heads = hidden 1536, joint_attention_dim 4096, 16 x 32 x 32 latents, 333 text
 tokens as with CLIP + T5). Each repeat runs one step of every sampler, in a rotating order, so load from other
 processes on a shared machine falls on all three alike; the table shows medians. "math only" times the sampler step
@@ -131,7 +131,7 @@ def main() -> None:
     torch.set_num_threads(2)
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     common = dict(math_calls=args.math_calls, device=args.device, dtype=dtype, batch=args.batch)
-    bench("tiny SD3 (ENVIRONMENT.md)", TINY, text_tokens=16, repeats=args.tiny_repeats, **common)
+    bench("tiny SD3 (embedded)", TINY, text_tokens=16, repeats=args.tiny_repeats, **common)
     wide = dict(SD3_WIDE, num_layers=args.layers, sample_size=args.latent_size)
     label = f"SD3-medium width, {args.layers} layers, {args.latent_size}x{args.latent_size} latents, batch {args.batch}"
     bench(label, wide, text_tokens=333, repeats=args.repeats, **common)

@@ -4,11 +4,7 @@
     python benchmarks/repro/samplers.py eta 0 1 2 3 4          # CPS at eta 0.1 / 0.3 / 0.7 / 0.9, Euler and UniPC
     python benchmarks/repro/samplers.py late 0 1 2 3 4         # CPS against SDE with a late stochastic window
 
-(2026-12-06, on the 2-core machine shared with two other agents' runs, load 5-13: ``separation`` took 72.2 min of
-wall time, seed 0's stage 1 run just before it; ``eta`` 58.4 min for its 20 GRPO stages, whose evaluations then
-failed (two threads loading policies at once, since serialised) and ran in a ``--reuse`` call of 0.8 min; ``late``
-14.7 min at load 2-3. The sections were rewritten with ``--reuse``, which reads the stages, measures and evaluations
-back and reruns nothing; each section states its summed stage minutes.)
+Wall time: each section of docs/results.md states its summed stage minutes and the machine's load while it ran.
 
 The three parts share ``--out`` (default ``runs/repro/samplers``): stage 1 (``configs/quickstart/quickstart_flow_pretrain.yaml``)
 runs once per seed in ``<out>/seed<S>`` and the later parts reuse it; every GRPO arm starts from it (the arms are
