@@ -184,7 +184,9 @@ def test_documented_arguments_are_in_the_signature(cls):
             if not name.isidentifier():  # "weight, name, kwargs: see ..." documents none of them
                 problems.append(f"{source.__qualname__}: '{entry.arg_name}' is not one name: one entry per argument")
             elif section == "param" and name not in signature:
-                problems.append(f"{source.__qualname__}: Args entry '{name}' is not in the signature {sorted(signature)}")
+                problems.append(
+                    f"{source.__qualname__}: Args entry '{name}' is not in the signature {sorted(signature)}"
+                )
             elif section == "attribute" and fields is not None and name not in fields:
                 problems.append(f"{source.__qualname__}: Attributes entry '{name}' is not a field {sorted(fields)}")
     assert not problems, "\n".join(problems)

@@ -106,7 +106,8 @@ class FusedLinearGRPOLoss:
     """GRPO loss settings for liger-kernel's fused linear GRPO loss (see the module docstring).
 
     Attributes:
-        eps_low, eps_high: clip range of the ratio, as in :func:`~app.algorithms.loss.grpo_loss`.
+        eps_low: the ratio's lower clip, ``1 - eps_low``, as in :func:`~app.algorithms.loss.grpo_loss`.
+        eps_high: the ratio's upper clip, ``1 + eps_high``, as in :func:`~app.algorithms.loss.grpo_loss`.
         beta: weight of the k3 KL to the reference.
         aggregation: ``token_mean``, ``sequence_mean`` or ``constant``.
         max_length: ``constant``'s L_max (the generation budget); None: the completion length L.

@@ -157,7 +157,8 @@ class TripletQuestion:
         pair_answers: pair -> the correct option value ``y*_ij``.
         answer_positions: pair -> index of the correct option in ``options[pair]``.
         attributes: ``[v_1, v_2, v_3]`` as numbers for attribute grounding.
-        reasoning, answer: the target response (``<think>`` and ``<answer>`` contents).
+        reasoning: the target response's ``<think>`` contents.
+        answer: the target response's ``<answer>`` contents.
     """
 
     question: str

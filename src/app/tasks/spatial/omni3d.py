@@ -87,7 +87,8 @@ class ImageRecord:
     Attributes:
         image: a file path (relative to an image root), an ``[H, W, 3]`` uint8 array, a PIL image, or None.
         K: ``[3, 3]`` camera intrinsics.
-        width, height: image size in pixels.
+        width: image width in pixels.
+        height: image height in pixels.
         objects: the annotated objects, usable or not.
         source_id: where the image comes from (Omni3D image id, or a procedural scene id).
         domain: ``"indoor"``, ``"outdoor"`` or None when unknown.
