@@ -9,7 +9,7 @@ The step is one Lightning training batch (rollout + rewards + update), timed by 
 over ``--steps`` steps of each kind after ``--warmup`` warm-up steps. Within one training run, steps alternate between
 shared-prefix and per-row prefill (``policy.shared_prefix`` toggled before each batch), so load from other processes
 on a shared machine falls on both alike; the processor runs once per prompt in both. TRL 1.16's GRPOTrainer at this
-geometry: ``benchmarks/trl_grpo_step.py`` (the README's kernels section has both side by side).
+geometry: ``benchmarks/trl_grpo_step.py`` (docs/performance.md#against-trls-grpotrainer has both side by side).
 """
 
 from __future__ import annotations

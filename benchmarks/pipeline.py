@@ -1,4 +1,4 @@
-"""How much reward latency the one-step-delayed pipeline hides (README "Pipelined rewards: the lag bound").
+"""How much reward latency the one-step-delayed pipeline hides (docs/pipeline.md, docs/performance.md#reward-pipeline).
 
 For the tiny VLM (tiny-qwen2-vl) and the tiny flow model (tiny-sd3), measures the rollout time T_r and the update time
 T_u of a plain step, then runs steps with a reward that costs R seconds per batch (it sleeps, as a scorer in another

@@ -1,4 +1,4 @@
-"""What a reward served by another process costs beyond the reward itself (README "Rewards from servers").
+"""What a reward served by another process costs beyond the reward itself (docs/remote_rewards.md, docs/performance.md).
 
 Starts ``python -m app.rewards.serve`` on the loopback address serving a reward that costs nothing (its values still
 depend on every input), then times ``RemoteReward.checked_score`` of one batch of 64 completions (one request) against

@@ -27,7 +27,6 @@ from jsonargparse import ArgumentParser
 # that receives it and the help it found, exactly as the CLI builds them
 from jsonargparse._optionals import parse_docstring
 from jsonargparse._parameter_resolvers import ParamData, get_signature_parameters
-from torchmetrics import Metric
 
 from app.cli import AppCLI
 
@@ -36,13 +35,9 @@ YAMLS = sorted([*(ROOT / "configs").rglob("*.yaml"), *(ROOT / "tests" / "fixture
 OURS = ("app", "callbacks")
 
 # Arguments that jsonargparse resolves out of a ``**kwargs`` which is passed through, unchanged, to a third-party
-# constructor: their text is that library's, not ours to write (nor can an ``Args:`` entry here name them: they are
-# not in our signatures, and griffe's strict build would fail on it).
-PASS_THROUGH = {
-    # every reward's ``**kwargs`` go to torchmetrics' Metric (``compute_on_cpu``, ``dist_sync_on_step``, ...), which
-    # lists them in a bullet list that docstring_parser does not read; RewardComponent documents ``kwargs`` as a whole
-    Metric.__init__: "torchmetrics.Metric",
-}
+# constructor: their text would be that library's, not ours to write. None today: RewardComponent names the
+# torchmetrics options it passes on (an entry here is ``Class.__init__: "what it is"``).
+PASS_THROUGH: dict[object, str] = {}
 
 
 def _ours(obj: object) -> bool:

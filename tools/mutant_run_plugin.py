@@ -5,8 +5,8 @@ mutmut runs the whole selection once in its own process (the statistics run, ``M
 unmutated (the clean run, ``MUTANT_UNDER_TEST=""``), then each mutant's tests in a new pytest session, forked from that
 process, which holds torch, the package and every test module, with the ids of the tests that reach the mutated
 function (up to ~1,000 of them) on the command line. The hooks below act only in those sessions (a mutant's name holds
-``__mutmut_``); in any other session, with this plugin loaded or not, they change nothing. See README, "Mutation
-testing" (what a mutant costs) for the figures.
+``__mutmut_``); in any other session, with this plugin loaded or not, they change nothing. See docs/development.md,
+"Mutation testing".
 """
 
 from __future__ import annotations

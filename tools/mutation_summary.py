@@ -1,9 +1,9 @@
 """Summarise a mutmut run: mutants, caught, survived, equivalent and timed out per mutated file, and the time mutants took.
 
-Run from the folder holding ``mutants/`` after ``mutmut run`` (see README, "Mutation testing"):
+Run from the folder holding ``mutants/`` after ``mutmut run`` (see docs/development.md#mutation-testing):
 
     python tools/mutation_summary.py            # table per file, then the total
-    python tools/mutation_summary.py --markdown # the same as a Markdown table (for the README)
+    python tools/mutation_summary.py --markdown # the same as a Markdown table
     python tools/mutation_summary.py --folders  # one row per folder of mutated files
     python tools/mutation_summary.py --killers  # mutants caught per test file, and the tests that caught most
     python tools/mutation_summary.py --check-equivalents  # exit 1 if an entry of the registry is stale

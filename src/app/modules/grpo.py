@@ -92,6 +92,8 @@ class GRPOModule(PolicyModule):
         pipeline: the one-step-delayed reward pipeline and dynamic sampling (:class:`~app.settings.PipelineSettings`);
             default: neither (rollout -> rewards -> update per step).
         records_per_step: outputs handed to logging callbacks per step (``outputs["records"]``).
+        ema: a moving average of the trainable weights for validation and export
+            (:class:`~app.settings.EMASettings`); None: the trained weights.
     """
 
     spreads_groups: ClassVar[bool] = False

@@ -97,7 +97,6 @@ class AccuracyReward(RewardComponent):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"accuracy"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
 
     Example:
         >>> from app.types import VisualSample

@@ -183,7 +183,11 @@ class RewardComponent(Metric):
     Args:
         weight: weight of this component in a :class:`~app.rewards.WeightedReward` total.
         name: log name (``train/reward/<name>``); default: the snake-case class name without ``Reward``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
+        sync_on_compute: all-reduce the accumulated mean across processes in ``compute`` (evaluation over ranks);
+            False: each process's own mean.
+        dist_sync_on_step: also all-reduce on every ``forward`` (slower; the trainer does not need it).
+        compute_on_cpu: move the accumulated states to the CPU after each ``update``.
+        compute_with_cache: ``compute`` returns the cached value until the next ``update``.
 
     Example:
         >>> import torch
@@ -221,8 +225,24 @@ class RewardComponent(Metric):
         if not isinstance(names, tuple | list) or not all(isinstance(n, str) and n.isidentifier() for n in names):
             raise TypeError(f"{cls.__name__}.side_state must be a tuple of attribute names, got {names!r}")
 
-    def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        weight: float = 1.0,
+        name: str | None = None,
+        *,
+        sync_on_compute: bool = True,
+        dist_sync_on_step: bool = False,
+        compute_on_cpu: bool = False,
+        compute_with_cache: bool = True,
+    ) -> None:
+        # torchmetrics' options, named here so that a config (and ``--model.rewards.help``) sees them documented; the
+        # callables and process group Metric also takes have no YAML form
+        super().__init__(
+            sync_on_compute=sync_on_compute,
+            dist_sync_on_step=dist_sync_on_step,
+            compute_on_cpu=compute_on_cpu,
+            compute_with_cache=compute_with_cache,
+        )
         weight = float(weight)
         if not math.isfinite(weight):
             raise ValueError(f"{type(self).__name__}: weight must be finite, got {weight}")

@@ -121,7 +121,7 @@ class ColorRegionReward(RewardComponent):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"color_region"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
     """
 
     side_state = ("num_malformed",)

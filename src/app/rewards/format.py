@@ -105,7 +105,7 @@ class FormatReward(RewardComponent):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"format"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
         tags: the blocks, in order; default ``("think", "answer")``. :data:`CAPTION_TAGS` =
             ``("summary", "caption", "think", "answer")`` is Reason-RFT's caption variant (give it another ``name``
             when both are used).

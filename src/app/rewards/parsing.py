@@ -1,7 +1,8 @@
 """Safe parsing of untrusted model text.
 
-Completions are untrusted input (DESIGN.md): nothing here evaluates text (no ``eval``, ``exec``, ``compile`` or sympy),
-every function bounds its work, and malformed input maps to ``None`` (or ``""``), never to an exception.
+Completions are untrusted input (docs/rewards.md#completions-are-untrusted-text): nothing here evaluates text (no
+``eval``, ``exec``, ``compile`` or sympy), every function bounds its work, and malformed input maps to ``None`` (or
+``""``), never to an exception.
 
 Bounded work:
 

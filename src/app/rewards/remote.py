@@ -96,7 +96,7 @@ class RemoteReward(RewardComponent):
         max_response_mb: answers larger than this are refused (and retried).
         weight: weight in the total.
         name: log name; default: ``reward`` when given, else ``remote``.
-        kwargs: passed to :class:`torchmetrics.Metric`.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
     """
 
     side_state = ("num_requests", "num_retries", "num_failed_requests", "num_unscored", "server_counters")

@@ -128,7 +128,7 @@ class CosineLengthReward(RewardComponent):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"cosine_length"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="Is the cube red?", task="color", answer="yes")
@@ -217,7 +217,7 @@ class RepetitionPenalty(RewardComponent):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"repetition_penalty"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="t")
@@ -292,7 +292,7 @@ class SoftOverlongPenalty(RewardComponent):
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
             ``"soft_overlong_penalty"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="t")

@@ -37,7 +37,7 @@ class _TripletReward(RewardComponent):
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
             the subclass's default name.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
     """
 
     scope = "triplet"
@@ -92,7 +92,7 @@ class AttributeGroundingReward(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"attribute_grounding"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...);
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...);
             ``interval_tolerance`` is accepted too, but this term does not read it.
 
     Example:
@@ -117,7 +117,7 @@ class JudgmentAlignmentReward(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"judgment_alignment"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` and
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` and
             ``interval_tolerance`` are accepted too, but this term reads neither.
 
     Example:
@@ -149,7 +149,7 @@ class TripletConsistencyReward(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"triplet_consistency"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` is
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` is
             accepted too, but this term does not read it.
 
     Example:
@@ -188,7 +188,7 @@ class TripletTaskReward(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"triplet_task"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` and
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` and
             ``interval_tolerance`` are accepted too, but this term reads neither.
 
     Example:
@@ -229,7 +229,7 @@ class TripletCycleRate(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"triplet_cycle_rate"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` and
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` and
             ``interval_tolerance`` are accepted too, but this term reads neither.
 
     Example:
@@ -259,7 +259,7 @@ class TripletOrderAccuracy(_TripletReward):
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
             ``"triplet_order_accuracy"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` and
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` and
             ``interval_tolerance`` are accepted too, but this term reads neither.
 
     Example:
@@ -285,7 +285,7 @@ class TripletAttributeAccuracy(_TripletReward):
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
             ``"triplet_attribute_accuracy"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...); ``eps`` and
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` and
             ``interval_tolerance`` are accepted too, but this term reads neither.
 
     Example:
@@ -324,7 +324,7 @@ class TriSRReward(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"tri_sr"``.
-        kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_on_step``, ``compute_on_cpu``, ...).
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> meta = {"attributes": [7, 4, 2], "pair_answers": {"1-2": "1", "1-3": "1", "2-3": "2"}}

@@ -69,7 +69,7 @@ class FrozenModelReward(RewardComponent):
             of a batch, else the CPU.
         weight: weight in a :class:`~app.rewards.WeightedReward` total.
         name: log name; default: the snake-case class name without ``Reward``.
-        kwargs: passed to :class:`torchmetrics.Metric`.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
     """
 
     side_state = ("num_malformed",)

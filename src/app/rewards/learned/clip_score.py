@@ -52,7 +52,7 @@ class ImageTextSimilarityReward(FrozenModelReward):
         device: where the CLIP model runs; default: the device of the first tensor completion, else the CPU.
         weight: weight in a :class:`~app.rewards.WeightedReward` total.
         name: log name; default: the snake-case class name without ``Reward``.
-        kwargs: passed to :class:`torchmetrics.Metric`.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
     """
 
     def __init__(
@@ -163,7 +163,7 @@ class CLIPScoreReward(ImageTextSimilarityReward):
         device: where the CLIP model runs; default: the device of the first tensor completion, else the CPU.
         weight: weight in a :class:`~app.rewards.WeightedReward` total (CLIPScore's ``w = 2.5`` is one).
         name: log name; default ``"clip_score"``.
-        kwargs: passed to :class:`torchmetrics.Metric`.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> import torch

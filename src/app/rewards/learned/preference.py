@@ -56,7 +56,7 @@ class PreferenceScoreReward(ImageTextSimilarityReward):
         device: where the model runs; default: the device of the first tensor completion, else the CPU.
         weight: weight in a :class:`~app.rewards.WeightedReward` total.
         name: log name; default ``"preference_score"``.
-        kwargs: passed to :class:`torchmetrics.Metric`.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
     """
 
     value_range = (-MAX_LOGIT_SCALE / 26.0, MAX_LOGIT_SCALE / 26.0)

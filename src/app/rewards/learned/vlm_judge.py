@@ -90,7 +90,7 @@ class VLMJudgeReward(FrozenModelReward):
         device: where the judge runs; default: the device of the first tensor completion, else the CPU.
         weight: weight in a :class:`~app.rewards.WeightedReward` total.
         name: log name; default ``"vlm_judge"``.
-        kwargs: passed to :class:`torchmetrics.Metric`.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
     """
 
     value_range = (0.0, 1.0)
