@@ -116,7 +116,6 @@ def test_the_coverage_reaches_modules_settings_rewards_callbacks_and_strategies(
         "app.settings.LoRASettings",
         "app.rewards.format.FormatReward",
         "app.rewards.base.RewardComponent",  # the receiver of every reward's weight and name
-        "app.rewards.trisr._TripletReward",  # the receiver of eps and interval_tolerance
         "app.parallel.fsdp.FSDP2Strategy",
         "app.data.datamodule.VisualTaskDataModule",
         "app.tasks.dots.dots.DotsDataset",  # inline: {class_path: app.tasks.dots.DotsDataset, init_args: {...}}

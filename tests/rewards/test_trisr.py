@@ -431,6 +431,18 @@ def test_constructor_checks():
         TriSRReward(tc_weight=float("inf"))
 
 
+def test_a_term_takes_only_the_tolerances_it_reads():
+    """A tolerance a term ignores is refused (a config setting it would change nothing), not silently accepted."""
+    with pytest.raises(TypeError, match="interval_tolerance"):
+        AttributeGroundingReward(interval_tolerance=0.5)
+    with pytest.raises(TypeError, match="eps"):
+        TripletConsistencyReward(eps=0.5)
+    with pytest.raises(TypeError, match="eps"):
+        JudgmentAlignmentReward(eps=0.5)
+    grounding, consistency = TriSRReward(eps=0.5, interval_tolerance=0.25).components()[1::2]
+    assert (grounding.eps, consistency.interval_tolerance) == (0.5, 0.25)
+
+
 # ------------------------------------------------------------------------------------------ untrusted completions
 REWARDS = [
     AttributeGroundingReward(),

@@ -28,38 +28,27 @@ from app.types import VisualSample
 class _TripletReward(RewardComponent):
     """Shared plumbing: validate each sample's meta once per call, parse each completion once.
 
-    Args:
-        eps: floor of ``R_ag``'s relative-error denominator ``max(|v_k|, eps)``, > 0; only the grounding term reads
-            it.
-        interval_tolerance: quantisation tolerance of ``R_tc``'s interval check (in the answers' units), >= 0; 0:
-            exact; only the consistency term reads it.
-        weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
-            logs it without adding it to the total.
-        name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
-            the subclass's default name.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
+    Only the terms that read a tolerance take it as an argument (``eps``: attribute grounding; ``interval_tolerance``:
+    triplet consistency; both: the TriSR total) and set it with :meth:`_set_tolerances`; the others score with the
+    defaults, which their values do not depend on.
     """
 
     scope = "triplet"
     needs_attributes = False
     needs_answers = True
     consistency_rule = "paper"
+    eps: float = DEFAULT_EPS
+    interval_tolerance: float = 0.0
 
-    def __init__(
-        self,
-        eps: float = DEFAULT_EPS,
-        interval_tolerance: float = 0.0,
-        weight: float = 1.0,
-        name: str | None = None,
-        **kwargs,
-    ) -> None:
-        super().__init__(weight=weight, name=name, **kwargs)
-        if not eps > 0:
-            raise ValueError(f"{type(self).__name__}: eps must be > 0, got {eps}")
-        if not interval_tolerance >= 0:
-            raise ValueError(f"{type(self).__name__}: interval_tolerance must be >= 0, got {interval_tolerance}")
-        self.eps = float(eps)
-        self.interval_tolerance = float(interval_tolerance)
+    def _set_tolerances(self, eps: float | None = None, interval_tolerance: float | None = None) -> None:
+        if eps is not None:
+            if not eps > 0:
+                raise ValueError(f"{type(self).__name__}: eps must be > 0, got {eps}")
+            self.eps = float(eps)
+        if interval_tolerance is not None:
+            if not interval_tolerance >= 0:
+                raise ValueError(f"{type(self).__name__}: interval_tolerance must be >= 0, got {interval_tolerance}")
+            self.interval_tolerance = float(interval_tolerance)
 
     def _target(self, sample: VisualSample) -> TripletTarget:
         try:
@@ -92,8 +81,7 @@ class AttributeGroundingReward(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"attribute_grounding"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...);
-            ``interval_tolerance`` is accepted too, but this term does not read it.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count", meta={"attributes": [4, 10, 9]})
@@ -104,7 +92,8 @@ class AttributeGroundingReward(_TripletReward):
     needs_attributes, needs_answers = True, False
 
     def __init__(self, eps: float = DEFAULT_EPS, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
-        super().__init__(eps=eps, weight=weight, name=name, **kwargs)
+        super().__init__(weight=weight, name=name, **kwargs)
+        self._set_tolerances(eps=eps)
 
     def _value(self, scores: TripletScores) -> float:
         return scores.grounding
@@ -117,8 +106,7 @@ class JudgmentAlignmentReward(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"judgment_alignment"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` and
-            ``interval_tolerance`` are accepted too, but this term reads neither.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> meta = {"pair_answers": {"1-2": "2", "1-3": "1", "2-3": "2"}}
@@ -149,8 +137,7 @@ class TripletConsistencyReward(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"triplet_consistency"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` is
-            accepted too, but this term does not read it.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count")
@@ -174,7 +161,8 @@ class TripletConsistencyReward(_TripletReward):
         name: str | None = None,
         **kwargs,
     ) -> None:
-        super().__init__(interval_tolerance=interval_tolerance, weight=weight, name=name, **kwargs)
+        super().__init__(weight=weight, name=name, **kwargs)
+        self._set_tolerances(interval_tolerance=interval_tolerance)
         self.consistency_rule = _check_rule(rule)
 
     def _value(self, scores: TripletScores) -> float:
@@ -188,8 +176,7 @@ class TripletTaskReward(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"triplet_task"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` and
-            ``interval_tolerance`` are accepted too, but this term reads neither.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> meta = {"pair_answers": {"1-2": "2", "1-3": "1", "2-3": "2"}}
@@ -229,8 +216,7 @@ class TripletCycleRate(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"triplet_cycle_rate"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` and
-            ``interval_tolerance`` are accepted too, but this term reads neither.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count")
@@ -259,8 +245,7 @@ class TripletOrderAccuracy(_TripletReward):
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
             ``"triplet_order_accuracy"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` and
-            ``interval_tolerance`` are accepted too, but this term reads neither.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> meta = {"pair_answers": {"1-2": "2", "1-3": "1", "2-3": "2"}}  # 2 > 1 > 3
@@ -285,8 +270,7 @@ class TripletAttributeAccuracy(_TripletReward):
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
             ``"triplet_attribute_accuracy"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...); ``eps`` and
-            ``interval_tolerance`` are accepted too, but this term reads neither.
+        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count", meta={"attributes": [4, 10, 9]})
@@ -351,7 +335,8 @@ class TriSRReward(_TripletReward):
         name: str | None = None,
         **kwargs,
     ) -> None:
-        super().__init__(eps=eps, interval_tolerance=interval_tolerance, weight=weight, name=name, **kwargs)
+        super().__init__(weight=weight, name=name, **kwargs)
+        self._set_tolerances(eps=eps, interval_tolerance=interval_tolerance)
         self.consistency_rule = _check_rule(consistency_rule)
         weights = (float(ag_weight), float(ja_weight), float(tc_weight))
         if not all(math.isfinite(w) for w in weights):
