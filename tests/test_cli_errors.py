@@ -355,3 +355,28 @@ def test_validate_ends_with_the_artefacts_and_adds_its_metrics_to_the_summary(tm
     tail = out.rstrip().splitlines()[-3:]
     assert tail[0] == "Artefacts:" and tail[1].split() == ["summary", str(tmp_path / "summary.json")]
     assert tail[2].split() == ["config", str(tmp_path / "config.yaml")]
+
+
+@pytest.mark.parametrize(
+    "args, asked",
+    [
+        (["fit", "--model.sampling.help"], "--model.sampling.help"),
+        (["fit", "--model.policy.help", "app.models.VLMPolicy"], "--model.policy.help app.models.VLMPolicy"),
+        (["fit", "--data.dataset.help=app.tasks.dots.DotsDataset"], "--data.dataset.help=app.tasks.dots.DotsDataset"),
+    ],
+    ids=["settings_block", "subclass", "data_module"],
+)
+def test_nested_help_before_the_class_says_how_to_ask(args, asked, capsys):
+    code, output = run_main(args, capsys)
+    key = asked[2:].split(".")[0]
+    assert code == 2 and len(output.splitlines()) == 3, output
+    assert (
+        output.splitlines()[0]
+        == f"error: {asked.split()[0].split('=')[0]} needs the {key} class before it: --{key}.help CLASS {asked}"
+    )
+
+
+def test_nested_help_after_the_class_prints_the_block(capsys):
+    code, output = run_main(["fit", "--model.help", "app.modules.VLMGRPOModule", "--model.sampling.help"], capsys)
+    assert code == 0
+    assert "--model.sampling.temperature TEMPERATURE" in output

@@ -35,6 +35,7 @@ from app.errors import (
     describe_instantiation_error,
     describe_parse_errors,
     locate_field,
+    nested_help_without_class,
     root_cause,
 )
 from app.faults import AtomicCheckpointIO, CheckpointConnector, PreemptionCheckpoint, unreadable_checkpoint
@@ -198,9 +199,11 @@ class AppCLI(LightningCLI):
             raise error
         command = next((a for a in self._args if a in self.subcommands()), None)
         parser = getattr(self, "_subcommand_parsers", {}).get(command, self.parser)
-        further_errors = further_parse_errors(self.parser, self._args, str(error)) if further else []
-        messages = [str(error), *further_errors]
-        message = describe_parse_errors(messages, parser._option_string_actions, command)
+        message = nested_help_without_class(self._args)
+        if message is None:
+            further_errors = further_parse_errors(self.parser, self._args, str(error)) if further else []
+            messages = [str(error), *further_errors]
+            message = describe_parse_errors(messages, parser._option_string_actions, command)
         sys.stderr.write(message + "\n")
         raise SystemExit(2) from None
 

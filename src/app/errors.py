@@ -278,6 +278,41 @@ def parse_error_fields(message: str) -> list[str]:
     return list(dict.fromkeys(field for field in fields if field))
 
 
+_NESTED_HELP = re.compile(r"^--(model|data)\.(?:init_args\.)?[\w.]+\.help(?:=.*)?$")
+
+
+def nested_help_without_class(args: list[str]) -> str | None:
+    """The error for ``--model.<arg>.help`` asked before anything names the module (or data module) class.
+
+    jsonargparse knows the nested arguments only once the class is named on the command line, by ``--model CLASS`` or
+    ``--model.help CLASS`` before it (a ``--config`` is not enough for a settings block); without it jsonargparse
+    reports a puzzling ``--model: expected one argument``. Called only once parsing failed.
+
+    >>> nested_help_without_class(["fit", "--model.sampling.help"]).splitlines()[0]
+    'error: --model.sampling.help needs the model class before it: --model.help CLASS --model.sampling.help'
+    >>> nested_help_without_class(["fit", "--model.help", "app.modules.VLMGRPOModule", "--model.sampling.help"]) is None
+    True
+    """
+    for index, arg in enumerate(args):
+        match = _NESTED_HELP.match(arg)
+        if not match:
+            continue
+        key = match.group(1)
+        named = (f"--{key}", f"--{key}.help", f"--{key}.class_path")  # a --config alone does not do for a block
+        if any(a.split("=", 1)[0] in named for a in args[:index]):
+            return None
+        option = arg.split("=", 1)[0]
+        if "=" not in arg and index + 1 < len(args) and not args[index + 1].startswith("-"):
+            arg = f"{arg} {args[index + 1]}"  # the subclass it asks about
+        example = "app.modules.VLMGRPOModule" if key == "model" else "app.data.VisualTaskDataModule"
+        return (
+            f"error: {option} needs the {key} class before it: --{key}.help CLASS {arg}\n"
+            f"  (for example --{key}.help {example} {arg})\n"
+            f"see: python -m app fit --help; {DEBUG_HINT}"
+        )
+    return None
+
+
 def describe_parse_errors(
     messages: list[str], options: Iterable[str] = (), command: str | None = "fit", max_lines: int = 10
 ) -> str:
