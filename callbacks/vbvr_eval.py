@@ -60,7 +60,8 @@ class VBVRTablePrinter(L.Callback):
 
 
 class VBVRGridWriter(L.Callback):
-    """Write ``<output_dir>/<task>.png`` after every validation: problem | first validation | latest validation.
+    """Write ``<output_dir>/<task>-<split>.png`` after every validation: problem | first validation | latest validation
+    (the split is the sample's ``meta["split"]``, ``in_domain`` when it has none).
 
     Args:
         output_dir: folder of the grids.
