@@ -106,7 +106,6 @@ class JudgmentAlignmentReward(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"judgment_alignment"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> meta = {"pair_answers": {"1-2": "2", "1-3": "1", "2-3": "2"}}
@@ -114,9 +113,6 @@ class JudgmentAlignmentReward(_TripletReward):
         >>> JudgmentAlignmentReward().score(["<think>Compare 1-2: 2</think><answer>1-2: 2</answer>"], [sample])
         tensor([0.3333])
     """
-
-    def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
-        super().__init__(weight=weight, name=name, **kwargs)
 
     def _value(self, scores: TripletScores) -> float:
         return scores.alignment
@@ -176,7 +172,6 @@ class TripletTaskReward(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"triplet_task"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> meta = {"pair_answers": {"1-2": "2", "1-3": "1", "2-3": "2"}}
@@ -184,9 +179,6 @@ class TripletTaskReward(_TripletReward):
         >>> TripletTaskReward().score(["<answer>1-2: 2; 1-3: 1; 2-3: same</answer>"], [sample])
         tensor([0.6667])
     """
-
-    def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
-        super().__init__(weight=weight, name=name, **kwargs)
 
     def _value(self, scores: TripletScores) -> float:
         return scores.task
@@ -216,7 +208,6 @@ class TripletCycleRate(_TripletReward):
         weight: this reward's weight in the weighted sum (:class:`~app.rewards.WeightedReward`); finite, and 0
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None: ``"triplet_cycle_rate"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count")
@@ -225,9 +216,6 @@ class TripletCycleRate(_TripletReward):
     """
 
     needs_answers = False
-
-    def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
-        super().__init__(weight=weight, name=name, **kwargs)
 
     def _value(self, scores: TripletScores) -> float:
         return scores.cycle
@@ -245,7 +233,6 @@ class TripletOrderAccuracy(_TripletReward):
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
             ``"triplet_order_accuracy"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> meta = {"pair_answers": {"1-2": "2", "1-3": "1", "2-3": "2"}}  # 2 > 1 > 3
@@ -253,9 +240,6 @@ class TripletOrderAccuracy(_TripletReward):
         >>> TripletOrderAccuracy().score(["<answer>1-2: 2; 1-3: 1</answer>", "<answer>1-2: 2; 2-3: 2</answer>"], [sample] * 2)
         tensor([1., 0.])
     """
-
-    def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
-        super().__init__(weight=weight, name=name, **kwargs)
 
     def _value(self, scores: TripletScores) -> float:
         return scores.order
@@ -270,7 +254,6 @@ class TripletAttributeAccuracy(_TripletReward):
             logs it without adding it to the total.
         name: its log name (``train/reward/<name>``), unique among a module's rewards; None:
             ``"triplet_attribute_accuracy"``.
-        kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count", meta={"attributes": [4, 10, 9]})
@@ -279,9 +262,6 @@ class TripletAttributeAccuracy(_TripletReward):
     """
 
     needs_attributes, needs_answers = True, False
-
-    def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
-        super().__init__(weight=weight, name=name, **kwargs)
 
     def _value(self, scores: TripletScores) -> float:
         return scores.attribute_accuracy
