@@ -50,8 +50,8 @@ def _nearest_file(path: Path) -> str:
     if not folder.is_dir():
         return ""
     candidates = {p.name: p for p in sorted(folder.iterdir())}
-    if path.suffix:
-        for found in sorted(folder.rglob(f"*{path.suffix}"), key=lambda p: len(p.parts)):
+    if path.suffix:  # one level down only: a missing file in a large folder (a home) must not walk its tree
+        for found in sorted(folder.glob(f"*/*{path.suffix}")):
             candidates.setdefault(found.name, found)
     match = difflib.get_close_matches(path.name, list(candidates), n=1, cutoff=0.6)
     if not match:
