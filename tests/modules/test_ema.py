@@ -79,6 +79,7 @@ class WeightsSeen(L.Callback):
     def __init__(self):
         self.after_steps: list[list[torch.Tensor]] = []
         self.validated: list[torch.Tensor] | None = None
+        self.evaluated: dict[str, list[torch.Tensor]] = {}  # the weights `test` and `predict` ran with
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.after_steps.append([p.detach().clone() for p in pl_module.policy.trainable_parameters()])
@@ -86,6 +87,12 @@ class WeightsSeen(L.Callback):
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if self.validated is None:
             self.validated = [p.detach().clone() for p in pl_module.policy.trainable_parameters()]
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.evaluated.setdefault("test", [p.detach().clone() for p in pl_module.policy.trainable_parameters()])
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.evaluated.setdefault("predict", [p.detach().clone() for p in pl_module.policy.trainable_parameters()])
 
 
 def flow_module(ema: EMASettings | None):
@@ -149,6 +156,19 @@ def test_validation_runs_on_the_average_and_training_keeps_its_own_weights(train
     assert all(torch.equal(v, a) for v, a in zip(seen.validated, module.policy_ema.averages, strict=True))
     after = module.policy.trainable_parameters()
     assert all(torch.equal(p, w) for p, w in zip(after, seen.after_steps[-1], strict=True))  # back after validation
+
+
+@pytest.mark.parametrize("stage", ["test", "predict"])
+def test_test_and_predict_run_on_the_average_as_validation_does(trained, stage):
+    module, seen, _, _ = trained
+    fit = trainer(module.trainer.default_root_dir, 3, [seen])
+    if stage == "test":
+        fit.test(module, dataloaders=prompts(2), verbose=False)
+    else:
+        fit.predict(module, dataloaders=prompts(2))
+    assert all(torch.equal(w, a) for w, a in zip(seen.evaluated[stage], module.policy_ema.averages, strict=True))
+    after = module.policy.trainable_parameters()
+    assert all(torch.equal(p, w) for p, w in zip(after, seen.after_steps[-1], strict=True))  # back after the stage
 
 
 def test_a_lean_checkpoint_carries_the_average_and_export_uses_it(trained, tmp_path, monkeypatch):

@@ -97,11 +97,31 @@ class PolicyModule(L.LightningModule):
         (the trained weights come back after), else the trained weights themselves."""
         return self.policy_ema.swapped_in() if self.policy_ema is not None else nullcontext()
 
+    # validate, test and predict all run on the evaluation weights: a `test` of an EMA run scores what `validate` does
     def on_validation_start(self) -> None:
+        self._enter_evaluation_weights()
+
+    def on_validation_end(self) -> None:
+        self._leave_evaluation_weights()
+
+    def on_test_start(self) -> None:
+        self._enter_evaluation_weights()
+
+    def on_test_end(self) -> None:
+        self._leave_evaluation_weights()
+
+    def on_predict_start(self) -> None:
+        self._enter_evaluation_weights()
+
+    def on_predict_end(self) -> None:
+        self._leave_evaluation_weights()
+
+    def _enter_evaluation_weights(self) -> None:
+        self._leave_evaluation_weights()  # a stage that raised never reached its end hook
         self._evaluation_weights = ExitStack()
         self._evaluation_weights.enter_context(self.evaluation_weights())
 
-    def on_validation_end(self) -> None:
+    def _leave_evaluation_weights(self) -> None:
         if self._evaluation_weights is not None:
             self._evaluation_weights.close()
             self._evaluation_weights = None
