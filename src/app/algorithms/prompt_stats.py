@@ -58,4 +58,8 @@ class PromptStatTracker:
         return {key: list(values) for key, values in self.rewards.items()}
 
     def load(self, state: dict[str, list[float]]) -> None:
-        self.rewards = {key: collections.deque(values, maxlen=self.history) for key, values in state.items()}
+        """Take back :meth:`state`, each history with the length it was kept at: ``max(history, K)`` (a history
+        shorter than the group size holds the last full group, so its saved length is that K)."""
+        self.rewards = {
+            key: collections.deque(values, maxlen=max(self.history, len(values))) for key, values in state.items()
+        }
