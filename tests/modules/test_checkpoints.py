@@ -431,24 +431,13 @@ def test_each_rank_takes_its_own_global_generators_back():
         assert draws() == draws_after(10 + rank), f"rank {rank}"
 
 
-def test_a_checkpoint_from_before_per_rank_states_gives_rank_0_its_states_and_every_other_rank_a_seed_of_its_own(
-    caplog,
-):
-    legacy = {"rng_states": seeded_states(10)["rng"], "rollout_generator": torch.Generator().manual_seed(3).get_state()}
-    state, seed = saved_rank_state(legacy, 0, 3)
-    assert seed is None and set(state) == {"rng", "rollout_generator"} and not warnings_of(caplog)
-    assert state["rng"] is legacy["rng_states"] and state["rollout_generator"] is legacy["rollout_generator"]
-    seeds = []
-    for rank in (1, 2):
-        caplog.clear()
-        state, seed = saved_rank_state(legacy, rank, 3)
-        assert state == {} and isinstance(seed, int) and 0 <= seed < 2**63
-        (warning,) = warnings_of(caplog)
-        assert "only rank 0's random states" in warning and f"rank {rank} has none of its own" in warning
-        assert saved_rank_state(legacy, rank, 3)[1] == seed, "the same seed on every resume"
-        seeds.append(seed)
-    other = {**legacy, "rng_states": seeded_states(12)["rng"]}
-    assert len({*seeds, saved_rank_state(other, 1, 3)[1]}) == 3, "a seed per rank and per checkpoint"
+def test_top_level_random_states_are_not_read_as_rank_0_s(caplog):
+    """Only :data:`RANK_STATES` holds random states: top-level ``rng_states`` / ``rollout_generator`` (a format no
+    release wrote) restore nothing."""
+    old_format = {"rng_states": seeded_states(10)["rng"], "rollout_generator": torch.Generator().get_state()}
+    for rank in (0, 1):
+        assert saved_rank_state(old_format, rank, 2) == ({}, None)
+    assert not warnings_of(caplog)
 
 
 def test_ranks_missing_from_the_checkpoint_draw_from_distinct_derived_seeds_not_rank_0s_states(caplog):
@@ -503,21 +492,18 @@ def test_one_process_saves_its_states_as_the_only_ranks():
 
 def fresh_states_warning(saved: str, rank: int) -> str:
     return (
-        f"the checkpoint holds {saved}: rank {rank} has none of its own and does not take rank 0's; it draws from fresh "
+        f"the checkpoint holds the random states of {saved}: rank {rank} has none of its own and does not take rank 0's; it draws from fresh "
         "states seeded from the checkpoint and its rank instead (distinct from every other rank's), so the resumed run "
         "samples differently from an uninterrupted one"
     )
 
 
 def test_the_warnings_of_ranks_without_saved_states_say_what_the_checkpoint_holds(caplog):
-    legacy = {"rng_states": seeded_states(10)["rng"]}
-    saved_rank_state(legacy, 1, 2)
-    saved_rank_state({RANK_STATES: [seeded_states(10), seeded_states(11)]}, 2, 3)
+    saved_rank_state({RANK_STATES: [seeded_states(10), seeded_states(11)]}, 2, 4)
     saved_rank_state({RANK_STATES: [seeded_states(10)]}, 1, 2)
     assert warnings_of(caplog) == [
-        fresh_states_warning("only rank 0's random states (it was written before checkpoints held every rank's)", 1),
-        fresh_states_warning("the random states of 2 processes, this run has 3", 2),
-        fresh_states_warning("the random states of 1 process, this run has 2", 1),
+        fresh_states_warning("2 processes, this run has 4", 2),
+        fresh_states_warning("1 process, this run has 2", 1),
     ]
 
 

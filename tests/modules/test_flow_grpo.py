@@ -9,7 +9,7 @@ from doubles import RednessReward, StandInPolicy
 from torch.utils.data import DataLoader
 
 from app.algorithms import group_advantages
-from app.modules.checkpoints import RANK_STATES, derived_seed, rng_states, saved_rank_state, seed_rng_states
+from app.modules.checkpoints import RANK_STATES, derived_seed, saved_rank_state, seed_rng_states
 from app.modules.flow_grpo import FlowGRPOModule
 from app.sampling.flow import flow_sigmas
 from app.settings import FlowSamplingSettings, GRPOSettings, OptimizerSettings, PipelineSettings
@@ -373,21 +373,22 @@ def test_each_rank_takes_its_own_rollout_generator_back():
 
 
 def test_a_rank_the_checkpoint_holds_no_generator_for_draws_noise_of_its_own(caplog):
-    """A checkpoint from before per-rank states holds rank 0's rollout generator only: rank 0 continues it, every other
-    rank draws from a seed derived for it (not rank 0's state, not the same on two ranks), the same on every resume."""
+    """A checkpoint of one process holds rank 0's rollout generator only: resumed on three, rank 0 continues it, every
+    other rank draws from a seed derived for it (not rank 0's state, not the same on two ranks), the same on every
+    resume."""
     saved = flow_module(seed=5)
     saved.rollout(prompts())
-    legacy = {"rng_states": rng_states(), "rollout_generator": saved.generator.get_state()}
+    checkpoint = {RANK_STATES: [saved.rank_state()]}
     continued = saved.rollout(prompts()).sampled.next_latents
     latents = [
-        on_rank(flow_module(seed=5), rank, 3, legacy).rollout(prompts()).sampled.next_latents for rank in range(3)
+        on_rank(flow_module(seed=5), rank, 3, checkpoint).rollout(prompts()).sampled.next_latents for rank in range(3)
     ]
     assert torch.equal(latents[0], continued)
     assert not torch.equal(latents[1], continued) and not torch.equal(latents[2], continued)
     assert not torch.equal(latents[1], latents[2])
     unresumed = flow_module(seed=6).rollout(prompts()).sampled.next_latents  # rank 1's generator seed: seed + rank
     assert not torch.equal(latents[1], unresumed), "not the noise rank 1 starts a fresh run with"
-    again = on_rank(flow_module(seed=5), 1, 3, legacy).rollout(prompts()).sampled.next_latents
+    again = on_rank(flow_module(seed=5), 1, 3, checkpoint).rollout(prompts()).sampled.next_latents
     assert torch.equal(again, latents[1])
     assert any("rank 1 has none of its own" in record.getMessage() for record in caplog.records)
 

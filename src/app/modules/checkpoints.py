@@ -33,8 +33,7 @@ log = logging.getLogger(__name__)
 
 RANK_STATES = "rank_states"
 """Checkpoint key: each process's random state (``{"rng": rng_states(), ...}``, a module adds its own generators), a
-list indexed by global rank. Checkpoints written before it hold rank 0's under ``rng_states`` and
-``rollout_generator``."""
+list indexed by global rank."""
 
 
 def optimized_parameter_ids(optimizers: Sequence[torch.optim.Optimizer]) -> set[int]:
@@ -141,20 +140,14 @@ def gather_rank_states(state: Any) -> list:
 
 def saved_rank_state(checkpoint: dict, rank: int, world_size: int) -> tuple[dict, int | None]:
     """Process ``rank``'s entry of ``checkpoint``'s :data:`RANK_STATES`, and None; or, when the checkpoint holds none
-    for it, ``({}, seed)``: a seed for fresh states, derived from the checkpoint and the rank (so distinct on every rank
-    and the same on every resume), with a warning that this rank's draws do not continue the saved run.
-
-    A checkpoint from before per-rank states (``rng_states`` and ``rollout_generator`` at the top, rank 0's only) gives
-    rank 0 those and every other rank a derived seed; one without any random state gives ``({}, None)``: nothing to
-    restore."""
-    states = checkpoint.get(RANK_STATES)
-    legacy = states is None
-    if legacy:
-        entry = {key: checkpoint[old] for key, old in _LEGACY_KEYS.items() if old in checkpoint}
-        states = [entry] if entry else []
+    for it (resumed on more processes than saved), ``({}, seed)``: a seed for fresh states,
+    ``derived_seed(fingerprint of rank 0's saved states, rank)``, so distinct on every rank, different for every
+    checkpoint and the same on every resume from one, with a warning that this rank's draws do not continue the saved
+    run. A checkpoint without random states gives ``({}, None)``: nothing to restore."""
+    states = checkpoint.get(RANK_STATES) or []
     if not states:
         return {}, None
-    if rank == 0 and not legacy and len(states) > world_size:
+    if rank == 0 and len(states) > world_size:
         log.warning(
             "the checkpoint holds the random states of %d processes, this run has %d: those of ranks %d..%d are not "
             "used, so the resumed run draws differently from the saved one",
@@ -165,16 +158,14 @@ def saved_rank_state(checkpoint: dict, rank: int, world_size: int) -> tuple[dict
         )
     if rank < len(states):
         return states[rank], None
-    if legacy:
-        saved = "only rank 0's random states (it was written before checkpoints held every rank's)"
-    else:
-        processes = "process" if len(states) == 1 else "processes"
-        saved = f"the random states of {len(states)} {processes}, this run has {world_size}"
+    processes = "process" if len(states) == 1 else "processes"
     log.warning(
-        "the checkpoint holds %s: rank %d has none of its own and does not take rank 0's; it draws from fresh states "
-        "seeded from the checkpoint and its rank instead (distinct from every other rank's), so the resumed run "
-        "samples differently from an uninterrupted one",
-        saved,
+        "the checkpoint holds the random states of %d %s, this run has %d: rank %d has none of its own and does not "
+        "take rank 0's; it draws from fresh states seeded from the checkpoint and its rank instead (distinct from every "
+        "other rank's), so the resumed run samples differently from an uninterrupted one",
+        len(states),
+        processes,
+        world_size,
         rank,
     )
     return {}, derived_seed(_digest(states[0]), rank)
@@ -184,9 +175,6 @@ def derived_seed(*parts: Any) -> int:
     """A 63-bit seed that is a deterministic function of ``parts`` (their ``repr``), the same in every process."""
     digest = hashlib.sha256(repr(parts).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-_LEGACY_KEYS = {"rng": "rng_states", "rollout_generator": "rollout_generator"}  # per-rank key: the old checkpoint key
 
 
 def _digest(value: Any) -> str:
