@@ -12,6 +12,8 @@ from PIL import Image
 
 from app.rewards.wire import (
     Blobs,
+    DecodeBudget,
+    RequestTooLarge,
     WireError,
     decode_array,
     decode_request,
@@ -114,8 +116,11 @@ def test_a_completion_that_is_neither_text_nor_an_array_is_refused():
         (lambda b: b["rows"][0].update(completion={"png": "not base64!"}), r"rows\[0\]\.completion: png data"),
         (lambda b: b["rows"][0].update(completion={"npy": base64.b64encode(b"junk").decode()}), "unreadable npy"),
         (lambda b: b["samples"][0].update(question=3), r"samples\[0\]\.question must be a string"),
-        (lambda b: b["samples"][0]["images"].append({"npy": b["samples"][0]["images"][0]["png"]}), "unreadable npy"),
-        (lambda b: b.update(rows="x"), "samples and rows must be lists"),
+        (
+            lambda b: b["samples"][0]["images"].append({"npy": b["samples"][0]["images"][0]["png"]}),
+            r"samples\[0\]\.images\[1\] must be a PNG image",
+        ),
+        (lambda b: b.update(rows="x"), "rows must be a list, got 'x'"),
     ],
 )
 def test_a_malformed_request_is_refused_naming_the_field(change, message):
@@ -195,9 +200,9 @@ def test_a_reference_to_a_missing_blob_is_refused():
     "about, message",
     [
         ({"dtype": "<f4", "shape": [3]}, "8 bytes do not hold a float32 array of shape \\[3\\]"),
-        ({"dtype": "|O", "shape": [1]}, "a raw array needs a numeric dtype"),
+        ({"dtype": "|O", "shape": [1]}, "dtype '|O' is not a number type"),
         ({"dtype": "<f4", "shape": [-2]}, "a raw array needs a numeric dtype and a shape of sizes"),
-        ({"dtype": "nonsense", "shape": [2]}, "dtype 'nonsense' is not a numpy dtype"),
+        ({"dtype": "nonsense", "shape": [2]}, "dtype 'nonsense' is not a number type such as '<f4'"),
     ],
 )
 def test_a_raw_blob_that_does_not_match_its_description_is_refused(about, message):
@@ -213,3 +218,103 @@ def test_empty_and_zero_dimensional_arrays_travel_in_a_framed_body(shape):
     _, got = unpack(pack({"a": document}, blobs))
     assert torch.equal(decode_array(document, "x", got), value)
     assert torch.equal(decode_array(through_json(encode_array(value)), "x"), value)  # and as base64 npy
+
+
+# ------------------------------------------------------------------------------- hostile input (issue 53)
+def npy_base64(array: np.ndarray) -> str:
+    import io  # noqa: PLC0415
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def png_header(width: int, height: int, bit_depth: int = 8, colour_type: int = 2) -> bytes:
+    """The signature and IHDR chunk of a PNG declaring ``width x height`` (no pixel data follows)."""
+    import struct  # noqa: PLC0415
+    import zlib  # noqa: PLC0415
+
+    fields = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
+    chunk = b"IHDR" + fields
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(fields)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ({"pt": npy_base64(np.zeros(3, dtype=">f4"))}, "dtype '>f4' is big-endian: send little-endian"),
+        ({"npy": npy_base64(np.array(["ab", "c"]))}, "dtype '<U2' is not a number type"),
+        ({"pt": {"blob": 0, "dtype": ">f4", "shape": [2]}}, "dtype '>f4' is big-endian"),
+        ({"pt": {"blob": 0, "dtype": "|S8", "shape": [1]}}, "dtype '|S8' is not a number type"),
+        ({"pt": {"blob": 0, "dtype": ["<f4"], "shape": [2]}}, r"dtype \['<f4'\] is not a number type"),
+        ({"npy": npy_base64(np.zeros((2, 2))), "dims": [0, "1"]}, "dims must be a permutation of the 2 dimensions"),
+        ({"npy": npy_base64(np.zeros((2, 2))), "dims": [True, False]}, "dims must be a permutation"),
+        ({"png": base64.b64encode(b"GIF89a" + bytes(20)).decode()}, "not a PNG"),
+    ],
+    ids=["big-endian-npy", "string-npy", "big-endian-raw", "bytes-raw", "list-dtype", "str-dims", "bool-dims", "gif"],
+)
+def test_an_array_the_wire_does_not_carry_is_refused_naming_the_field(value, message):
+    with pytest.raises(WireError, match=message) as error:
+        decode_array(value, "rows[0].completion", Blobs([bytearray(8)]))
+    assert str(error.value).startswith("rows[0].completion: ")
+
+
+def test_a_non_png_image_is_refused_even_when_pillow_reads_it():
+    import io  # noqa: PLC0415
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buffer, format="BMP")
+    with pytest.raises(WireError, match="x: png data is not a PNG"):
+        decode_array({"png": base64.b64encode(buffer.getvalue()).decode()}, "x")
+
+
+def test_deeply_nested_json_is_refused_as_malformed():
+    body = b"RWB1" + (200_000).to_bytes(8, "little") + b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(WireError, match="the framed body's document is nested too deeply"):
+        unpack(body)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda b: b.pop("version"), "version must be 1, got None"),
+        (lambda b: b.update(grup_size=2), r"unknown field\(s\) \['grup_size'\]"),
+        (lambda b: b["samples"][0].update(awnser="3"), r"samples\[0\]: unknown field\(s\) \['awnser'\]"),
+        (lambda b: b.pop("samples"), "samples must be a list, got None"),
+    ],
+)
+def test_missing_and_unknown_fields_are_refused_by_name(change, message):
+    body = through_json(encode_request(None, ["x"], [sample()], None))
+    change(body)
+    with pytest.raises(WireError, match=message):
+        decode_request(body)
+
+
+def test_decoded_bytes_are_bounded_from_the_png_header_before_decoding(monkeypatch):
+    bomb = {"png": base64.b64encode(png_header(100_000, 100_000)).decode()}  # 30 GB declared in 33 bytes
+    opened = []
+    monkeypatch.setattr("app.rewards.wire.Image.open", lambda *a, **k: opened.append(a))
+    with pytest.raises(RequestTooLarge, match=r"rows\[0\]\.completion: a PNG of 100000 x 100000 x 3 bytes"):
+        decode_array(bomb, "rows[0].completion", budget=DecodeBudget(2**20))
+    assert opened == []  # refused before Pillow saw it
+
+
+def test_a_request_s_decoded_bytes_are_summed_over_its_arrays():
+    first = sample()  # a 4 x 5 RGB image: 60 bytes
+    completions = [torch.zeros(10), torch.zeros(10)]  # 40 bytes each
+    body = through_json(encode_request(None, completions, [first, first], None))
+    decode_request(body, max_decoded_bytes=140)
+    with pytest.raises(RequestTooLarge, match=r"rows\[1\]\.completion: .* over this request's limit of 139"):
+        decode_request(body, max_decoded_bytes=139)
+
+
+def test_an_npy_array_is_bounded_by_its_header_before_it_is_read():
+    header_only = np.lib.format.header_data_from_array_1_0(np.zeros(1, dtype="<f8"))
+    header_only["shape"] = (10**6, 10**6)
+    import io  # noqa: PLC0415
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, header_only)
+    value = {"npy": base64.b64encode(buffer.getvalue()).decode()}
+    with pytest.raises(RequestTooLarge, match=r"x: an array of 8000000000000 bytes"):
+        decode_array(value, "x", budget=DecodeBudget(2**20))

@@ -17,8 +17,11 @@ kept, so a diffusers decode in [0, 1] arrives bit for bit; a bfloat16 tensor tra
 Base64 inside JSON costs about 6 ms per MB each way, so :class:`RemoteReward` sends a framed body instead
 (``Content-Type: application/x-reward-batch``, :func:`pack`): the magic ``RWB1``, then the JSON document and each
 array's bytes, each preceded by its length as a little-endian uint64. In the document an array refers to its
-attachment: ``{"pt": {"blob": 3, "dtype": "<f4", "shape": [3, 64, 64]}, "dims": [1, 2, 0]}`` (the raw C-order buffer
-of the array in its memory order) or ``{"png": {"blob": 0}}``. The server reads both kinds of body.
+attachment: ``{"pt": {"blob": 3, "dtype": "<f4", "shape": [64, 64, 3]}, "dims": [1, 2, 0]}`` (the raw C-order buffer
+of the array in its memory order) or ``{"png": {"blob": 0}}``. ``dims`` lists the view's axes in memory order
+(outermost first): the buffer holds the view transposed by ``dims``, and the receiver applies the inverse
+permutation, so the example is an ``[H, W, 3]`` buffer that arrives as its ``[3, H, W]`` view. The server reads both
+kinds of body. docs/wire_spec.md is the versioned specification: every field, status and limit.
 
 Rows that answer the same prompt name the same sample, and the server gives them the same
 :class:`~app.types.VisualSample` object, as the trainer does (group rewards find a group by it). ``meta`` must be
@@ -33,9 +36,11 @@ The answer to a scored batch::
 client counts and replaces by 0 exactly as it would in-process; a bare ``NaN`` token is not JSON and is a malformed
 answer. ``side_state`` is what the reward's :attr:`~app.rewards.RewardComponent.side_state` counters gained while
 scoring this batch, flattened to ``name`` or ``name/key`` -> number. ``GET /info`` lists the served rewards
-(``{"rewards": [{"name", "scope", "value_range", "side_state"}]}``, an unbounded end of a range as null) and ``GET /health`` answers ``{"ok": true}``.
-An error is ``{"error": "<what is wrong>"}`` with status 400 (a malformed request), 401 (a missing or wrong token),
-404 (an unknown reward or path), 413 (a body over the server's limit) or 500 (the reward raised).
+(``{"version", "limits", "rewards": [{"name", "scope", "value_range", "side_state", "completions"}]}``, an
+unbounded end of a range as null) and ``GET /health`` answers ``{"ok": true}``. An error is ``{"error": "<what is
+wrong>"}``: 400 a malformed request, 401 a missing or wrong token, 404 an unknown reward or path, 408 a request
+slower than the server's timeout, 411 no Content-Length, 413 a body or its decoded arrays over the server's limits,
+500 the reward raised, 501 an unsupported method.
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ import io
 import json
 import math
 import numbers
+import re
+import reprlib
 import struct
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,6 +69,28 @@ VERSION = 1
 
 class WireError(ValueError):
     """A request or an answer that does not follow the wire format; the message says which field and why."""
+
+
+class RequestTooLarge(WireError):
+    """A request whose arrays would decode to more bytes than its :class:`DecodeBudget` (answered 413)."""
+
+
+class DecodeBudget:
+    """The bytes a request's arrays may decode to, all together; each array is charged from what its header declares
+    (a PNG's ``width x height x channels x bytes per channel``, an array's ``elements x itemsize``) before it is
+    decoded, so a small body declaring a huge image costs nothing."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def charge(self, num_bytes: int, what: str, where: str) -> None:
+        self.used += num_bytes
+        if self.used > self.limit:
+            raise RequestTooLarge(
+                f"{where}: {what} brings the request's decoded arrays to {self.used} bytes, over this request's "
+                f"limit of {self.limit}"
+            )
 
 
 FRAMED_TYPE = "application/x-reward-batch"
@@ -111,11 +141,18 @@ def unpack(body: bytes) -> tuple[Any, Blobs]:
         position += 8 + length
     if not pieces:
         raise WireError("the framed body holds no JSON document")
+    return parse_json(pieces[0], "the framed body's document"), Blobs(pieces[1:])
+
+
+def parse_json(data: bytes | bytearray, what: str) -> Any:
+    """The JSON of ``data``; a :class:`WireError` naming ``what`` when it is not JSON or nests deeper than Python's
+    recursion limit."""
     try:
-        document = json.loads(pieces[0])
+        return json.loads(data)
+    except RecursionError:
+        raise WireError(f"{what} is nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as error:
-        raise WireError(f"the framed body's document is not JSON: {error}") from None
-    return document, Blobs(pieces[1:])
+        raise WireError(f"{what} is not JSON: {error}") from None
 
 
 # ---------------------------------------------------------------------------------------------------- arrays
@@ -163,27 +200,89 @@ def _payload(data: bytes, blobs: Blobs | None) -> str | dict[str, int]:
     return blobs.add(data) if blobs is not None else base64.b64encode(data).decode("ascii")
 
 
-def _raw_array(raw: bytes | bytearray, about: Mapping[str, Any], where: str) -> np.ndarray:
-    """The array of a raw buffer described by ``about`` (``dtype``, ``shape``), without a copy."""
+_DTYPE = re.compile(r"[<>|=]?[biufc][0-9]{1,2}")
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # IHDR colour type -> channels (3: palette indices)
+
+
+def _number_dtype(value: Any, where: str) -> np.dtype:
+    """The numpy dtype of a type string such as ``<f4`` or ``|u1``: numbers only, little-endian (or one byte)."""
+    if not isinstance(value, str | np.dtype) or (isinstance(value, str) and not _DTYPE.fullmatch(value)):
+        raise WireError(f"{where}: dtype {_brief(value)} is not a number type such as '<f4' or '|u1'")
     try:
-        dtype = np.dtype(about["dtype"])
+        dtype = np.dtype(value)
     except (TypeError, ValueError) as error:
-        raise WireError(f"{where}: dtype {_brief(about['dtype'])} is not a numpy dtype ({error})") from None
+        raise WireError(f"{where}: dtype {_brief(value)} is not a numpy dtype ({error})") from None
+    if dtype.kind not in "biufc":
+        raise WireError(f"{where}: dtype {dtype.str!r} is not a number type such as '<f4' or '|u1'")
+    if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False):
+        raise WireError(f"{where}: dtype {dtype.str!r} is big-endian: send little-endian ('<')")
+    return dtype
+
+
+def _raw_array(raw: bytes | bytearray, about: Mapping[str, Any], where: str, budget: DecodeBudget | None) -> np.ndarray:
+    """The array of a raw buffer described by ``about`` (``dtype``, ``shape``), without a copy."""
+    dtype = _number_dtype(about.get("dtype"), where)
     shape = about.get("shape")
-    if (
-        dtype.kind not in "biufc"
-        or not isinstance(shape, list)
-        or not all(isinstance(n, int) and n >= 0 for n in shape)
-    ):
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise WireError(f"{where}: a raw array needs a numeric dtype and a shape of sizes, got {_brief(dict(about))}")
+    if budget is not None:
+        budget.charge(
+            math.prod(shape) * dtype.itemsize, f"an array of {math.prod(shape) * dtype.itemsize} bytes", where
+        )
     if math.prod(shape) * dtype.itemsize != len(raw):
         raise WireError(f"{where}: {len(raw)} bytes do not hold a {dtype} array of shape {shape}")
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
-def decode_array(value: Any, where: str, blobs: Blobs | None = None) -> Image.Image | np.ndarray | torch.Tensor:
+def _npy_array(raw: bytes | bytearray, where: str, budget: DecodeBudget | None) -> np.ndarray:
+    """The array of ``numpy.save`` bytes, its header checked (a number dtype, the decoded size) before its data is
+    read."""
+    stream = io.BytesIO(raw)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in read_header:
+            raise ValueError(f"npy version {version[0]}.{version[1]} (1.0 or 2.0 travel)")
+        shape, _, dtype = read_header[version](stream)
+    except (ValueError, SyntaxError, TypeError) as error:
+        raise WireError(f"{where}: unreadable npy ({type(error).__name__}: {error})") from None
+    dtype = _number_dtype(dtype, where)
+    if budget is not None:
+        budget.charge(
+            math.prod(shape) * dtype.itemsize, f"an array of {math.prod(shape) * dtype.itemsize} bytes", where
+        )
+    return np.load(io.BytesIO(raw), allow_pickle=False)
+
+
+def png_size(raw: bytes | bytearray | memoryview, where: str) -> tuple[int, int, int, int]:
+    """``(width, height, channels, bytes per channel)`` that a PNG's header (its IHDR chunk) declares; a
+    :class:`WireError` when the bytes are not a PNG."""
+    head = bytes(raw[:33])
+    if len(head) < 33 or head[:8] != _PNG_SIGNATURE or head[12:16] != b"IHDR":
+        raise WireError(f"{where}: png data is not a PNG (it must start with the PNG signature and IHDR)")
+    width, height, bit_depth, colour_type = struct.unpack(">IIBB", head[16:26])
+    if zlib.crc32(head[12:29]) != struct.unpack(">I", head[29:33])[0] or colour_type not in _PNG_CHANNELS:
+        raise WireError(f"{where}: png data has a corrupt IHDR chunk")
+    return width, height, _PNG_CHANNELS[colour_type], 2 if bit_depth == 16 else 1
+
+
+def _png_image(raw: bytes | bytearray | memoryview, where: str, budget: DecodeBudget | None) -> Image.Image:
+    width, height, channels, depth = png_size(raw, where)
+    if budget is not None:
+        size = f"{width} x {height} x {channels}" + (" x 2" if depth == 2 else "")
+        budget.charge(width * height * channels * depth, f"a PNG of {size} bytes", where)
+    image = Image.open(io.BytesIO(raw), formats=["PNG"])
+    image.load()  # decoded now, in memory: the BytesIO is no longer read
+    return image
+
+
+def decode_array(
+    value: Any, where: str, blobs: Blobs | None = None, budget: DecodeBudget | None = None
+) -> Image.Image | np.ndarray | torch.Tensor:
     """The PIL image, numpy array or tensor of :func:`encode_array`'s object (its bytes in ``blobs`` when it refers
-    to them); ``where`` names the field in errors."""
+    to them); ``where`` names the field in errors. ``budget`` is charged with what the array declares before it is
+    decoded (:class:`RequestTooLarge` past it)."""
     kinds = set(ARRAY_KINDS) & set(value) if isinstance(value, Mapping) else set()
     if len(kinds) != 1 or set(value) - kinds - {"dims"}:
         raise WireError(f"{where}: expected one of {{'png' | 'npy' | 'pt': base64}}, got {_brief(value)}")
@@ -197,22 +296,24 @@ def decode_array(value: Any, where: str, blobs: Blobs | None = None) -> Image.Im
             raise WireError(f"{where}: {kind} data is not base64 ({error})") from None
     try:
         if kind == "png":
-            with Image.open(io.BytesIO(raw)) as image:
-                image.load()
-                return image.copy()
+            return _png_image(raw, where, budget)
         if isinstance(value[kind], Mapping) and "dtype" in value[kind]:
-            array = _raw_array(raw, value[kind], where)
+            array = _raw_array(raw, value[kind], where, budget)
         else:
-            array = np.load(io.BytesIO(raw), allow_pickle=False)
+            array = _npy_array(raw, where, budget)
+        order = value.get("dims", list(range(array.ndim)))
+        if (
+            not isinstance(order, list)
+            or not all(type(d) is int for d in order)
+            or sorted(order) != [*range(array.ndim)]
+        ):
+            raise WireError(f"{where}: dims must be a permutation of the {array.ndim} dimensions, got {_brief(order)}")
+        array = array.transpose(np.argsort(order))  # the inverse of dims: the view the sender had
+        return torch.from_numpy(array) if kind == "pt" else array
     except WireError:
         raise
-    except Exception as error:  # PIL and numpy raise many kinds on corrupt bytes
+    except Exception as error:  # PIL, numpy and torch raise many kinds on corrupt bytes
         raise WireError(f"{where}: unreadable {kind} ({type(error).__name__}: {error})") from None
-    order = value.get("dims", list(range(array.ndim)))
-    if not isinstance(order, list) or sorted(order) != list(range(array.ndim)):
-        raise WireError(f"{where}: dims must be a permutation of the {array.ndim} dimensions, got {_brief(order)}")
-    array = array.transpose(np.argsort(order))
-    return torch.from_numpy(array) if kind == "pt" else array
 
 
 # ------------------------------------------------------------------------------------------------ the request
@@ -222,12 +323,14 @@ def encode_completion(completion: Any, blobs: Blobs | None = None) -> dict[str, 
     return encode_array(completion, blobs)
 
 
-def decode_completion(value: Any, where: str, blobs: Blobs | None = None) -> str | Image.Image | np.ndarray:
+def decode_completion(
+    value: Any, where: str, blobs: Blobs | None = None, budget: DecodeBudget | None = None
+) -> str | Image.Image | np.ndarray:
     if isinstance(value, Mapping) and set(value) == {"text"}:
         if not isinstance(value["text"], str):
             raise WireError(f"{where}: text must be a string, got {_brief(value['text'])}")
         return value["text"]
-    return decode_array(value, where, blobs)
+    return decode_array(value, where, blobs, budget)
 
 
 def plain_json(value: Any, where: str) -> Any:
@@ -284,14 +387,26 @@ def _encode_sample(sample: VisualSample, where: str, blobs: Blobs | None) -> dic
     }
 
 
+REQUEST_FIELDS = ("version", "reward", "group_size", "samples", "rows")
+SAMPLE_FIELDS = ("question", "task", "answer", "reasoning", "meta", "images")
+
+
+def _known_fields(value: Mapping[str, Any], fields: Sequence[str], where: str) -> None:
+    unknown = sorted(str(key) for key in value if key not in fields)
+    if unknown:
+        raise WireError(f"{where}: unknown field(s) {_brief(unknown)}; the fields are {list(fields)}")
+
+
 def decode_request(
-    body: Any, blobs: Blobs | None = None
+    body: Any, blobs: Blobs | None = None, max_decoded_bytes: int | None = None
 ) -> tuple[str | None, list[Any], list[VisualSample], int | None]:
     """``(reward, completions, samples, group_size)`` of a ``POST /score`` document (and the blobs of its framed
-    body); one sample object per distinct prompt, repeated for its rows."""
+    body); one sample object per distinct prompt, repeated for its rows. ``max_decoded_bytes`` bounds what the
+    request's arrays decode to, all together (:class:`RequestTooLarge`), checked from their headers before decoding."""
     if not isinstance(body, Mapping):
         raise WireError(f"the request must be a JSON object, got {_brief(body)}")
-    if body.get("version") != VERSION:
+    _known_fields(body, REQUEST_FIELDS, "the request")
+    if body.get("version") != VERSION or isinstance(body.get("version"), bool):
         raise WireError(f"version must be {VERSION}, got {_brief(body.get('version'))}")
     reward, group_size = body.get("reward"), body.get("group_size")
     if reward is not None and not isinstance(reward, str):
@@ -299,9 +414,11 @@ def decode_request(
     if group_size is not None and (not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1):
         raise WireError(f"group_size must be a positive integer or null, got {_brief(group_size)}")
     raw_samples, raw_rows = body.get("samples"), body.get("rows")
-    if not isinstance(raw_samples, list) or not isinstance(raw_rows, list):
-        raise WireError("samples and rows must be lists")
-    samples = [_decode_sample(s, f"samples[{i}]", blobs) for i, s in enumerate(raw_samples)]
+    for key, value in (("samples", raw_samples), ("rows", raw_rows)):
+        if not isinstance(value, list):
+            raise WireError(f"{key} must be a list, got {_brief(value)}")
+    budget = DecodeBudget(max_decoded_bytes) if max_decoded_bytes is not None else None
+    samples = [_decode_sample(s, f"samples[{i}]", blobs, budget) for i, s in enumerate(raw_samples)]
     completions, row_samples = [], []
     for i, row in enumerate(raw_rows):
         if not isinstance(row, Mapping) or set(row) != {"sample", "completion"}:
@@ -309,14 +426,15 @@ def decode_request(
         which = row["sample"]
         if not isinstance(which, int) or isinstance(which, bool) or not 0 <= which < len(samples):
             raise WireError(f"rows[{i}].sample must index samples (0..{len(samples) - 1}), got {_brief(which)}")
-        completions.append(decode_completion(row["completion"], f"rows[{i}].completion", blobs))
+        completions.append(decode_completion(row["completion"], f"rows[{i}].completion", blobs, budget))
         row_samples.append(samples[which])
     return reward, completions, row_samples, group_size
 
 
-def _decode_sample(value: Any, where: str, blobs: Blobs | None) -> VisualSample:
+def _decode_sample(value: Any, where: str, blobs: Blobs | None, budget: DecodeBudget | None) -> VisualSample:
     if not isinstance(value, Mapping):
         raise WireError(f"{where} must be an object, got {_brief(value)}")
+    _known_fields(value, SAMPLE_FIELDS, where)
     for key in ("question", "task"):
         if not isinstance(value.get(key), str):
             raise WireError(f"{where}.{key} must be a string, got {_brief(value.get(key))}")
@@ -326,9 +444,10 @@ def _decode_sample(value: Any, where: str, blobs: Blobs | None) -> VisualSample:
     meta, images = value.get("meta", {}), value.get("images", [])
     if not isinstance(meta, Mapping) or not isinstance(images, list):
         raise WireError(f"{where}: meta must be an object and images a list")
-    decoded = [decode_array(image, f"{where}.images[{j}]", blobs) for j, image in enumerate(images)]
-    if not all(isinstance(image, Image.Image) for image in decoded):
-        raise WireError(f"{where}.images must be PNG images")
+    for j, image in enumerate(images):
+        if not (isinstance(image, Mapping) and set(image) == {"png"}):
+            raise WireError(f"{where}.images[{j}] must be a PNG image ({{'png': ...}}), got {_brief(image)}")
+    decoded = [decode_array(image, f"{where}.images[{j}]", blobs, budget) for j, image in enumerate(images)]
     return VisualSample(
         images=decoded,
         question=value["question"],
@@ -392,6 +511,11 @@ def decode_side_state(value: Any) -> dict[str, float]:
     return {key: float(count) for key, count in value.items()}
 
 
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxdict, _BRIEF.maxlist, _BRIEF.maxstring, _BRIEF.maxother = 3, 4, 6, 60, 60
+
+
 def _brief(value: Any, limit: int = 80) -> str:
-    text = repr(value)
+    """A short repr of untrusted input: bounded in cost whatever its size or depth."""
+    text = _BRIEF.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
