@@ -69,6 +69,22 @@ def test_guidance_and_a_deterministic_solver_on_shared_noise_are_refused():
     nft_module(shared_initial_noise=True, solver="stochastic")  # the sampler's noise tells the samples apart
 
 
+@pytest.mark.parametrize("solver", ["euler", "unipc"])
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"sampler": "sde"}, "sampling.sampler"),
+        ({"eta": 0.5}, "sampling.eta"),
+        ({"sampler": "sde", "eta": 0.5}, "sampling.sampler, sampling.eta"),
+    ],
+)
+def test_the_stochastic_samplers_options_are_refused_with_a_deterministic_solver(solver, kwargs, named):
+    with pytest.raises(ValueError, match=f"nft.solver '{solver}' is deterministic: .*drop .*{named}"):
+        nft_module(solver=solver, **kwargs)
+    module = nft_module(solver="stochastic", **kwargs)  # the stochastic solver draws with them
+    assert (module.sampling.sampler, module.sampling.eta) == (kwargs.get("sampler", "cps"), kwargs.get("eta", 0.7))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

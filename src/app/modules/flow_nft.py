@@ -51,8 +51,9 @@ __all__ = ["FlowNFTModule", "check_nft_settings"]
 
 
 def check_nft_settings(sampling: FlowSamplingSettings, nft: NFTSettings, grpo: GRPOSettings) -> None:
-    """Refuse, with a ``ValueError`` naming each, the options DiffusionNFT has no use for (they belong to flow-GRPO's
-    trajectories and ratios) and the combinations that cannot train."""
+    """Refuse, with a ``ValueError`` naming each, the options DiffusionNFT has no use for (those of flow-GRPO's
+    trajectories and ratios, and the stochastic sampler's with a deterministic ``nft.solver``) and the combinations
+    that cannot train."""
     defaults, grpo_defaults = FlowSamplingSettings(), GRPOSettings()
     unused = {
         "sampling.sde_window": sampling.sde_window is not None,
@@ -73,6 +74,16 @@ def check_nft_settings(sampling: FlowSamplingSettings, nft: NFTSettings, grpo: G
         raise ValueError(
             f"DiffusionNFT trains on clean samples, with no trajectory, likelihood ratio or token: drop "
             f"{', '.join(named)}"
+        )
+    stochastic = {
+        "sampling.sampler": sampling.sampler != defaults.sampler,
+        "sampling.eta": sampling.eta != defaults.eta,
+    }
+    named = [option for option, is_set in stochastic.items() if is_set]
+    if nft.solver != "stochastic" and named:
+        raise ValueError(
+            f"nft.solver {nft.solver!r} is deterministic: the sampler and eta set the stochastic solver's noise; drop "
+            f"{', '.join(named)} or set nft.solver: stochastic"
         )
     if sampling.guidance_scale > 1.0:
         raise ValueError(
