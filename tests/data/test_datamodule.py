@@ -99,7 +99,7 @@ def test_hyperparameters_hold_the_dataset_as_plain_data_that_checkpoints_load():
 def test_resume_state_continues_the_epoch_where_it_stopped():
     full = [image_bytes(s) for b in small_datamodule(seed=2).train_dataloader() for s in b]
     dm = small_datamodule(seed=2)
-    dm.load_state_dict({"epoch": 0, "batches_done": 2})
+    dm.load_state_dict({"epoch": 0, "batches_done": 2, "samples_done": 8})
     resumed = [image_bytes(s) for b in dm.train_dataloader() for s in b]
     assert resumed == full[2 * 4 :]
     assert [image_bytes(s) for b in dm.train_dataloader() for s in b] == full  # the next pass starts the epoch over
@@ -122,9 +122,67 @@ def test_every_rank_resumes_its_own_share_from_the_one_state_rank_0_saves():
 
     shares = [[image_bytes(s) for b in on_rank(rank).train_dataloader() for s in b] for rank in (0, 1)]
     states = [on_rank(rank).state_dict() for rank in (0, 1)]
-    assert states[0] == states[1] == {"epoch": 0, "batches_done": 1}
+    assert states[0] == states[1] == {"epoch": 0, "batches_done": 1, "samples_done": 8}
     for rank in (0, 1):
         dm = on_rank(rank)
         dm.load_state_dict(states[0])
         assert [image_bytes(s) for b in dm.train_dataloader() for s in b] == shares[rank][4:], f"rank {rank}"
     assert not set(shares[0]) & set(shares[1])
+
+
+def on_ranks(rank: int, world: int, batch_idx: int = 0, **kwargs) -> VisualTaskDataModule:
+    """A data module as rank ``rank`` of ``world`` sees it, its trainer's loop at ``batch_idx`` of epoch 0."""
+    dm = small_datamodule(**{"seed": 2, "train_size": 23, "batch_size": 2, **kwargs})
+    dm.trainer = SimpleNamespace(
+        distributed_sampler_kwargs={"num_replicas": world, "rank": rank},
+        _accelerator_connector=SimpleNamespace(use_distributed_sampler=True),
+        state=SimpleNamespace(fn="fit"),
+        current_epoch=0,
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_idx=batch_idx)),
+    )
+    return dm
+
+
+def keys(batches) -> list[bytes]:
+    return [image_bytes(s) for b in batches for s in b]
+
+
+def epoch_order(dm: VisualTaskDataModule) -> list[bytes]:
+    """The training samples in epoch 0's permutation, all of them."""
+    from app.data.sampler import ResumableShuffleSampler
+
+    return [image_bytes(dm.train_dataset[i]) for i in ResumableShuffleSampler(len(dm.train_dataset), dm.seed)]
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_a_state_saved_on_two_ranks_resumes_on_another_number_at_the_global_sample_index(world):
+    """Two ranks trained 2 batches of 2 each: the first 8 samples of the epoch's order. Resumed on ``world`` ranks,
+    the ranks share the rest: no sample trained before is drawn again (but for padding), none after is left out."""
+    order = epoch_order(on_ranks(0, 1))
+    state = on_ranks(0, 2, batch_idx=1).state_dict()
+    assert state == {"epoch": 0, "batches_done": 2, "samples_done": 8}
+    resumed, lengths = [], []
+    for rank in range(world):
+        dm = on_ranks(rank, world)
+        dm.load_state_dict(state)
+        loader = dm.train_dataloader()
+        lengths.append(len(loader))
+        resumed.append(keys(loader))
+    if world == 1:  # the 15 left, in order, in 7 whole batches (the last sample dropped, as every epoch drops it)
+        assert resumed == [order[8:22]] and lengths == [11]
+    else:  # 15 left + 1 padding from the epoch's head: 4 per rank, 2 batches after the 2 the trainer counted
+        assert sorted(sum(resumed, [])) == sorted(order[8:] + order[:1])
+        assert [len(r) for r in resumed] == [4] * 4 and lengths == [4] * 4
+
+
+def test_a_state_saved_after_a_resume_on_another_number_of_ranks_counts_from_the_resume_point():
+    """Resumed on one rank after 8 samples (2 batches on 2 ranks), 2 more batches of 2 bring it to 12 samples, though
+    the trainer's loop counts 4 batches of the epoch."""
+    dm = on_ranks(0, 1)
+    dm.load_state_dict({"epoch": 0, "batches_done": 2, "samples_done": 8})
+    dm.train_dataloader()
+    dm.trainer.fit_loop.epoch_loop.batch_idx = 3
+    assert dm.state_dict() == {"epoch": 0, "batches_done": 4, "samples_done": 12}
+    dm.trainer.current_epoch = 1  # a new epoch counts from its start
+    dm.trainer.fit_loop.epoch_loop.batch_idx = 0
+    assert dm.state_dict() == {"epoch": 1, "batches_done": 1, "samples_done": 2}

@@ -32,7 +32,7 @@ def test_resume_skips_this_ranks_first_indices_of_that_epoch_only():
     expected = list(straight)
     resumed = ResumableShuffleSampler(12, seed=0, num_replicas=2, rank=1)
     resumed.set_epoch(1)
-    resumed.resume(epoch=1, num_indices=4)
+    resumed.resume(epoch=1, consumed=2 * 4, counted=4)
     assert list(resumed) == expected[4:]
     assert list(resumed) == expected, "the skip applies to one pass only"
 
@@ -56,7 +56,7 @@ def test_a_resume_saved_for_another_epoch_is_ignored():
     sampler = ResumableShuffleSampler(6, seed=2)
     sampler.set_epoch(1)
     expected = list(sampler)
-    sampler.resume(epoch=0, num_indices=3)
+    sampler.resume(epoch=0, consumed=3, counted=3)
     assert list(sampler) == expected
 
 
@@ -81,3 +81,42 @@ def test_ranks_that_share_groups_draw_the_same_prompts():
     assert prompt_ranks(None, 0, 1) == (0, 1)
     with pytest.raises(ValueError, match="group_ranks 2 must divide the number of processes"):
         prompt_ranks(sharing, 0, 3)
+
+
+def epoch_order(length: int, seed: int, epoch: int) -> list[int]:
+    return torch.randperm(length, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
+@pytest.mark.parametrize("saved_world, world", [(2, 1), (2, 4), (4, 3), (1, 2)])
+def test_a_resume_on_another_number_of_ranks_continues_the_epoch_at_the_global_sample_index(saved_world, world):
+    """The saved ranks together drew the first ``saved_world * n`` indices of the epoch's permutation; resumed on
+    ``world`` ranks, they share the rest (padded with the permutation's head as any epoch is), so no index before the
+    resume point is drawn again and none after it is left out."""
+    length, n, epoch = 23, 3, 1
+    order = epoch_order(length, seed=5, epoch=epoch)
+    consumed = saved_world * n
+    shares = []
+    for rank in range(world):
+        sampler = ResumableShuffleSampler(length, seed=5, num_replicas=world, rank=rank)
+        sampler.set_epoch(epoch)
+        sampler.resume(epoch, consumed, counted=n)
+        shares.append(list(sampler))
+    rest = order[consumed:]
+    padded = rest + order[: -len(rest) % world]
+    assert shares == [padded[r::world] for r in range(world)]
+    drawn = sum(shares, [])
+    assert sorted(i for i in drawn if i in rest) == sorted(rest), "every index of the rest, once"
+    padding = [i for i in drawn if i not in rest]
+    assert padding == order[: len(padding)] and len(padding) < world, "besides: the padding, from the epoch's head"
+
+
+@pytest.mark.parametrize("world, counted, expected", [(1, 3, 23 - 6 + 3), (4, 3, 3 + 5), (4, 0, 6)])
+def test_a_resumed_pass_counts_the_indices_the_trainer_counted_before_it(world, counted, expected):
+    """``len`` is what the trainer's loop counts for the resumed epoch (``counted`` already, then this rank's share of
+    the rest), and never less than a whole epoch's share, so the loop's batch limit cuts neither that epoch nor the
+    following ones (Lightning takes the limit from ``len`` once, before the resumed pass)."""
+    sampler = ResumableShuffleSampler(23, seed=0, num_replicas=world, rank=world - 1)
+    sampler.resume(0, 2 * 3, counted=counted)
+    assert len(sampler) == max(expected, sampler.num_samples)
+    assert len(list(sampler)) == -(-(23 - 6) // world)
+    assert len(sampler) == sampler.num_samples, "after the resumed pass: a whole epoch's share"

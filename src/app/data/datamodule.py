@@ -150,6 +150,7 @@ class VisualTaskDataModule(LightningDataModule):
         self.val_dataset: Dataset | None = None
         self.test_dataset: Dataset | None = None
         self._resume_state: dict[str, int] = {}
+        self._resumed_at: tuple[int, int, int] | None = None  # (epoch, samples_done, batches_done) of the last resume
 
     def _build(self, split: str, size: int) -> Dataset:
         factory = self.dataset if split == "train" else self.eval_dataset
@@ -167,8 +168,7 @@ class VisualTaskDataModule(LightningDataModule):
         if train:
             sampler = ResumableShuffleSampler(len(dataset), self.seed, **self._sampler_ranks())
             if self._resume_state:
-                done = self._resume_state["batches_done"] * batch_size
-                sampler.resume(self._resume_state["epoch"], done)
+                self._resume(sampler, self._resume_state)
                 self._resume_state = {}
         return DataLoader(
             dataset,
@@ -183,6 +183,12 @@ class VisualTaskDataModule(LightningDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
+    def _resume(self, sampler: ResumableShuffleSampler, state: dict[str, int]) -> None:
+        epoch, batches = state["epoch"], state["batches_done"]
+        samples = state["samples_done"]
+        sampler.resume(epoch, samples, counted=batches * self.batch_size)
+        self._resumed_at = (epoch, samples, batches)
+
     def _sampler_ranks(self) -> dict[str, int]:
         """This process's share of the training set: the strategy's data-parallel ranks (ranks that share groups
         counted as one, :func:`~app.data.sampler.prompt_ranks`), unless the trainer was told not to split the data
@@ -196,21 +202,29 @@ class VisualTaskDataModule(LightningDataModule):
         return {"num_replicas": replicas, "rank": rank}
 
     def state_dict(self) -> dict[str, int]:
-        """Where training is in the current epoch, saved in checkpoints so a resumed run continues mid-epoch.
+        """Where training is in the current epoch, saved in checkpoints so a resumed run continues mid-epoch:
+        ``epoch``, ``batches_done`` (the trainer's count of this epoch's batches) and ``samples_done``, the global
+        sample index: how many of the epoch's permutation all ranks together have drawn.
 
         Lightning saves this from rank 0 alone, and every rank resumes at its own position from it, because the state
         is the same on every rank and each rank's position follows from it. Every rank runs the same fit loop over as
         many batches per epoch (:class:`~app.data.sampler.ResumableShuffleSampler` gives each ``ceil(train_size /
         world)`` indices, and ``drop_last`` keeps as many whole batches), and a checkpoint is written by all ranks at
-        the same step, so the loop's epoch and batch index are the same on all of them. A rank's next sample is then
-        its share of the ``(seed, epoch)`` permutation (its own by rank and world size) after its first ``batches_done
-        * batch_size`` indices, and the loader draws from its own generator (seeded with ``seed``): nothing of a
-        rank's position is its own to save. (:class:`~app.data.shard_datamodule.ShardDataModule`, whose positions do
-        differ, gathers every rank's.)"""
+        the same step, so the loop's epoch and batch index are the same on all of them, and the ranks have drawn the
+        first ``samples_done`` indices of the ``(seed, epoch)`` permutation between them. A resumed run on any number
+        of ranks shares the rest of it (see the sampler), and the loader draws from its own generator (seeded with
+        ``seed``): nothing of a rank's position is its own to save. (:class:`~app.data.shard_datamodule.ShardDataModule`,
+        whose positions do differ, gathers every rank's.)"""
         trainer = self.trainer
         if trainer is None or trainer.state.fn != "fit":
             return {}
-        return {"epoch": trainer.current_epoch, "batches_done": trainer.fit_loop.epoch_loop.batch_idx + 1}
+        epoch, batches = trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_idx + 1
+        start_samples, start_batches = 0, 0
+        if self._resumed_at is not None and self._resumed_at[0] == epoch:
+            _, start_samples, start_batches = self._resumed_at
+        replicas = self._sampler_ranks().get("num_replicas", 1)
+        samples = start_samples + (batches - start_batches) * self.batch_size * replicas
+        return {"epoch": epoch, "batches_done": batches, "samples_done": samples}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         self._resume_state = dict(state_dict)
