@@ -663,6 +663,16 @@ def test_what_a_group_spread_over_ranks_cannot_do_is_refused_by_name(family, grp
         family(LinearPolicy(), grpo=grpo, **kwargs)
 
 
+def test_a_served_reward_that_compares_a_group_s_outputs_is_refused_too():
+    from app.rewards import RemoteReward  # noqa: PLC0415
+    from app.rewards.serve import RewardServer  # noqa: PLC0415
+
+    with RewardServer([PairReward()]) as server:
+        served = RemoteReward(server.url, "pair", name="judge", retries=0)
+        with pytest.raises(ValueError, match="but judge compare the outputs of a group"):
+            SpreadToy(LinearPolicy(), grpo=GRPOSettings(group_ranks=3), rewards=[served])
+
+
 def test_a_group_on_one_rank_has_no_share_and_all_its_rows_here():
     module = SpreadToy(LinearPolicy(), grpo=GRPOSettings(group_ranks=3))
     assert module.group_share.per_rank == 1 and module.rows_per_prompt == 1 and module.ranks_per_group == 3

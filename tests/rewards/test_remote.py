@@ -199,6 +199,13 @@ def test_score_returns_a_future_before_the_server_answers(scripted):
     assert torch.equal(future.result(timeout=10), AccuracyReward().score(COMPLETIONS, prompts()))
 
 
+def test_a_remote_reward_takes_the_served_reward_s_scope_and_range(served):
+    spread = remote(served.url, "group_spread")
+    assert RemoteReward.scope == "completion"  # the class, before any server is asked
+    assert spread.scope == "group_pair" and spread.value_range == (0.0, 100.0)
+    assert remote(served.url).scope == "completion"
+
+
 def test_the_served_reward_s_side_state_comes_back_into_the_client_s_counters():
     from test_serve import CountingReward  # noqa: PLC0415 - the same test reward on both sides
 

@@ -59,6 +59,15 @@ class RemoteRefusedError(RewardError):
     cannot read): raised whatever ``on_failure`` says, since skipping would skip every batch."""
 
 
+class _ServedScope:
+    """``RemoteReward.scope``: ``completion`` on the class (what the reward contract checks), the served reward's scope
+    on an instance, asked of the server the first time it is read (``GET /info``). The checks that refuse rewards
+    comparing a group's rows (``grpo.group_ranks > 1``) then see what the server scores."""
+
+    def __get__(self, instance: RemoteReward | None, owner: type) -> str:
+        return "completion" if instance is None else instance.served_reward().scope
+
+
 @dataclass(frozen=True)
 class ServedReward:
     """What the server says of the reward it scores for this client (``GET /info``)."""
@@ -70,6 +79,9 @@ class ServedReward:
 
 class RemoteReward(RewardComponent):
     """A reward that a server scores (``python -m app.rewards.serve``); the same values as the reward in-process.
+
+    Its :attr:`scope` and :attr:`value_range` are the served reward's, asked of the server once (``GET /info``) when
+    first needed: reading ``scope`` asks it.
 
     Attributes:
         num_requests: batches sent and answered.
@@ -100,6 +112,7 @@ class RemoteReward(RewardComponent):
     """
 
     side_state = ("num_requests", "num_retries", "num_failed_requests", "num_unscored", "server_counters")
+    scope = _ServedScope()
 
     def __init__(
         self,
