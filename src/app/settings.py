@@ -489,7 +489,8 @@ class LoRASettings:
         r: rank of the update.
         alpha: scaling numerator (``lora_alpha``); the update is scaled by alpha / r.
         dropout: dropout on the LoRA input. None: the family's default, 0.05 on a VLM, 0 on a flow transformer (as
-            Flow-GRPO's SD3 recipe).
+            Flow-GRPO's SD3 recipe). It acts in supervised fine-tuning only: the GRPO modules (flow-GRPO and
+            DiffusionNFT included) turn every dropout off, so the log-prob passes of the ratio see one network.
         target_modules: a regex that must match a whole module name (PEFT's ``re.fullmatch``), or a list of names,
             each the name of a module or its last dotted parts (``["qkv"]`` selects every ``...attn.qkv``). A regex, or
             a list entry, that matches no module of the model is an error naming it (:mod:`app.models.lora_targets`).

@@ -342,6 +342,26 @@ def test_tiny_sd3_rescored_log_probs_match_the_rollout(sd3_fit):
         assert torch.equal(out.log_prob, trajectory.old_logprobs[:, j])
 
 
+@pytest.mark.parametrize("dropout", [0.05, 0.3])
+def test_tiny_sd3_under_lora_dropout_starts_each_rollout_at_ratio_exactly_one(dropout):
+    """The transitions are drawn, stored and re-scored for the loss by one network: with LoRA dropout (and a non-zero
+    adapter, so the dropout reaches the velocity) the first update of stored log-probs has ratio exactly 1."""
+    from app.models.flow import FlowPolicy
+    from app.settings import LoRASettings
+
+    torch.manual_seed(0)
+    policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8, dropout=dropout))
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.5)
+    module = flow_module(policy, num_iterations=2)
+    rollout = module.rollout(prompts(1))
+    outs = [out for out, _ in module.weighted_losses(rollout)]
+    assert len(outs) == len(rollout.sampled.step_indices) > 1
+    assert all(float(out.ratio_mean) == 1.0 and float(out.clip_fraction) == 0.0 for out in outs)
+
+
 def test_checkpoints_carry_the_rollout_generator():
     module = flow_module(seed=5)
     module.rollout(prompts())

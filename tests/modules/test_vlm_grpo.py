@@ -15,10 +15,11 @@ from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, assert_close_training,
 from torch.utils.data import DataLoader
 
 from app.algorithms import group_advantages
+from app.models import VLMPolicy
 from app.modules import VLMGRPOModule
 from app.modules.checkpoints import OMITTED
 from app.rewards import RewardComponent
-from app.settings import GRPOSettings, OptimizerSettings, SamplingSettings
+from app.settings import GRPOSettings, LoRASettings, OptimizerSettings, PipelineSettings, SamplingSettings
 from app.types import CompletionRecord
 
 K = 4
@@ -660,6 +661,50 @@ def test_num_iterations_two_reuses_the_rollout_and_its_ratio_moves(option_run):
     metrics = run.recorder.steps[0]["metrics"]
     assert metrics["train/ratio_mean"] == pytest.approx(second["stats"]["ratio_mean"], rel=1e-6)
     assert metrics["train/clip_fraction"] == pytest.approx(second["stats"]["clip_fraction"], rel=1e-6)
+
+
+class FirstUpdateProbe(VLMGRPOModule):
+    """Keeps the statistics of every update, and the log-probs each update starts from re-scored with gradients."""
+
+    def on_train_start(self):
+        self.updates = []
+
+    def _update(self, rollouts, optimizer, scale=1.0):
+        (rollout,) = rollouts
+        sampled = rollout.sampled
+        logprobs, _ = self.sampler.logprobs_and_entropy(sampled, list(range(len(sampled.completions.texts))))
+        stats = super()._update(rollouts, optimizer, scale)
+        self.updates.append(dict(rollout=rollout, logprobs=logprobs.detach(), stats=scalars(stats)))
+        return stats
+
+
+@pytest.mark.parametrize("dropout", [0.05, 0.3])
+@pytest.mark.parametrize(
+    "options",
+    [dict(num_iterations=2), dict(pipeline=PipelineSettings(delay=1, workers="inline"))],
+    ids=["iter2", "delay1"],
+)
+def test_the_first_update_of_stored_logprobs_has_ratio_exactly_one_under_lora_dropout(
+    dropout, options, new_datamodule, fit
+):
+    """Every log-prob pass whose result enters the ratio sees the same network: with LoRA dropout (and a non-zero
+    adapter, so the dropout reaches the output) the stored log-probs and the first update's agree bit for bit."""
+    torch.manual_seed(0)
+    policy = VLMPolicy("tiny-qwen2-vl", lora=LoRASettings(r=4, alpha=8, dropout=dropout))
+    perturb_lora_b(policy, scale=0.5)
+    module = FirstUpdateProbe(
+        policy,
+        rewards=[LengthReward()],
+        sampling=SamplingSettings(group_size=K, max_new_tokens=8),
+        **module_options(learning_rate=1e-2, **options),
+    )
+    steps = 2 if "pipeline" in options else 1  # a delayed pipeline's first step only primes it
+    fit(module, new_datamodule(), max_steps=steps)
+    first = module.updates[0]
+    mask, old = first["rollout"].loss_mask.bool(), first["rollout"].sampled.old_logprobs
+    assert mask.any() and old is not None
+    assert torch.equal(first["logprobs"][mask], old[mask])
+    assert first["stats"]["ratio_mean"] == 1.0 and first["stats"]["clip_fraction"] == 0.0
 
 
 @pytest.mark.parametrize("name", ["drop_zero_std_groups", "mask_truncated"])

@@ -14,6 +14,8 @@ from torch import nn
 
 from app.parallel.plan import ShardingPlan
 
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
 
 @runtime_checkable
 class Policy(Protocol):
@@ -85,3 +87,21 @@ class SwitchableReference:
             yield
         finally:
             self._use_reference = previous
+
+
+def disable_dropout(network: nn.Module) -> list[str]:
+    """Make every dropout of ``network`` the identity, in train mode too (so the network stays in train mode, where
+    gradient checkpointing acts); the names of the modules that had a non-zero one.
+
+    Dropout layers (PEFT's LoRA dropout among them) get ``p = 0``, as TRL's ``disable_dropout_in_model`` does, and
+    transformers' attention modules, which read a float ``attention_dropout`` in their forward, get 0.
+    """
+    changed = []
+    for name, module in network.named_modules():
+        if isinstance(module, _DROPOUTS) and module.p > 0:
+            module.p = 0.0
+            changed.append(name)
+        elif isinstance(getattr(module, "attention_dropout", None), float) and module.attention_dropout > 0:
+            module.attention_dropout = 0.0
+            changed.append(name)
+    return changed

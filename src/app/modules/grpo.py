@@ -40,7 +40,7 @@ from app.algorithms import (
     zero_std_groups,
 )
 from app.algorithms.tally import TokenTally
-from app.models.policy import Policy
+from app.models.policy import Policy, disable_dropout
 from app.modules.group_spread import check_group_ranks, whole_groups
 from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
 from app.modules.rollout_queue import RolloutQueue, grouped
@@ -123,6 +123,7 @@ class GRPOModule(PolicyModule):
             check_group_ranks(self, grpo.group_ranks)
         if grpo.beta > 0:
             policy.enable_reference()
+        self._without_dropout(policy)
         self._consecutive_nonfinite_rewards = 0
         self.skipped_groups = 0  # groups left out of updates because a reward could not score them
         self.empty_updates = 0  # updates left out because no rank kept a sample
@@ -131,6 +132,22 @@ class GRPOModule(PolicyModule):
         self.record_hyperparameters(
             sampling=plain(sampling), grpo=plain(grpo), pipeline=plain(self.pipeline), records_per_step=records_per_step
         )
+
+    @staticmethod
+    def _without_dropout(policy: Policy) -> None:
+        """Dropout off in the policy (and its frozen reference), for good: every pass whose log-probs enter the ratio
+        or the KL sees the same deterministic network.
+
+        The tokens (or transitions) are drawn by that network (``generate`` runs in eval mode), the stored behaviour
+        log-probs and the update's log-probs are two later passes: with dropout on, each pass draws its own masks, so
+        the ratio ``exp(logp - old_logp)`` is not 1 on the first update with unchanged weights and clipping and
+        off-policy masking act on mask noise, and even on-policy (old = current, detached) the gradient is that of a
+        perturbed network scored on another network's samples. Dropout on in one pass and off in another is no better
+        (the ratio then measures the masks of one pass). So RL training is dropout-free in every pass, as TRL's
+        ``disable_dropout`` and DPO's default make it; ``LoRASettings.dropout`` acts in supervised fine-tuning only."""
+        changed = disable_dropout(policy)
+        if changed:
+            log.info("dropout turned off in %d modules of the policy for GRPO's log-prob passes", len(changed))
 
     @property
     def group_size(self) -> int:
