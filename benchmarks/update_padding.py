@@ -66,7 +66,7 @@ def build(args):
     completions = CompletionBatch(ids, mask, [""] * n, torch.zeros(n, dtype=torch.bool), k)
     advantages = torch.randn(n, generator=g)
     sampled = SampledCompletions(prompts, completions, old_logprobs=None, ref_logprobs=None)
-    rollout = Rollout(samples, sampled, RewardOutput(advantages, {}), advantages, mask, k)
+    rollout = Rollout(samples, sampled, RewardOutput(advantages, {}), advantages, mask, rows_per_prompt=k)
     return policy, module, rollout
 
 

@@ -25,6 +25,7 @@ from PIL import Image
 
 from app.types import CompletionRecord
 from callbacks.media import log_table, text_cell, tile
+from callbacks.step_outputs import rows_per_prompt
 
 BASE_COLUMNS = ("step", "task", "question", "completion", "answer", "reward", "advantage")
 COMPONENT_PREFIX = "reward/"
@@ -131,7 +132,7 @@ class CompletionTableLogger(L.Callback):
         self._last_logged_step = step
         rows = [record_to_row(r) for r in outputs["records"][: self.max_rows]]
         columns = self._write_csv(rows, self._dirpath or trainer.default_root_dir)
-        thumbnails = self._thumbnails(outputs["records"][: self.max_rows], batch, getattr(pl_module, "group_size", 1))
+        thumbnails = self._thumbnails(outputs["records"][: self.max_rows], batch, rows_per_prompt(outputs))
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text("completions", records_to_markdown(rows, columns), step)

@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from torch import Tensor
 
 from app.algorithms import zero_std_groups
+from callbacks.step_outputs import rows_per_prompt
 
 
 def breakdown(components: dict[str, Tensor], advantages: Tensor | None, group_size: int) -> dict[str, float]:
@@ -82,10 +83,6 @@ class RewardBreakdownLogger(L.Callback):
         self.history: dict[int, dict[str, float]] = {}
 
     @staticmethod
-    def _k(pl_module: L.LightningModule) -> int:
-        return int(getattr(pl_module, "group_size", 1))
-
-    @staticmethod
     def _rows(outputs: dict[str, Any]) -> tuple[dict[str, Tensor], Tensor | None]:
         rewards = outputs.get("rewards")
         if rewards is not None:
@@ -110,7 +107,9 @@ class RewardBreakdownLogger(L.Callback):
         components, advantages = self._rows(outputs)
         if not components:
             return
-        values = {f"train/breakdown/{k}": v for k, v in breakdown(components, advantages, self._k(pl_module)).items()}
+        values = {
+            f"train/breakdown/{k}": v for k, v in breakdown(components, advantages, rows_per_prompt(outputs)).items()
+        }
         for (task, check), count in sorted(failed_check_counts(pl_module).items()):
             values[f"train/vbvr_failed/{task}/{check}"] = float(count)
         self.history[step] = values

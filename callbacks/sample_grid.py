@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from callbacks.media import captioned, log_image, log_video, save_gif, text_cell, tile, to_pil
+from callbacks.step_outputs import rows_per_prompt
 
 
 def grid_frames(
@@ -140,7 +141,7 @@ class SampleGridLogger(L.Callback):
         if images is None or not records or step % self.every_n_steps or step == self._last_logged_step:
             return
         self._last_logged_step = step
-        k = int(getattr(pl_module, "group_size", 1))
+        k = rows_per_prompt(outputs)
         n = min(len(images), len(records), self.max_prompts * k)
         samples = list(batch)[: -(-n // k)] if isinstance(batch, (list, tuple)) else []
         conditions = [s.images[0] if getattr(s, "images", None) else None for s in samples]

@@ -21,6 +21,8 @@ from typing import Any
 import lightning as L
 from lightning.fabric.utilities.throughput import Throughput, get_available_flops
 
+from callbacks.step_outputs import rows_per_prompt
+
 
 class ThroughputLogger(L.Callback):
     """Log ``train/throughput/{samples_per_sec,tokens_per_sec,mfu}`` and ``train/time/{step,rollout,reward,update}``
@@ -76,7 +78,7 @@ class ThroughputLogger(L.Callback):
             self._log(trainer, {"train/time/step": seconds})
             return
         self._batches += 1
-        self._samples += self._trained_samples(outputs, batch, pl_module)
+        self._samples += self._trained_samples(outputs, batch)
         tokens = outputs.get("generated_tokens") if isinstance(outputs, dict) else None
         if tokens is not None:
             self._tokens += int(tokens)
@@ -101,12 +103,13 @@ class ThroughputLogger(L.Callback):
         self._log(trainer, values)
 
     @staticmethod
-    def _trained_samples(outputs: Any, batch: Any, pl_module: L.LightningModule) -> int:
-        """The outputs the step trained on: the rows of its rewards (GRPO), else the batch's prompts times K."""
+    def _trained_samples(outputs: Any, batch: Any) -> int:
+        """The outputs the step trained on: the rows of its rewards (GRPO), else the batch's prompts times the rows of
+        each prompt the step drew."""
         rewards = outputs.get("rewards") if isinstance(outputs, dict) else None
         if rewards is not None and hasattr(rewards, "total"):
             return len(rewards.total)
-        return len(batch) * int(getattr(pl_module, "group_size", 1)) if isinstance(batch, (list, tuple)) else 0
+        return len(batch) * rows_per_prompt(outputs) if isinstance(batch, (list, tuple)) else 0
 
     def _log(self, trainer: L.Trainer, values: dict[str, float]) -> None:
         self.last = values

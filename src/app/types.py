@@ -251,7 +251,8 @@ class Rollout(Generic[Sampled]):
         advantages: ``[N]`` float32 group-relative advantages.
         loss_mask: what enters the loss: ``[N, L]`` completion tokens (minus dropped groups and, if asked, truncated
             completions) for a VLM, ``[N]`` bool trajectories for a flow model (one "token" per trained step).
-        group_size: K, outputs per prompt (rows ``b * K .. b * K + K - 1`` are prompt ``b``'s group).
+        rows_per_prompt: the outputs of each prompt in this rollout, k: K, or K / ``grpo.group_ranks`` when a group is
+            spread over ranks (rows ``b * k .. b * k + k - 1`` are prompt ``b``'s).
     """
 
     samples: list[VisualSample]
@@ -259,7 +260,7 @@ class Rollout(Generic[Sampled]):
     rewards: RewardOutput
     advantages: torch.Tensor
     loss_mask: torch.Tensor
-    group_size: int
+    rows_per_prompt: int
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ class StandInGRPO(L.LightningModule):
         self.frames = frames
 
     def training_step(self, batch, batch_idx):
-        n = len(batch) * K
+        n = len(batch) * K  # K rows per prompt on this rank, also when group_size (the whole group) is larger
         accuracy = torch.tensor([float((i + self.global_step) % 2) for i in range(n)])  # [N]
         fmt = torch.ones(n)
         rewards = RewardOutput(total=accuracy + 0.5 * fmt, components={"accuracy": accuracy, "format": fmt})
@@ -73,6 +73,7 @@ class StandInGRPO(L.LightningModule):
             "images": images,
             "timings": {"rollout": 0.01, "reward": 0.002, "update": 0.005},
             "generated_tokens": n * 20,  # every completion 20 tokens long, as train/completion_length says
+            "rows_per_prompt": K,  # this stand-in draws K rows of each prompt, whatever its group_size says
         }
 
     def train_dataloader(self):

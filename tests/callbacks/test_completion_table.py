@@ -187,7 +187,7 @@ def test_tensorboard_gets_a_table_image_with_the_prompt_thumbnails(tmp_path):
     trainer.loggers = [logger]
     callback.setup(trainer, None, "fit")
     callback.on_train_batch_end(
-        trainer, SimpleNamespace(group_size=2), {"records": make_records(3)}, prompts_with_images(2), 0
+        trainer, SimpleNamespace(), {"records": make_records(3), "rows_per_prompt": 2}, prompts_with_images(2), 0
     )
     logger.experiment.flush()
     acc = EventAccumulator(logger.log_dir, size_guidance={"images": 0})

@@ -242,7 +242,7 @@ TWO_REWARDS = SimpleNamespace(  # two groups of K = 2, the second of equal total
         torch.tensor([2.0, 1.0, 2.0, 2.0]),
         {"accuracy": torch.tensor([1.0, 0.0, 1.0, 1.0]), "format": torch.tensor([0.0, 1.0, 0.0, 0.0])},
     ),
-    group_size=2,
+    rows_per_prompt=2,
 )
 LOGGED = {
     "train/reward/total": 1.75,  # the mean over every row, the group of equal rewards included

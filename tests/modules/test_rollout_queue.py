@@ -468,8 +468,8 @@ def test_the_plain_step_scores_inline_and_splits_its_time_between_rollout_reward
     logs = Logs(module)
     out = driver(module)(0)
     assert out["timings"] == {"rollout": 9.0, "reward": 90.0, "update": 9000.0}
-    assert set(out) == {"loss", "records", "rewards", "advantages", "timings", "policy_lag", "features"}
-    assert out["policy_lag"] == 0
+    assert set(out) == {"loss", "records", "rewards", "advantages", "timings", "policy_lag", "rows_per_prompt", "features"}
+    assert out["policy_lag"] == 0 and out["rows_per_prompt"] == module.group_size
     ((values, kwargs),) = logs.dicts
     assert set(values) == TOY_LOGGED and kwargs == {"batch_size": 2}
     assert values["train/policy_lag"] == 0.0 and values["train/reward_wait_s"] == 90.0

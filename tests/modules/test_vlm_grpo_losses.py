@@ -86,7 +86,7 @@ def case(tiny_policy, new_samples):
         prompt_inputs, completions, old_logprobs=logprobs - RATIOS.log(), ref_logprobs=logprobs + 0.3
     )
     rollout = Rollout(
-        samples, sampled, RewardOutput(ADVANTAGES, {}), advantages=ADVANTAGES, loss_mask=LOSS_MASK, group_size=K
+        samples, sampled, RewardOutput(ADVANTAGES, {}), advantages=ADVANTAGES, loss_mask=LOSS_MASK, rows_per_prompt=K
     )
     return rollout, logprobs
 
@@ -331,7 +331,7 @@ def test_loss_mask_leaves_out_dropped_groups_and_truncated_rows(tiny_policy, mas
     assert torch.equal(
         batch.sampled.completions.completion_mask, TRUNCATING.completion_mask
     )  # the completions keep theirs
-    assert batch.advantages is scored.advantages and batch.rewards is rewards and batch.group_size == K
+    assert batch.advantages is scored.advantages and batch.rewards is rewards and batch.rows_per_prompt == K
 
 
 def test_log_probs_of_a_rollout_are_computed_in_micro_batches_at_the_given_temperature(tiny_policy, case):

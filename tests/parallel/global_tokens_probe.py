@@ -53,7 +53,7 @@ class FixedRolloutGRPO(VLMGRPOModule):
         sampled = SampledCompletions(prompt_inputs, completions, old_logprobs=None, ref_logprobs=None)
         rewards = RewardOutput(advantages, {})
         self.tokens = int(mask.sum())
-        return Rollout(samples, sampled, rewards, advantages=advantages, loss_mask=mask, group_size=K)
+        return Rollout(samples, sampled, rewards, advantages=advantages, loss_mask=mask, rows_per_prompt=K)
 
     def on_before_optimizer_step(self, optimizer):
         super().on_before_optimizer_step(optimizer)

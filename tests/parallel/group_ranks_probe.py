@@ -9,7 +9,8 @@ Cases:
   group; rank ``r`` writes ``OUT/scores-R.rank<r>.pt`` (its rows' advantages and kept rows).
 - ``fit-R``: flow-GRPO on the tiny SD3 policy, K = 16 per prompt, 2 prompts per step, 3 steps, with ``group_ranks`` R
   (the world size when R is ``world``; 1 process with K = 16 is ``fit-1``); rank 0 writes ``OUT/fit-R.pt`` (the
-  trainable weights after fit), every rank ``OUT/fit-R.rank<r>.pt`` (the prompts it trained on).
+  trainable weights after fit), every rank ``OUT/fit-R.rank<r>.pt`` (the prompts it trained on and the rows of each
+  its steps said they drew).
 """
 
 from __future__ import annotations
@@ -75,11 +76,17 @@ def scores(out: Path, ranks: int) -> None:
 
 
 class Prompts(L.Callback):
+    """The prompts of every batch, and the rows of each prompt every step said it drew (``rows_per_prompt``)."""
+
     def __init__(self):
         self.batches: list[list[str]] = []
+        self.rows_per_prompt: list[int] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batches.append([f"{s.question}|{s.meta.get('shape', '')}" for s in batch])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rows_per_prompt.append(outputs["rows_per_prompt"])
 
 
 def fit(out: Path, case: str, ranks: int) -> None:
@@ -98,7 +105,8 @@ def fit(out: Path, case: str, ranks: int) -> None:
     strategy = "ddp" if world > 1 else "auto"
     trainer = trainer_for(strategy, out / case, STEPS, [prompts], same_draws=False)
     trainer.fit(module, data)
-    torch.save({"batches": prompts.batches}, out / f"{case}.rank{trainer.global_rank}.pt")
+    drawn = {"batches": prompts.batches, "rows_per_prompt": prompts.rows_per_prompt}
+    torch.save(drawn, out / f"{case}.rank{trainer.global_rank}.pt")
     weights = full_trainable_state(module)
     if trainer.global_rank == 0:
         torch.save(weights, out / f"{case}.pt")

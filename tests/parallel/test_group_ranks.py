@@ -64,13 +64,14 @@ def test_each_rank_scores_its_rows_of_the_whole_groups(runs, ranks):
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_a_group_spread_over_ranks_trains_the_weights_one_process_trains(runs, world):
-    from group_ranks_probe import STEPS
+    from group_ranks_probe import FIT_GROUP_SIZE, STEPS
 
     single = torch.load(runs[1] / "fit-1.pt", weights_only=True)
     spread = torch.load(runs[world] / "fit-world.pt", weights_only=True)
     one = torch.load(runs[1] / "fit-1.rank0.pt", weights_only=True)["batches"]
-    for rank in range(world):  # every rank of the group drew the prompts the one process drew
-        assert torch.load(runs[world] / f"fit-world.rank{rank}.pt", weights_only=True)["batches"] == one
+    for rank in range(world):  # every rank of the group drew the prompts the one process drew, K / R rows of each
+        drawn = torch.load(runs[world] / f"fit-world.rank{rank}.pt", weights_only=True)
+        assert drawn["batches"] == one and drawn["rows_per_prompt"] == [FIT_GROUP_SIZE // world] * STEPS
     assert_close_training(spread, single, lr=1e-3, steps=STEPS)
     moved = max(float((w - torch.zeros_like(w)).abs().max()) for k, w in single.items() if "lora_B" in k)
     assert moved > 0  # the adapters trained

@@ -263,7 +263,7 @@ class GRPOModule(PolicyModule):
             rewards=scored.rewards,
             advantages=scored.advantages,
             loss_mask=self.loss_mask(generation, scored.keep),
-            group_size=self.rows_per_prompt,
+            rows_per_prompt=self.rows_per_prompt,
         )
 
     def score(self, outputs: Sequence[Any], samples: list[VisualSample]) -> ScoredGroups:
@@ -377,6 +377,7 @@ class GRPOModule(PolicyModule):
             "advantages": rollout.advantages,
             "timings": timings,
             "policy_lag": lag,
+            "rows_per_prompt": rollout.rows_per_prompt,  # K / group_ranks: how this rank's rows group
             **self.step_outputs(rollout),
         }
 
@@ -496,7 +497,7 @@ class GRPOModule(PolicyModule):
             "train/kl": stats["kl"],
             "train/clip_fraction": stats["clip_fraction"],
             "train/ratio_mean": stats["ratio_mean"],
-            "train/frac_zero_std": zero_std_groups(whole_groups, rollout.group_size * self.grpo.group_ranks)
+            "train/frac_zero_std": zero_std_groups(whole_groups, rollout.rows_per_prompt * self.grpo.group_ranks)
             .float()
             .mean(),
             "train/nonfinite_rewards": torch.tensor(float(self.rewards.num_nonfinite)),
@@ -526,7 +527,7 @@ class GRPOModule(PolicyModule):
             self.log("reward", values["train/reward/total"], prog_bar=True, logger=False, batch_size=batch_size)
 
     def _records(self, rollout: Rollout) -> list[CompletionRecord]:
-        k, rewards, samples = rollout.group_size, rollout.rewards, rollout.samples
+        k, rewards, samples = rollout.rows_per_prompt, rollout.rewards, rollout.samples
         return [
             CompletionRecord(
                 step=self.global_step,

@@ -121,7 +121,7 @@ class RolloutQueue:
         loss. The prompts are drawn from ``loader``'s data by :meth:`drawer`. ``any_rank(local)`` is True on every rank
         when ``local`` is on any: every rank rolls out as often as the neediest one, so ranks generate (and, sharded,
         forward) in lockstep."""
-        k, num_prompts = rollout.group_size, len(rollout.samples)
+        k, num_prompts = rollout.rows_per_prompt, len(rollout.samples)
         rollouts = [rollout]
         informative = int((~zero_std_groups(rollout.rewards.total, k)).sum())
         extra_rollouts = 0

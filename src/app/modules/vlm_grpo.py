@@ -239,7 +239,7 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
             entropy=entropy,
             top_entropy_quantile=grpo.top_entropy_quantile,
         )
-        tasks = [rollout.samples[row // rollout.group_size].task for row in rows]
+        tasks = [rollout.samples[row // rollout.rows_per_prompt].task for row in rows]
         return dataclasses.replace(out, entropy=TokenTally.of(entropy, mask, tasks))
 
     def _fused_micro_batch(self, rollout: Rollout[SampledCompletions], rows: list[int]) -> GRPOLossOutput:
