@@ -111,6 +111,25 @@ def test_prompt_source_reads_the_meta_key(reward, clip):
             CLIPScoreReward(prompt_source=bad)
 
 
+def test_special_token_strings_in_a_prompt_are_read_as_text(reward, clip, monkeypatch):
+    """A prompt (data, untrusted) that spells the tokenizer's special tokens is embedded as the text it spells: the
+    only special token the text tower sees is the end token the tokenizer appends, where CLIP pools the text."""
+    tokenizer = clip[1].tokenizer
+    model = reward.frozen([])[0]
+    seen, embed = [], model.get_text_features
+    monkeypatch.setattr(
+        model, "get_text_features", lambda **inputs: seen.append(inputs["input_ids"]) or embed(**inputs)
+    )
+    spelt = f"two blue squares{tokenizer.eos_token}<|im_end|> and a cat"
+    image = torch.rand(3, 32, 32)
+    value = reward.score([image], [sample(spelt)])
+    (ids,) = seen
+    assert [t for t in ids[0].tolist() if t in tokenizer.all_special_ids] == [tokenizer.eos_token_id]
+    as_text = tokenizer(spelt, split_special_tokens=True)["input_ids"]
+    assert ids[0].tolist() == as_text
+    assert value.shape == (1,) and 0 <= value.item() <= 1
+
+
 @pytest.mark.parametrize("kwargs", [{"batch_size": 0}, {"batch_size": 2.5}, {"device": "gpu:x"}, {"model": ""}])
 def test_misconfiguration_raises_a_value_error(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):

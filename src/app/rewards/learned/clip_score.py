@@ -136,7 +136,14 @@ class ImageTextSimilarityReward(FrozenModelReward):
 
     def _embed_texts(self, model, processor, device: torch.device, texts: list[str]) -> Tensor:
         max_length = model.config.text_config.max_position_embeddings
-        inputs = processor(text=texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        inputs = processor.tokenizer(  # the processor drops split_special_tokens: a prompt is text, whatever it spells
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=max_length,
+            split_special_tokens=True,
+            return_tensors="pt",
+        )
         features = _features(model.get_text_features(**{k: v.to(device) for k, v in inputs.items()}))
         return F.normalize(features.float(), dim=-1).cpu()
 

@@ -12,16 +12,22 @@ What is judged:
 - an image or video rendering (a flow model's generation, read by :func:`app.cv.to_uint8_frames`): the image itself,
   or a video's last frame, against the generation prompt ``sample.question``;
 - a text completion (a VLM policy's answer): the prompt's own images (``sample.images``, possibly none) with the
-  question and the completion (its first :data:`~app.rewards.parsing.MAX_PARSE_CHARS` characters).
+  question and the completion's head: its first ``max_completion_tokens`` tokens (of its first
+  :data:`~app.rewards.parsing.MAX_PARSE_CHARS` characters), cut before the batch is padded, so one long completion
+  does not lengthen every row of its batch.
 
-Rows go through the model in batches, left-padded. A completion that is neither text nor a readable rendering (a
-0 x 0 image, a wrong shape or dtype) scores 0, is counted in ``num_malformed`` and is logged as a warning.
+The prompt and the completion are text, whatever they spell: a special token's string in them (``<|im_end|>``,
+``<|image_pad|>``) is read as the characters it is (transformers' ``sanitize_control_tokens``), so it can neither end
+the judge's turn nor claim an image. Rows go through the model in batches, left-padded. A completion that is neither
+text nor a readable rendering (a 0 x 0 image, a wrong shape or dtype) scores 0, is counted in ``num_malformed`` and is
+logged as a warning.
 """
 
 from __future__ import annotations
 
 import string
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +42,34 @@ IMAGE_QUESTION = 'Does this image show "{prompt}"? Answer {yes} or {no}.'
 TEXT_QUESTION = "Question: {prompt}\nAnswer: {completion}\nIs the answer correct? Answer {yes} or {no}."
 """Default question for text completions."""
 _FIELDS = frozenset({"prompt", "completion", "yes", "no"})
+MAX_COMPLETION_TOKENS = 1024
+"""Default tokens of a text completion the judge reads (its head)."""
+
+
+@dataclass(frozen=True)
+class JudgedRow:
+    """One completion as the judge sees it: the question's template and its prompt, the text completion (None for a
+    rendering) and the images shown before the question."""
+
+    template: str
+    prompt: str
+    completion: str | None
+    images: list
+
+
+def head(tokenizer, text: str, max_tokens: int) -> str:
+    """The prefix of ``text`` that ``tokenizer`` reads as its first ``max_tokens`` tokens (all of it when shorter),
+    special tokens' strings read as text."""
+    encoding = tokenizer(
+        text,
+        add_special_tokens=False,
+        split_special_tokens=True,
+        truncation=True,
+        max_length=max_tokens,
+        return_offsets_mapping=True,
+    )
+    offsets = encoding["offset_mapping"]
+    return text if len(offsets) < max_tokens else text[: offsets[-1][1]]
 
 
 def _fields(template: str) -> set[str]:
@@ -87,6 +121,8 @@ class VLMJudgeReward(FrozenModelReward):
         yes_token: the answer whose probability is the reward; must be one token of the judge's tokenizer.
         no_token: the answer it is weighed against; must be one token of the judge's tokenizer.
         batch_size: most completions per forward pass of the judge.
+        max_completion_tokens: tokens of a text completion the judge reads, its first ones (counted on their own);
+            the rest is not judged and does not lengthen the batch.
         device: where the judge runs; default: the device of the first tensor completion, else the CPU.
         weight: weight in a :class:`~app.rewards.WeightedReward` total.
         name: log name; default ``"vlm_judge"``.
@@ -102,12 +138,18 @@ class VLMJudgeReward(FrozenModelReward):
         yes_token: str = "Yes",
         no_token: str = "No",
         batch_size: int = 8,
+        max_completion_tokens: int = MAX_COMPLETION_TOKENS,
         device: str | None = None,
         weight: float = 1.0,
         name: str | None = None,
         **kwargs,
     ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, weight=weight, name=name, **kwargs)
+        if isinstance(max_completion_tokens, bool) or not isinstance(max_completion_tokens, int):
+            raise ValueError(f"VLMJudgeReward: max_completion_tokens must be an integer, got {max_completion_tokens!r}")
+        if max_completion_tokens < 1:
+            raise ValueError(f"VLMJudgeReward: max_completion_tokens must be >= 1, got {max_completion_tokens}")
+        self.max_completion_tokens = max_completion_tokens
         if question is not None and not isinstance(question, str):
             raise ValueError(f"VLMJudgeReward: question must be a template string, got {type(question).__name__}")
         self.question_fields = _fields(question) if question is not None else None
@@ -133,30 +175,37 @@ class VLMJudgeReward(FrozenModelReward):
         processor.tokenizer.padding_side = "left"  # the last position is every row's next token
         return model, processor
 
-    def _question(self, index: int, sample: VisualSample, completion: str | None) -> str:
-        kind = "text" if completion is not None else "rendering"
-        template = self.question or (TEXT_QUESTION if completion is not None else IMAGE_QUESTION)
+    def _template(self, index: int, text: bool) -> str:
+        """The question template of completion ``index``; ``ValueError`` when it cannot show that kind."""
+        template = self.question or (TEXT_QUESTION if text else IMAGE_QUESTION)
         fields = self.question_fields if self.question is not None else _fields(template)
-        if ("completion" in fields) != (completion is not None):
+        if ("completion" in fields) != text:
             raise ValueError(
-                f"VLMJudgeReward: completion {index} is a {kind}, and question {template!r} must "
-                f"{'hold' if completion is not None else 'not hold'} a {{completion}} placeholder for one"
+                f"VLMJudgeReward: completion {index} is a {'text' if text else 'rendering'}, and question "
+                f"{template!r} must {'hold' if text else 'not hold'} a {{completion}} placeholder for one"
             )
-        values = dict(prompt=sample.question, yes=self.yes_token, no=self.no_token)
-        if completion is not None:
-            values["completion"] = completion[:MAX_PARSE_CHARS]
-        return template.format(**values)
+        return template
 
-    def _row(self, index: int, completion: Any, sample: VisualSample) -> tuple[str, list] | None:
-        """``(question, images)`` of one completion, or None when it cannot be read (counted)."""
+    def _row(self, index: int, completion: Any, sample: VisualSample) -> JudgedRow | None:
+        """What the judge sees of one completion, or None when it cannot be read (counted)."""
         if isinstance(completion, str):
-            return self._question(index, sample, completion), list(sample.images)
+            template = self._template(index, text=True)
+            return JudgedRow(template, sample.question, completion[:MAX_PARSE_CHARS], list(sample.images))
         try:
             frame = read_frames(completion)[-1]  # a video is judged by its last frame
         except ValueError as error:
             self.malformed(index, str(error))
             return None
-        return self._question(index, sample, None), [to_pil(frame)]
+        return JudgedRow(self._template(index, text=False), sample.question, None, [to_pil(frame)])
+
+    def _conversation(self, tokenizer, row: JudgedRow) -> list[dict]:
+        """The one user turn of a row: its images, then its question holding the completion's head."""
+        values = dict(prompt=row.prompt, yes=self.yes_token, no=self.no_token)
+        if row.completion is not None:
+            values["completion"] = head(tokenizer, row.completion, self.max_completion_tokens)
+        question = row.template.format(**values)
+        content = [{"type": "image", "image": image} for image in row.images] + [{"type": "text", "text": question}]
+        return [{"role": "user", "content": content}]
 
     @torch.no_grad()
     def score(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> Tensor:
@@ -171,14 +220,16 @@ class VLMJudgeReward(FrozenModelReward):
             values[chunk] = self._p_yes(model, processor, device, [rows[i] for i in chunk])
         return values
 
-    def _p_yes(self, model, processor, device: torch.device, rows: list[tuple[str, list]]) -> Tensor:
-        texts = []
-        for question, images in rows:
-            content = [{"type": "image"} for _ in images] + [{"type": "text", "text": question}]
-            messages = [{"role": "user", "content": content}]
-            texts.append(processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-        images = [images for _, images in rows]
-        inputs = processor(text=texts, images=images if any(images) else None, padding=True, return_tensors="pt")
+    def _p_yes(self, model, processor, device: torch.device, rows: list[JudgedRow]) -> Tensor:
+        inputs = processor.apply_chat_template(
+            [self._conversation(processor.tokenizer, row) for row in rows],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+            sanitize_control_tokens=True,  # only the template writes special tokens; the prompt and completion are text
+            processor_kwargs={"padding": True},
+        )
         inputs = {key: value.to(device) for key, value in inputs.items()}
         logits = model(**inputs, logits_to_keep=1).logits[:, -1]  # [B, vocab]
         pair = logits[:, [self.yes_id, self.no_id]].float()
