@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,36 @@ def test_a_vlm_judge_reward_is_rehearsed_with_the_tiny_model_of_its_family(tmp_p
     plan = plan_rehearsal(path, tmp_path)
     judged = next(r for r in plan.config["model"]["init_args"]["rewards"] if r["class_path"].endswith("VLMJudgeReward"))
     assert judged["init_args"] == {"model": "tiny-qwen2.5-vl", "device": None}
+
+
+@pytest.mark.parametrize(
+    ("recipe", "module", "added"),
+    [
+        ("flow/flow_grpo_sd3_5_medium.yaml", "app.modules.FlowGRPOModule", ["app.rehearsal.rewards.PixelMeanReward"]),
+        ("flow/flow_grpo_sd3_5_medium.yaml", "app.modules.FlowNFTModule", ["app.rehearsal.rewards.PixelMeanReward"]),
+        ("vlm/grpo_qwen2_5_vl_3b.yaml", "app.modules.VLMGRPOModule", ["app.rehearsal.rewards.CharacterCountReward"]),
+        ("vlm/reason_rft_counting_sft_qwen2_vl_2b.yaml", "app.modules.VLMSFTModule", []),
+    ],
+)
+def test_a_module_trained_by_rewards_is_rehearsed_with_a_spread_of_rewards(recipe, module, added, tmp_path):
+    """Whatever its class is called, a module trained by its rewards gets the variety reward; one that trains on no
+    reward (supervised fine-tuning) does not."""
+    text = (CONFIGS / recipe).read_text()  # its header's data commands kept
+    path = tmp_path / "recipe.yaml"
+    path.write_text(re.sub(r"(?m)^model:\n  class_path: .*$", f"model:\n  class_path: {module}", text, count=1))
+    written = yaml.safe_load(path.read_text())
+    assert written["model"]["class_path"] == module
+    plan = plan_rehearsal(path, tmp_path)
+    rewards = [r["class_path"] for r in plan.config["model"]["init_args"].get("rewards", [])]
+    assert rewards[len(written["model"]["init_args"].get("rewards", [])) :] == added
+
+
+def test_a_model_class_that_cannot_be_imported_is_an_error_naming_it(tmp_path):
+    text = (CONFIGS / "flow/flow_grpo_sd3_5_medium.yaml").read_text()
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text.replace("class_path: app.modules.FlowGRPOModule", "class_path: app.modules.FlowPPOModule"))
+    with pytest.raises(ConfigError, match="model.class_path 'app.modules.FlowPPOModule'"):
+        plan_rehearsal(path, tmp_path)
 
 
 def test_the_header_commands_write_the_shards_the_data_module_reads(tmp_path):

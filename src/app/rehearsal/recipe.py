@@ -3,15 +3,17 @@
 Kept as written: precision, the policy's dtype, the strategy block (DDP or FSDP2 with its mixed-precision policy), LoRA
 targets, optimizer and learning rate, sampling (but for its lengths), rewards and the data module with its generator
 commands. Changed (each a :class:`Change` with its reason): the model (the embedded tiny model of the same family and
-conditioning) and a learned-scorer reward's model (the embedded tiny scorer), the accelerator (CPU, two processes on gloo), CUDA-only kernels, sizes a CPU cannot run in seconds, where
-the run writes, validation (off), checkpointing (every step) and one reward added so that a random tiny model's groups
-have a spread of rewards (the recipe's own rewards give a random model the same value on every completion, so no
-advantage and no update: nothing to measure).
+conditioning) and a learned-scorer reward's model (the embedded tiny scorer), the accelerator (CPU, two processes on
+gloo), CUDA-only kernels, sizes a CPU cannot run in seconds, where the run writes, validation (off), checkpointing
+(every step) and, for a module trained by its rewards (a :class:`~app.modules.GRPOModule`), one reward added so that a
+random tiny model's groups have a spread of rewards (the recipe's own rewards give a random model the same value on
+every completion, so no advantage and no update: nothing to measure).
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 import re
 import shlex
 from collections.abc import Callable
@@ -310,8 +312,22 @@ def header_task_commands(recipe_text: str) -> list[list[str]]:
     return commands
 
 
+def _trained_by_rewards(editor: _Editor) -> bool:
+    """Whether the recipe's module trains on its rewards: a :class:`~app.modules.GRPOModule`, the reward-driven loop
+    of every RL module (flow-GRPO, DiffusionNFT, VLM GRPO), whatever its class is called."""
+    from app.modules import GRPOModule
+
+    class_path = str(editor.get("model.class_path", ""))
+    module_name, _, class_name = class_path.rpartition(".")
+    try:
+        module = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ConfigError(f"{editor.plan.name}: model.class_path {class_path!r} cannot be imported: {error}") from error
+    return isinstance(module, type) and issubclass(module, GRPOModule)
+
+
 def _variety_reward(editor: _Editor) -> None:
-    if "GRPO" not in str(editor.get("model.class_path", "")):
+    if not _trained_by_rewards(editor):
         return
     class_path = VARIETY_REWARDS[_family(editor)]
     rewards = editor.plan.config["model"]["init_args"].setdefault("rewards", [])
