@@ -7,7 +7,18 @@ import cv2
 import numpy as np
 import pytest
 
-from app.cv import PALETTE, Blob, _shape, blobs, color_mask, frames_at_size, palette_hue
+from app.cv import (
+    BACKGROUND,
+    PALETTE,
+    WALL,
+    Blob,
+    _shape,
+    blobs,
+    color_mask,
+    frames_at_size,
+    palette_hue,
+    saturated_mask,
+)
 
 
 def test_palette_hue_is_the_opencv_hue_of_the_rgb_colour():
@@ -56,6 +67,13 @@ def _blob_mask() -> np.ndarray:
     mask[10:27, 20:37] = True  # a 17 x 17 square
     mask[27:30, 0:4] = True  # 12 px, bottom left
     return mask
+
+
+def test_saturated_mask_keeps_every_palette_colour_and_drops_greys_and_dark_pixels():
+    image = np.array([[*PALETTE.values(), BACKGROUND, WALL, (255, 255, 255), (60, 20, 20)]], dtype=np.uint8)
+    # (60, 20, 20): saturated but darker than value 70
+    assert saturated_mask(image).tolist() == [[True] * len(PALETTE) + [False] * 4]
+    assert saturated_mask(image, min_value=50)[0, -1]
 
 
 def test_blobs_are_8_connected_components_of_at_least_min_area_largest_first():

@@ -55,6 +55,12 @@ def color_mask(image: np.ndarray, name: str, tolerance: int = _HUE_TOLERANCE) ->
     return (distance <= tolerance) & (hsv[..., 1] >= _MIN_SATURATION) & (hsv[..., 2] >= _MIN_VALUE)
 
 
+def saturated_mask(image: np.ndarray, min_saturation: int = _MIN_SATURATION, min_value: int = _MIN_VALUE) -> np.ndarray:
+    """Boolean ``[H, W]`` mask of coloured (saturated, not dark) pixels of any hue."""
+    hsv = cv2.cvtColor(np.ascontiguousarray(image, dtype=np.uint8), cv2.COLOR_RGB2HSV)
+    return (hsv[..., 1] >= min_saturation) & (hsv[..., 2] >= min_value)
+
+
 @dataclass(frozen=True)
 class Blob:
     """A connected component: pixel area, centroid (x, y), bounding box (x, y, w, h) and a shape guess."""

@@ -4,8 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from app.rewards.color_region import ColorRegionReward, color_region_reward, parse_shape_prompt
-from app.tasks.dots.shapes import COLORS, POSITIONS, ShapePromptDataset, render_shape
+from app.cv import BACKGROUND, PALETTE
+from app.rewards.color_region import (
+    ColorRegionReward,
+    color_region_checks,
+    color_region_reward,
+    parse_shape_prompt,
+)
+from app.tasks.dots.shapes import COLORS, POSITIONS, SHAPES, ShapePromptDataset, render_shape, shape_prompt
+from app.tasks.vbvr.validation import degenerate_renderings
 from app.types import VisualSample
 
 OPPOSITE = {"left": "right", "right": "left", "top": "bottom", "bottom": "top"}
@@ -54,6 +61,57 @@ def test_blank_noise_and_malformed_images_score_low_without_raising():
     samples = [_sample(c, "circle", "left") for c in COLORS[:3]]
     values = ColorRegionReward().score([blank, noise, np.zeros((5,), dtype=np.uint8)], samples)
     assert values[0] == 0.0 and values[2] == 0.0 and values[1] < 0.5
+
+
+ALL_PROMPTS = [shape_prompt(c, s, p) for c in COLORS for s in SHAPES for p in POSITIONS]
+HALVES = {"left": np.s_[:, :32], "right": np.s_[:, 32:], "top": np.s_[:32], "bottom": np.s_[32:]}
+
+
+def _best(image):
+    """The highest score any of the 32 prompts gives ``image``, and that prompt."""
+    values = color_region_reward([image] * len(ALL_PROMPTS), ALL_PROMPTS)
+    return float(values.max()), ALL_PROMPTS[int(values.argmax())]
+
+
+def test_a_canvas_filled_with_the_colour_is_not_a_square_on_the_left():
+    red = np.full((64, 64, 3), PALETTE["red"], dtype=np.uint8)
+    assert color_region_reward([red], ["a red square on the left"]).tolist() == [0.0]
+
+
+@pytest.mark.parametrize("size", [64, 128])
+def test_constant_noise_checkerboard_and_flooded_canvases_score_like_a_blank_one(size):
+    blank = np.full((size, size, 3), BACKGROUND, dtype=np.uint8)
+    assert _best(blank)[0] == 0.0
+    cheats = {name: _best(image) for name, image in degenerate_renderings(blank).items()}
+    assert {name: found for name, found in cheats.items() if found[0] > 0.0} == {}
+
+
+@pytest.mark.parametrize("color", COLORS)
+def test_a_half_of_the_canvas_in_the_colour_is_not_a_shape_in_that_half(color):
+    for position, half in HALVES.items():
+        image = np.full((64, 64, 3), BACKGROUND, dtype=np.uint8)
+        image[half] = PALETTE[color]
+        for shape in SHAPES:
+            assert color_region_reward([image], [shape_prompt(color, shape, position)]).tolist() == [0.0]
+
+
+def test_a_lattice_of_squares_is_not_a_square_on_the_left_or_the_top():
+    image = np.full((64, 64, 3), BACKGROUND, dtype=np.uint8)
+    for y in range(2, 64, 16):
+        for x in range(2, 64, 16):
+            image[y : y + 12, x : x + 12] = PALETTE["red"]  # 16 equal squares: the first one is top left
+    values = color_region_reward([image] * 2, ["a red square on the left", "a red square on the top"])
+    assert values.tolist() == [0.0, 0.0]
+
+
+def test_a_rectangle_is_not_a_square_and_a_bigger_square_still_is():
+    bar = np.full((64, 64, 3), BACKGROUND, dtype=np.uint8)
+    bar[20:44, 4:12] = PALETTE["blue"]  # 8 x 24: fills its box, three times as tall as wide
+    checks = color_region_checks(bar, "blue", "square", "left")
+    assert checks == {"color": 1.0, "position": 1.0, "shape": 0.0}
+    big = np.full((64, 64, 3), BACKGROUND, dtype=np.uint8)
+    big[2:32, 1:31] = PALETTE["blue"]  # 30 x 30: fits in the left half (and the top one)
+    assert color_region_checks(big, "blue", "square", "left") == {"color": 1.0, "position": 1.0, "shape": 1.0}
 
 
 def test_functional_twin_reads_prompt_text():

@@ -23,21 +23,14 @@ import math
 import random
 from typing import Any
 
-import cv2
 import numpy as np
 
-from app.cv import PALETTE, blobs, color_mask
+from app.cv import PALETTE, blobs, color_mask, saturated_mask
 from app.tasks.vbvr.core import VisualTask, as_frames
 from app.tasks.vbvr.draw import canvas, draw_shape, to_array
 from app.tasks.vbvr.scoring import Check, ScoreResult, combine
 
 _MARGIN = 4  # pixels between the ball and the image border at every step
-
-
-def saturated_mask(image: np.ndarray, min_saturation: int = 90, min_value: int = 70) -> np.ndarray:
-    """Boolean mask of coloured (saturated, not dark) pixels of any hue."""
-    hsv = cv2.cvtColor(np.ascontiguousarray(image, dtype=np.uint8), cv2.COLOR_RGB2HSV)
-    return (hsv[..., 1] >= min_saturation) & (hsv[..., 2] >= min_value)
 
 
 class ObjectTrackingTask(VisualTask):

@@ -20,10 +20,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-from app.cv import PALETTE, WALL, blobs, color_mask, palette_hue
+from app.cv import PALETTE, WALL, blobs, color_mask, palette_hue, saturated_mask
 from app.tasks.vbvr.core import VisualTask, as_frames
 from app.tasks.vbvr.draw import canvas, draw_shape, to_array
-from app.tasks.vbvr.puzzles.object_tracking import saturated_mask
 from app.tasks.vbvr.scoring import Check, ScoreResult, combine
 
 SHAPES = ("circle", "square", "triangle")
