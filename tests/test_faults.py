@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import Callback
 
 from app.faults import PREEMPTED_FILENAME, AtomicCheckpointIO, PreemptionCheckpoint, atomic_torch_save
 from app.modules import NonFiniteTrainingError, VLMGRPOModule
+from app.modules.policy_module import NONFINITE_GRADIENT, UNDONE
 from app.rewards import RewardComponent
 from app.settings import OptimizerSettings, SamplingSettings
 
@@ -123,20 +124,20 @@ def test_a_nan_gradient_is_skipped_counted_and_never_reaches_the_weights(new_pol
     before = [p.detach().clone() for p in module.policy.trainable_parameters()]
     poison = PoisonGradient({0})
     trainer, recorder = fit(module, new_datamodule(), max_steps=3, callbacks=[poison])
-    assert trainer.global_step == 3 and poison.seen == 4, "a skipped update is not a step: max_steps counts updates"
+    assert trainer.global_step == 3 and poison.seen == 3, "a skipped update is a step of the trainer, in every module"
     assert module.skipped_updates == 1
     assert recorder.metric("train/skipped_updates")[-1] == 1.0
     parameters = module.policy.trainable_parameters()
     assert all(torch.isfinite(p).all() for p in parameters)
     assert any(not torch.equal(b, p) for b, p in zip(before, parameters, strict=True)), "later steps still train"
     optimizer_steps = trainer.optimizers[0].state_dict()["state"][0]["step"]
-    assert float(optimizer_steps) == 3, "the skipped update must not step the optimizer"
+    assert float(optimizer_steps) == 2, "the skipped update must not step the optimizer"
 
 
 def test_consecutive_nan_gradients_stop_the_run_with_the_weights_untouched(new_policy, new_datamodule, fit):
     module = grpo(new_policy, max_nonfinite_steps=2)
     before = [p.detach().clone() for p in module.policy.trainable_parameters()]
-    with pytest.raises(NonFiniteTrainingError, match="2 consecutive updates had a non-finite loss or gradient"):
+    with pytest.raises(NonFiniteTrainingError, match="2 consecutive updates were not finite"):
         fit(module, new_datamodule(), max_steps=4, callbacks=[PoisonGradient({0, 1, 2, 3})])
     for b, p in zip(before, module.policy.trainable_parameters(), strict=True):
         assert torch.equal(b, p)
@@ -223,17 +224,19 @@ def test_sft_stops_after_consecutive_nan_gradients(new_policy, new_datamodule, f
 def test_only_consecutive_skips_count_towards_the_stop_and_each_is_logged(new_policy, caplog):
     module = sft(new_policy, max_nonfinite_steps=2)
     with caplog.at_level("WARNING", logger="app.modules.policy_module"):
-        module._count_skip(True)
-        module._count_skip(False)  # a finite update resets the run of skips
-        module._count_skip(True)
+        module._count_skip(NONFINITE_GRADIENT)
+        module._count_applied()  # a finite update resets the run of skips
+        module._count_skip(UNDONE)
     assert module.skipped_updates == 2 and module._consecutive_skips == 1
+    counters = "trainer.global_step counts it, AdamW's step count and the learning-rate schedule do not"
     assert caplog.messages == [
-        "skipped an update with a non-finite loss or gradient (1 in a row, 1 in all)",
-        "skipped an update with a non-finite loss or gradient (1 in a row, 2 in all)",
+        f"skipped an update with a non-finite loss or gradient (1 in a row, 1 in all); {counters}",
+        f"skipped an update with an optimizer step that left NaN or inf behind, undone (1 in a row, 2 in all); {counters}",
     ]
     stop = (
-        r"^2 consecutive updates had a non-finite loss or gradient and were skipped; stopping \(the weights are "
-        r"unchanged since the last finite update\)\. Lower the learning rate, check the rewards"
+        r"^2 consecutive updates were not finite and were skipped \(the last: a non-finite loss or gradient\); "
+        r"stopping \(the weights are unchanged since the last finite update\)\. Lower the learning rate, check the "
+        "rewards"
     )
     with pytest.raises(NonFiniteTrainingError, match=stop):
-        module._count_skip(True)
+        module._count_skip(NONFINITE_GRADIENT)

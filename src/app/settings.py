@@ -301,14 +301,15 @@ class OptimizerSettings:
         learning_rate: AdamW learning rate. None: the module's default (1e-6 for VLM GRPO and SFT, 5e-6 for flow
             GRPO, 1e-3 for flow-matching pretraining).
         weight_decay: AdamW weight decay.
-        warmup_steps: linear learning-rate warm-up, in optimizer steps.
+        warmup_steps: linear learning-rate warm-up, in applied updates (AdamW's step count): an update skipped, undone
+            or left empty does not advance the schedule, though ``trainer.global_step`` counts it.
         max_nonfinite_steps: an update whose loss or gradients are not finite, or whose optimizer step left a
             non-finite parameter or optimizer state (see ``restore_nonfinite_steps``), is skipped (the weights and the
             optimizer state stay as they were; counted as ``train/skipped_updates``), so NaN never reaches the weights
             or a checkpoint; after this many consecutive skips (or, in GRPO, this many consecutive rollouts whose
             rewards were all non-finite) the run stops with ``NonFiniteTrainingError``. Every rank takes the same
-            decision. With Lightning's automatic optimisation (SFT, flow matching) the learning-rate schedule still
-            advances on a skipped step.
+            decision. A skipped update is a step of ``trainer.global_step`` and of the moving average, not of AdamW's
+            step count or the learning-rate schedule, in every module.
         restore_nonfinite_steps: copy the trainable parameters and their optimizer state before each optimizer step
             (:mod:`app.modules.finite_step`: the copy is the size of what the optimizer updates, small under LoRA), so
             a step that leaves a NaN or inf in either on any rank (one that arose inside the step, after the gradient
@@ -396,7 +397,8 @@ class EMASettings:
     """An exponential moving average of the policy's trainable weights (:class:`~app.modules.ema.PolicyEMA`), used in
     place of the trained weights for validation and export, as Flow-GRPO's ``ema`` option does.
 
-    After optimizer step ``t`` (``trainer.global_step``): before ``start_step`` the average follows the weights
+    After optimizer step ``t`` (``trainer.global_step``, which counts every update, a skipped, undone or empty one
+    included, with the weights from before it): before ``start_step`` the average follows the weights
     (``ema = w``); from then on, every ``every_n_steps`` steps, ``ema <- decay * ema + (1 - decay) * w``.
 
     Attributes:

@@ -16,7 +16,7 @@ from app.modules import NonFiniteCheckpointError, NonFiniteTrainingError, VLMGRP
 from app.modules.finite_step import named_tensors
 from app.modules.policy_module import check_finite_checkpoint
 from app.rewards import RewardComponent
-from app.settings import OptimizerSettings, SamplingSettings
+from app.settings import EMASettings, GRPOSettings, OptimizerSettings, SamplingSettings
 
 
 class LengthReward(RewardComponent):
@@ -26,23 +26,26 @@ class LengthReward(RewardComponent):
         return torch.tensor([min(len(c) / 20, 1.0) for c in completions])
 
 
-def grpo(new_policy, **optimizer):
+def grpo(new_policy, ema=None, rewards=(LengthReward,), grpo=None, **optimizer):
     """A VLM GRPO module (manual optimisation); ``optimizer`` sets :class:`OptimizerSettings` fields."""
     return VLMGRPOModule(
         new_policy("tiny-qwen2-vl", lora_r=4),
-        [LengthReward()],
+        [reward() for reward in rewards],
         SamplingSettings(group_size=2, max_new_tokens=6),
+        grpo=grpo,
         optimizer=OptimizerSettings(learning_rate=1e-2, **optimizer),
         eval_max_new_tokens=4,
+        ema=ema,
     )
 
 
-def sft(new_policy, **optimizer):
+def sft(new_policy, ema=None, **optimizer):
     """A VLM SFT module (automatic optimisation); ``optimizer`` sets :class:`OptimizerSettings` fields."""
     return VLMSFTModule(
         new_policy("tiny-qwen2-vl", lora_r=4),
         optimizer=OptimizerSettings(learning_rate=1e-2, **optimizer),
         eval_max_new_tokens=4,
+        ema=ema,
     )
 
 
@@ -134,6 +137,43 @@ class PoisonInsideStep(Callback):
         self.seen += 1
 
 
+class PoisonAfterBackward(Callback):
+    """At training batch ``at``, a NaN in the first trainable parameter's gradient after each backward: the module's
+    own check, before the optimizer step, finds it."""
+
+    def __init__(self, at: int):
+        self.at, self.seen = at, 0
+
+    def on_after_backward(self, trainer, module):
+        if self.seen == self.at:
+            module.policy.trainable_parameters()[0].grad.view(-1)[0] = math.nan
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.seen += 1
+
+
+class Batches(Callback):
+    """How many training batches ran."""
+
+    def __init__(self):
+        self.count = 0
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.count += 1
+
+
+def counters(module, trainer) -> dict[str, int]:
+    """The step counts of the trainer, AdamW (0 before its first applied step), the schedule and the average."""
+    optimizer = trainer.optimizers[0]
+    adamw = optimizer.state_dict()["state"]
+    return {
+        "global_step": trainer.global_step,
+        "adamw": int(adamw[0]["step"]) if adamw else 0,
+        "schedule": trainer.lr_scheduler_configs[0].scheduler.last_epoch,
+        "average": int(module.policy_ema.steps),
+    }
+
+
 def every_step(tmp_path) -> ModelCheckpoint:
     return ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, save_last=True)
 
@@ -201,6 +241,49 @@ def test_a_nan_the_optimizer_step_itself_writes_is_undone_bit_for_bit_and_counte
     assert float(optimizer.state_dict()["state"][0]["step"]) == 2
     for path in tmp_path.iterdir():
         assert nonfinite_in(path) == [], path.name
+
+
+@pytest.mark.parametrize("kind", ["grpo", "sft"])
+def test_every_update_counts_in_global_step_and_the_average_and_only_applied_ones_in_adamw_and_the_schedule(
+    kind, new_policy, new_datamodule, fit
+):
+    module = MODULES[kind](new_policy, ema=EMASettings(decay=0.5), warmup_steps=10)
+    batches = Batches()
+    trainer, recorder = fit(
+        module,
+        new_datamodule(),
+        max_steps=4,
+        callbacks=[PoisonAfterBackward(at=1), PoisonInsideStep(at=2), batches],
+    )
+    assert module.skipped_updates == 2 and recorder.metric("train/skipped_updates")[-1] == 2.0
+    assert counters(module, trainer) == {"global_step": 4, "adamw": 2, "schedule": 2, "average": 4}
+    assert batches.count == 4, "an update left out before its optimizer step is a step of the trainer too"
+
+
+class Constant(RewardComponent):
+    value_range = (0.0, 1.0)
+
+    def score(self, completions, samples):
+        return torch.ones(len(completions))
+
+
+def test_an_empty_update_counts_in_global_step_and_the_average_not_in_adamw_or_the_schedule(
+    new_policy, new_datamodule, fit
+):
+    module = grpo(
+        new_policy, ema=EMASettings(decay=0.5), rewards=(Constant,), grpo=GRPOSettings(drop_zero_std_groups=True)
+    )
+    trainer, recorder = fit(module, new_datamodule(), max_steps=2)
+    assert module.empty_updates == 2 and recorder.metric("train/empty_updates")[-1] == 2.0
+    assert counters(module, trainer) == {"global_step": 2, "adamw": 0, "schedule": 0, "average": 2}
+
+
+def test_the_log_of_a_skipped_update_names_its_cause_and_the_counters(new_policy, new_datamodule, fit, caplog):
+    with caplog.at_level("WARNING", logger="app.modules.policy_module"):
+        fit(grpo(new_policy), new_datamodule(), max_steps=2, callbacks=[PoisonInsideStep(at=0)])
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped an update")]
+    assert line.startswith("skipped an update with an optimizer step that left NaN or inf behind, undone (1 in a row")
+    assert "trainer.global_step counts it, AdamW's step count and the learning-rate schedule do not" in line
 
 
 @pytest.mark.parametrize("kind", ["grpo", "sft"])

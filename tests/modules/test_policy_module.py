@@ -11,6 +11,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.tensor import DTensor
 
 from app.modules import NonFiniteTrainingError
+from app.modules.policy_module import NONFINITE_GRADIENT
 from app.parallel import ShardingPlan
 from app.parallel.fsdp import MESH_DIMS, is_sharded
 from app.settings import OptimizerSettings
@@ -138,20 +139,24 @@ def test_manual_optimisation_checks_its_own_update_so_the_hook_does_nothing():
 def test_skips_are_counted_and_warned_and_the_run_stops_after_max_nonfinite_steps_in_a_row(caplog):
     module = automatic(max_nonfinite_steps=3)
     for skipped in (True, True, False, True, True):  # a finite update resets the run of skips
-        module._count_skip(skipped)
+        if skipped:
+            module._count_skip(NONFINITE_GRADIENT)
+        else:
+            module._count_applied()
     assert (module.skipped_updates, module._consecutive_skips) == (4, 2)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == [
-        f"skipped an update with a non-finite loss or gradient ({row} in a row, {total} in all)"
+        f"skipped an update with a non-finite loss or gradient ({row} in a row, {total} in all); trainer.global_step "
+        "counts it, AdamW's step count and the learning-rate schedule do not"
         for row, total in ((1, 1), (2, 2), (1, 3), (2, 4))
     ]
     message = (
-        "3 consecutive updates had a non-finite loss or gradient and were skipped; stopping (the weights are unchanged "
-        "since the last finite update). Lower the learning rate, check the rewards and the model's dtype, or raise "
-        "model.init_args.optimizer.max_nonfinite_steps"
+        "3 consecutive updates were not finite and were skipped (the last: a non-finite loss or gradient); stopping "
+        "(the weights are unchanged since the last finite update). Lower the learning rate, check the rewards and the "
+        "model's dtype, or raise model.init_args.optimizer.max_nonfinite_steps"
     )
     with pytest.raises(NonFiniteTrainingError) as raised:
-        module._count_skip(True)
+        module._count_skip(NONFINITE_GRADIENT)
     assert str(raised.value) == message and module.skipped_updates == 5
 
 

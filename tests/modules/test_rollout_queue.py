@@ -468,7 +468,16 @@ def test_the_plain_step_scores_inline_and_splits_its_time_between_rollout_reward
     logs = Logs(module)
     out = driver(module)(0)
     assert out["timings"] == {"rollout": 9.0, "reward": 90.0, "update": 9000.0}
-    assert set(out) == {"loss", "records", "rewards", "advantages", "timings", "policy_lag", "rows_per_prompt", "features"}
+    assert set(out) == {
+        "loss",
+        "records",
+        "rewards",
+        "advantages",
+        "timings",
+        "policy_lag",
+        "rows_per_prompt",
+        "features",
+    }
     assert out["policy_lag"] == 0 and out["rows_per_prompt"] == module.group_size
     ((values, kwargs),) = logs.dicts
     assert set(values) == TOY_LOGGED and kwargs == {"batch_size": 2}
@@ -571,11 +580,7 @@ def test_each_rank_resumes_its_own_pending_rollout_and_another_world_size_is_ref
     second._trainer = None
     trained = driver(second)(1)["features"]
     assert torch.equal(trained, torch.cat([s.meta["features"] for s in toy_batch(5)]))
-    message = (
-        "the checkpoint holds the rollout pipeline of 2 processes, this run has 1: "
-        "resume a pipelined run on as many processes as it was saved from"
-    )
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(ValueError, match=re.escape(refusal(2, 1))):
         ToyPipelined(delay=1).on_load_checkpoint(checkpoint)
 
 
@@ -699,17 +704,38 @@ def test_each_rank_takes_its_own_pipeline_state():
     assert describe(saved(module)["rollout_pipeline"][0]) == describe(states[1])
 
 
-@pytest.mark.parametrize(("saved_ranks", "world_size"), [(2, None), (1, 2)], ids=["2 on 1", "1 on 2"])
-def test_resuming_a_pipelined_run_on_another_number_of_processes_is_refused(saved_ranks, world_size):
+def refusal(saved_ranks: int, world_size: int) -> str:
+    def processes(n: int) -> str:
+        return f"{n} process" if n == 1 else f"{n} processes"
+
+    return (
+        f"the checkpoint was saved by {processes(saved_ranks)} with queued rollouts (pipeline.delay 1), this run has "
+        f"{processes(world_size)}: a queued rollout belongs to the rank that generated it (its prompts, groups and "
+        f"behaviour log-probs) and cannot move to another; resume on {processes(saved_ranks)}"
+    )
+
+
+@pytest.mark.parametrize(("saved_ranks", "world_size"), [(2, None), (1, 2), (2, 4)], ids=["2 on 1", "1 on 2", "2 on 4"])
+def test_resuming_a_run_with_queued_rollouts_on_another_number_of_processes_is_refused(saved_ranks, world_size):
     module = toy(delay=1)
     if world_size is not None:
         module._trainer = SimpleNamespace(world_size=world_size, global_rank=0, optimizers=[])
-    message = (
-        f"the checkpoint holds the rollout pipeline of {saved_ranks} processes, this run has {world_size or 1}: "
-        "resume a pipelined run on as many processes as it was saved from"
-    )
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(ValueError, match=re.escape(refusal(saved_ranks, world_size or 1))):
         module.on_load_checkpoint({"rollout_pipeline": [pipeline_state(4, 7, 3)] * saved_ranks})
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_a_pipeline_state_without_queued_rollouts_resumes_on_another_number_of_processes(world_size):
+    """Dynamic sampling without delay carries only the prompt sampler: ranks that existed take theirs, a new rank
+    starts its own (seeded ``pipeline.seed + rank``, as in a fresh run), and every rank the saved version."""
+    states = [pipeline_state(4, 7), pipeline_state(4, 8)]  # two ranks, nothing queued
+    for rank in range(world_size):
+        module = toy(delay=0)
+        module.rollout_queue.settings = PipelineSettings(delay=0, workers="inline", dynamic_sampling=True)
+        module._trainer = SimpleNamespace(world_size=world_size, global_rank=rank, optimizers=[])
+        module.on_load_checkpoint({"rollout_pipeline": states})
+        sampler = torch.Generator().manual_seed(7 + rank if rank < 2 else rank).get_state().tolist()
+        assert describe(module.rollout_queue.state(rank)) == ([], 4, sampler), f"rank {rank}"
 
 
 def test_under_torch_distributed_the_checkpoint_holds_the_gathered_state_of_every_rank():

@@ -42,7 +42,7 @@ from app.algorithms import (
 from app.algorithms.tally import TokenTally
 from app.models.policy import Policy, disable_dropout
 from app.modules.group_spread import check_group_ranks, whole_groups
-from app.modules.policy_module import NonFiniteTrainingError, PolicyModule
+from app.modules.policy_module import NONFINITE_GRADIENT, UNDONE, NonFiniteTrainingError, PolicyModule
 from app.modules.rollout_queue import RolloutQueue, grouped
 from app.rewards import RewardComponent, WeightedReward
 from app.settings import EMASettings, GRPOSettings, OptimizerSettings, PipelineSettings, as_settings, plain
@@ -395,8 +395,9 @@ class GRPOModule(PolicyModule):
     def _update(self, rollouts: list[Rollout], optimizer, scale: float = 1.0) -> dict[str, Tensor]:
         """One optimizer step over the rollouts, each weighted by its :meth:`loss_mass` (one rollout weighs 1),
         accumulating the gradients of their parts; skipped (and counted) when the loss or the gradients are not finite,
-        or undone (and counted) when the step itself left NaN or inf behind (:meth:`guarded_step`; the trainer's
-        ``global_step`` still counts an undone step, not a skipped one). ``stats["skipped"]`` says which. ``scale``
+        or undone (and counted) when the step itself left NaN or inf behind (:meth:`guarded_step`); either way
+        ``global_step`` counts the update and the learning-rate schedule does not (:meth:`idle_step`).
+        ``stats["skipped"]`` says whether it changed nothing. ``scale``
         (:meth:`gradient_scale`) multiplies what is backpropagated, not what is logged."""
         sums: dict[str, Tensor] = {}
         masses = torch.stack([self.loss_mass(r) for r in rollouts])
@@ -421,11 +422,17 @@ class GRPOModule(PolicyModule):
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
         finite = bool(torch.isfinite(norm)) and bool(torch.isfinite(sums["loss"]))
-        skipped = self._any_rank(not finite)
-        if not skipped:
+        if self._any_rank(not finite):
+            self.idle_step(optimizer)  # global_step counts it, as every update; the weights stay
+            self._count_skip(NONFINITE_GRADIENT)
+            skipped = True
+        else:
             skipped = self.guarded_step(optimizer)  # True: the step went non-finite and was undone
-        optimizer.zero_grad(set_to_none=True)
-        self._count_skip(skipped)
+            optimizer.zero_grad(set_to_none=True)
+            if skipped:
+                self._count_skip(UNDONE)
+            else:
+                self._count_applied()
         sums["skipped"] = skipped
         if entropy is not None:
             sums["entropy"] = entropy
@@ -437,11 +444,10 @@ class GRPOModule(PolicyModule):
         every parameter whose gradient is None, so no weight, moment or weight decay moves (a step on zero gradients
         would move them through the momentum and the decay); the trainer still counts the step, so ``max_steps`` ends a
         fit whose rewards never vary. Counted in :attr:`empty_updates` and logged; the learning-rate schedule does not
-        advance (``stats["skipped"]``)."""
+        advance (``stats["skipped"]``, :meth:`idle_step`)."""
         self.empty_updates += 1
         log.warning("no rank kept a sample to train on: update left out (%d so far)", self.empty_updates)
-        optimizer.zero_grad(set_to_none=True)
-        optimizer.step()
+        self.idle_step(optimizer)
         zero = torch.zeros((), device=self.device)
         return {**{key: zero for key in LOSS_TERMS}, "skipped": True}
 

@@ -31,6 +31,12 @@ from app.settings import EMASettings, OptimizerSettings, as_settings, plain, wit
 log = logging.getLogger(__name__)
 
 
+NONFINITE_GRADIENT = "a non-finite loss or gradient"
+"""The reason :meth:`PolicyModule._count_skip` logs for an update left out before its optimizer step."""
+UNDONE = "an optimizer step that left NaN or inf behind, undone"
+"""The reason :meth:`PolicyModule._count_skip` logs for a step :meth:`PolicyModule.guarded_step` undid."""
+
+
 class NonFiniteTrainingError(RuntimeError):
     """Training cannot go on: updates or rewards stayed non-finite for ``max_nonfinite_steps`` steps in a row (or an
     optimizer step went non-finite with ``restore_nonfinite_steps`` off)."""
@@ -77,6 +83,9 @@ class PolicyModule(L.LightningModule):
         self.skipped_updates = 0  # non-finite updates skipped so far
         self._consecutive_skips = 0
         self._dropped_step = False  # automatic optimisation: this step's gradients were dropped as non-finite
+        self._last_update_applied = (
+            True  # whether the latest optimizer step changed the weights (see lr_scheduler_step)
+        )
         self._step_guards: dict[int, FiniteStepGuard] = {}  # per optimizer: see _step_guard
 
     def configure_model(self) -> None:
@@ -183,9 +192,21 @@ class PolicyModule(L.LightningModule):
         or that was undone is a skipped update."""
         self._dropped_step = False
         undone = self.guarded_step(optimizer, optimizer_closure)
-        self._count_skip(self._dropped_step or undone)
+        if self._dropped_step:
+            self._count_skip(NONFINITE_GRADIENT)
+        elif undone:
+            self._count_skip(UNDONE)
+        else:
+            self._count_applied()
         # batch_size only weighs epoch means: this on_step value never reads it
         self.log("train/skipped_updates", float(self.skipped_updates), batch_size=1)
+
+    def lr_scheduler_step(self, scheduler, metric) -> None:
+        """Lightning steps the schedule after every optimizer step of automatic optimisation; a skipped or undone
+        step changed nothing, so the schedule stays where it is, as AdamW's step count does (see
+        :meth:`idle_step` for the counters)."""
+        if self._last_update_applied:
+            super().lr_scheduler_step(scheduler, metric)
 
     def guarded_step(self, optimizer, closure=None) -> bool:
         """``optimizer.step(closure)`` that leaves no NaN or inf in the weights or the optimizer state, on every rank
@@ -225,6 +246,19 @@ class PolicyModule(L.LightningModule):
         self._average_step()  # the step still counts (global_step), with the weights from before it
         return True
 
+    def idle_step(self, optimizer) -> None:
+        """An optimizer step that changes nothing, for an update left out (a non-finite loss or gradient, nothing to
+        train on): without gradients AdamW skips every parameter, so no weight, moment, weight decay or step count
+        moves. The counters then agree for every kind of update:
+
+        - ``trainer.global_step`` counts every update, taken, undone or left out (it ends a fit at ``max_steps``,
+          names checkpoints and clocks the moving average, whose step count equals it);
+        - AdamW's step count and the learning-rate schedule (its warm-up) count the updates that changed the weights:
+          ``global_step`` minus ``train/skipped_updates`` minus ``train/empty_updates``."""
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        self._average_step()
+
     def _average_step(self) -> None:
         """Take the weights of the optimizer step just made into the moving average, inside the training step, so
         that a checkpoint written at the end of the batch holds the average of that step."""
@@ -247,20 +281,27 @@ class PolicyModule(L.LightningModule):
             return decision
         return self._trainer.strategy.reduce_boolean_decision(decision, all=False)
 
-    def _count_skip(self, skipped: bool) -> None:
-        if not skipped:
-            self._consecutive_skips = 0
-            return
+    def _count_applied(self) -> None:
+        """The latest optimizer step changed the weights."""
+        self._consecutive_skips = 0
+        self._last_update_applied = True
+
+    def _count_skip(self, reason: str) -> None:
+        """The latest optimizer step was left out or undone because of ``reason``; stop after
+        ``max_nonfinite_steps`` in a row."""
+        self._last_update_applied = False
         self.skipped_updates += 1
         self._consecutive_skips += 1
         log.warning(
-            "skipped an update with a non-finite loss or gradient (%d in a row, %d in all)",
+            "skipped an update with %s (%d in a row, %d in all); trainer.global_step counts it, AdamW's step count and "
+            "the learning-rate schedule do not",
+            reason,
             self._consecutive_skips,
             self.skipped_updates,
         )
         if self._consecutive_skips >= self.optimizer_settings.max_nonfinite_steps:
             raise NonFiniteTrainingError(
-                f"{self._consecutive_skips} consecutive updates had a non-finite loss or gradient and were skipped; "
+                f"{self._consecutive_skips} consecutive updates were not finite and were skipped (the last: {reason}); "
                 "stopping (the weights are unchanged since the last finite update). Lower the learning rate, check "
                 "the rewards and the model's dtype, or raise model.init_args.optimizer.max_nonfinite_steps"
             )
