@@ -6,6 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
+from app.cv import PALETTE
 from app.tasks.vbvr import get_task
 from app.tasks.vbvr.puzzles._regions import classify_shape, dominant_color, foreground
 from app.tasks.vbvr.puzzles.color_mixing import mix
@@ -18,6 +19,11 @@ MIXING = {"grid": 3, "sources": [{"color": "red", "cell": [0, 0]}, {"color": "bl
 
 def failed_names(result):
     return {f.split(":")[0] for f in result.failed}
+
+
+def flooded(image, color):
+    """``image`` with its background (everything but its objects and outlines) painted ``color``."""
+    return np.where(foreground(image)[..., None], image, np.array(PALETTE[color], dtype=np.uint8))
 
 
 # --- colour mixing ---------------------------------------------------------------------------------------------------
@@ -58,6 +64,22 @@ def test_a_painted_over_source_costs_only_the_soft_check():
     image[int(y - r) : int(y + r) + 1, int(x - r) : int(x + r) + 1] = (235, 235, 235)
     result = task.score(image, MIXING)
     assert 0.5 < result.score < 1.0 and failed_names(result) == {"sources_unchanged"}
+
+
+@pytest.mark.parametrize("fill", [None, "purple"])
+def test_the_mixed_colour_flooding_the_canvas_fails_the_hard_check(fill):
+    task = get_task("color_mixing")
+    result = task.score(flooded(task._draw(MIXING, fill), "purple"), MIXING)  # the sources and outline kept
+    assert result.score == 0.0 and "mixed_colour_stays_in_target" in failed_names(result)
+    purple = np.full_like(task._draw(MIXING, None), PALETTE["purple"])
+    assert task.score(purple, MIXING).score == 0.0
+
+
+def test_a_little_of_the_mixed_colour_beside_the_target_is_tolerated():
+    task = get_task("color_mixing")
+    image = task._draw(MIXING, "purple")
+    image[2:12, 100:110] = PALETTE["purple"]  # a 10 x 10 smudge in an empty cell: far less than the target's area
+    assert task.score(image, MIXING).score == 1.0
 
 
 # --- symmetry completion ---------------------------------------------------------------------------------------------
@@ -116,6 +138,17 @@ def test_pattern_wrong_shape_names_the_shape_check():
     assert result.score < 0.7
     assert {"next_items_match_rule", "next_items_shape"} <= failed_names(result)
     assert "next_items_colour" not in failed_names(result)
+
+
+@pytest.mark.parametrize("color", ["red", "blue"])
+def test_pattern_cells_flooded_or_checkered_with_a_colour_are_not_shapes(color):
+    task = get_task("pattern_continuation")
+    blank = task._draw(PATTERN, [])
+    ys, xs = np.mgrid[0:128, 0:128]
+    checkerboard = np.where(((ys + xs) % 2 == 0)[..., None], np.array(PALETTE[color], np.uint8), blank)
+    for image in (flooded(blank, color), np.full_like(blank, PALETTE[color]), checkerboard):
+        result = task.score(image, PATTERN)
+        assert result.score == 0.0 and "next_items_match_rule" in failed_names(result)
 
 
 def test_pattern_missing_item_scores_lower():

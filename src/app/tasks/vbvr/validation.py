@@ -53,7 +53,8 @@ def degenerate_renderings(problem: np.ndarray) -> dict[str, np.ndarray]:
     """Renderings that answer nothing, at the size of ``problem`` (the unsolved problem, ``[H, W, 3]`` uint8): the
     canvas filled with each palette colour, black or white; uniform noise; checkerboards of each palette colour on the
     background and of all palette colours (:data:`CHECKER_CELLS`); ``problem`` with its background flooded by each
-    palette colour (its objects kept, its faint grid lines painted over). A scorer must give none of them more than it gives ``problem``."""
+    palette colour (its objects kept, its faint grid lines painted over). A scorer must give none of them more than it
+    gives ``problem``."""
     height, width = problem.shape[:2]
     size = max(height, width)
     background = np.array(BACKGROUND, dtype=np.uint8)

@@ -170,9 +170,15 @@ def _templates(h: int, w: int) -> tuple[tuple[str, np.ndarray], ...]:
     return found
 
 
+MIN_SHAPE_IOU = 0.6
+"""Least IoU of a shape with its best template: drawn shapes, blurred or compressed, reach 0.75 or more at 64 px and
+above; a checkerboard's component (half its box) reaches 0.5."""
+
+
 def classify_shape(mask: np.ndarray) -> str | None:
     """``circle``, ``square`` or ``triangle`` (apex up, as ``draw.draw_shape`` draws it): the template, fitted to the
-    bounding box of the mask's largest component, that overlaps it best (IoU); None for an empty mask."""
+    bounding box of the mask's largest component, that overlaps it best (IoU); None for an empty mask or when no
+    template overlaps it by :data:`MIN_SHAPE_IOU` (a checkerboard, a scribble)."""
     count, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
     if count < 2:
         return None
@@ -186,4 +192,5 @@ def classify_shape(mask: np.ndarray) -> str | None:
     for name, t in _templates(h, w):
         overlap = int(np.count_nonzero(t & component))
         iou[name] = overlap / max(int(t.sum()) + area - overlap, 1)
-    return max(sorted(iou), key=iou.get)
+    best = max(sorted(iou), key=iou.get)
+    return best if iou[best] >= MIN_SHAPE_IOU else None

@@ -4,7 +4,9 @@ Problem: two filled source circles of paint colours (red, blue, yellow; green in
 outlined target circle, on cells of a ``grid`` x ``grid`` board. Solution: the target filled with the mixed colour
 (red + blue = purple, red + yellow = orange, blue + yellow = green, blue + green = cyan), each a palette colour.
 Scorer: the dominant palette colour of the target's centre is the mixed colour (hard; nearest palette hue, so violet
-or magenta where purple was required fails, VBVR-Pro's example), the mixed colour covers the target (soft), the
+or magenta where purple was required fails, VBVR-Pro's example), the mixed colour stays in the target (hard: outside
+the target circle, widened by a fifth of its radius for the outline, at most one target's area of it; a canvas
+flooded or checkered with the mixed colour is no fill of the target), the mixed colour covers the target (soft), the
 source circles keep their colours (soft).
 """
 
@@ -98,6 +100,15 @@ class ColorMixingTask(VisualTask):
             "unmixed_source_colour": self._draw(config, config["sources"][0]["color"]),
         }
 
+    def _stray_paint(self, image: np.ndarray, config, colour: str) -> tuple[int, int]:
+        """Pixels of ``colour`` (nearest palette hue) outside the target circle widened by a fifth of its radius (its
+        outline and a sloppy edge), and how many are allowed: the target's own area."""
+        center, radius = self._geometry(config, config["target"])
+        rows, columns, mask = disk_window(image.shape, center, radius * 1.2)
+        painted = palette_labels(image) == list(PALETTE).index(colour)
+        inside = int(np.count_nonzero(painted[rows, columns] & mask))
+        return int(np.count_nonzero(painted)) - inside, int(np.pi * radius**2)
+
     def score(self, frames, config) -> ScoreResult:
         last = as_frames(frames)[-1]
         a, b = (s["color"] for s in config["sources"])
@@ -112,6 +123,7 @@ class ColorMixingTask(VisualTask):
 
         labels, target = region(config["target"])
         found, cover = dominant_color(last, target, labels)
+        stray, allowed = self._stray_paint(last, config, expected)
         expected_cover = float(np.mean(labels[target] == list(PALETTE).index(expected)))
         kept = []
         for source in config["sources"]:
@@ -125,6 +137,12 @@ class ColorMixingTask(VisualTask):
                     float(found == expected and cover >= 0.3),
                     hard=True,
                     detail=f"target is {found or 'empty'} ({cover:.0%}), expected {expected} = {a} + {b}",
+                ),
+                Check(
+                    "mixed_colour_stays_in_target",
+                    float(stray <= allowed),
+                    hard=True,
+                    detail=f"{stray} px of {expected} outside the target, at most {allowed}",
                 ),
                 Check("target_filled", min(1.0, expected_cover / 0.9), detail=f"{expected_cover:.0%} {expected}"),
                 Check("sources_unchanged", sum(kept) / len(kept), detail=f"{sum(kept)}/{len(kept)} sources kept"),

@@ -3,9 +3,11 @@
 Problem: a ``rows`` x ``columns`` board read row by row; the first cells hold a sequence that repeats a period of
 ``P`` distinct (shape, colour) items (ABAB..., ABCABC...; ABCD... out of domain), the last ``blanks`` cells are empty
 with a dark outline. Solution: each empty cell ``i`` holds item ``i mod P``. Scorer (a cell's colour is the dominant
-palette colour of its pixels, its shape the template best fitting its largest foreground blob): the fraction of
-filled cells with both the expected colour and shape (hard, multiplies the score), the fractions with the expected
-colour and with the expected shape (soft, naming which attribute failed), the given cells unchanged (soft).
+palette colour of its pixels; its shape the template best fitting its largest foreground blob, none when no template
+fits it, as for a checkerboard, or when palette colour fills the cell's corners, which no drawn shape reaches, as for a
+flood): the fraction of filled cells with both the expected colour and shape (hard, multiplies the score), the
+fractions with the expected colour and with the expected shape (soft, naming which attribute failed), the given cells
+unchanged (soft).
 """
 
 from __future__ import annotations
@@ -26,6 +28,18 @@ SHAPES = ("circle", "square", "triangle")
 NEIGHBOUR = {"red": "orange", "yellow": "orange", "green": "cyan", "blue": "violet", "purple": "magenta"}
 GRID_LINE = (200, 200, 200)
 _NAMES = tuple(PALETTE)
+
+
+def _corner_boxes(shape: tuple[int, ...], x: int, y: int, cell: int) -> list[tuple[slice, slice]]:
+    """``(rows, columns)`` slices of the four corners of a cell, inside its outline: squares of 8% of the cell, 4% in
+    from its edges. A drawn shape (radius 0.34 of the cell, centred) stays 16% away from the edges."""
+    side, inset = max(1, round(0.08 * cell)), max(1, round(0.04 * cell))
+    near, far = inset, cell - inset - side
+    return [
+        box_slices(shape, x + dx, y + dy, x + dx + side, y + dy + side, inset=0.0)
+        for dy in (near, far)
+        for dx in (near, far)
+    ]
 
 
 class PatternContinuationTask(VisualTask):
@@ -101,18 +115,22 @@ class PatternContinuationTask(VisualTask):
         }
 
     def _read(self, image: np.ndarray, config) -> list[tuple[str | None, str | None]]:
-        """(colour, shape) of the object in every cell; (None, None) for an empty cell."""
+        """(colour, shape) of the object in every cell; (None, None) for an empty cell, (colour, None) for a cell the
+        colour fills to its corners."""
         length = config["rows"] * config["columns"]
         cells = [self._cell(config, index) for index in range(length)]
         boxes = [box_slices(image.shape, x, y, x + cell, y + cell, inset=0.12) for x, y, cell in cells]
+        corners = [corner for x, y, cell in cells for corner in _corner_boxes(image.shape, x, y, cell)]
+        counts = box_label_counts(image, boxes + corners)
         read = []
-        for (_, _, cell), (rows, columns), (counts, _) in zip(
-            cells, boxes, box_label_counts(image, boxes), strict=True
-        ):
-            if counts.sum() < 0.12 * cell * cell:
+        for i, ((_, _, cell), (rows, columns)) in enumerate(zip(cells, boxes, strict=True)):
+            found, _ = counts[i]
+            corner = counts[len(boxes) + 4 * i : len(boxes) + 4 * i + 4]
+            filled = sum(c.sum() for c, _ in corner) > 0.5 * sum(area for _, area in corner)
+            if found.sum() < 0.12 * cell * cell:
                 read.append((None, None))
             else:
-                read.append((_NAMES[int(counts.argmax())], shape_in_box(image, rows, columns)))
+                read.append((_NAMES[int(found.argmax())], None if filled else shape_in_box(image, rows, columns)))
         return read
 
     def score(self, frames, config) -> ScoreResult:
