@@ -176,17 +176,26 @@ class RolloutQueue:
             checkpoint[CHECKPOINT_KEY] = gather_rank_states(self.state(rank))
 
     def load(self, checkpoint: dict, rank: int, world_size: int) -> None:
-        """Take this rank's state back from ``checkpoint``; a checkpoint saved from another number of processes is
-        refused (its pending rollouts belong to ranks this run does not have)."""
+        """Take this rank's state back from ``checkpoint``.
+
+        On another number of processes than saved: a checkpoint with queued rollouts (``delay: 1``) is refused, since
+        a queued rollout belongs to the rank that generated it (its prompts, groups and behaviour log-probs) and
+        trains there; without any (dynamic sampling alone) ranks that existed take their prompt sampler back, a new
+        rank starts its own as a fresh run would (seeded ``seed + rank``), and every rank takes the saved version."""
         states = checkpoint.get(CHECKPOINT_KEY)
         if not states or not self.settings.carries_state:
             return
-        if len(states) != world_size:
+        if len(states) != world_size and any(state["pending"] for state in states):
             raise ValueError(
-                f"the checkpoint holds the rollout pipeline of {len(states)} processes, this run has {world_size}: "
-                "resume a pipelined run on as many processes as it was saved from"
+                f"the checkpoint was saved by {_processes(len(states))} with queued rollouts (pipeline.delay 1), this "
+                f"run has {_processes(world_size)}: a queued rollout belongs to the rank that generated it (its "
+                f"prompts, groups and behaviour log-probs) and cannot move to another; resume on "
+                f"{_processes(len(states))}"
             )
-        self.load_state(states[rank], rank)
+        if rank < len(states):
+            self.load_state(states[rank], rank)
+        else:
+            self.pending, self.version, self._drawer = collections.deque(), states[0]["version"], None
 
     # ----------------------------------------------------------------------------------------------- the end
     def close(self) -> None:
@@ -203,6 +212,10 @@ class RolloutQueue:
         if self.built_executor is not None and self.executor is self.built_executor:
             self.executor.shutdown(wait=False, cancel_futures=True)
             self.executor = self.built_executor = None
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
 
 
 def grouped(samples: Sequence[VisualSample], group_size: int) -> list[VisualSample]:
