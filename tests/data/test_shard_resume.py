@@ -216,6 +216,61 @@ def test_state_is_the_skip_counts_and_each_ranks_position(shards, monkeypatch):
         assert [_ids(b) for b in dm.train_dataloader()] == fulls[rank][rank + 1 :]
 
 
+def _on_rank(urls: str, rank: int, world: int, **kwargs) -> ShardDataModule:
+    dm = _module(urls, **kwargs)
+    dm.trainer = SimpleNamespace(global_rank=rank, world_size=world, current_epoch=0, loggers=[])
+    return dm
+
+
+def _gathered_state(dms: list[ShardDataModule], monkeypatch) -> dict:
+    """The state rank 0 saves for ``dms`` (one per fake rank), every rank's position gathered."""
+    positions = [dm._train_loader.position() for dm in dms]
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.distributed, "is_initialized", lambda: True)
+        patch.setattr(torch.distributed, "all_gather_object", lambda out, obj: out.__setitem__(slice(None), positions))
+        return json.loads(json.dumps(dms[0].state_dict()))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("world", [1, 4])
+def test_a_resampled_stream_saved_on_two_ranks_resumes_on_another_number_of_ranks(
+    shards, monkeypatch, world, num_workers
+):
+    """A resampled stream is a function of (seed, epoch, rank, worker), not of the number of ranks: resumed on
+    ``world`` ranks, the ranks that existed continue their own streams where they stood, a new rank draws its own
+    stream from its start, and every rank yields as many batches as the saved ranks had left."""
+    kwargs = {"resampled": True, "epoch_size": 12, "num_workers": num_workers}  # 4 batches of 3 per rank and epoch
+    fulls = [[_ids(b) for b in _on_rank(shards, rank, max(world, 2), **kwargs).train_dataloader()] for rank in range(4)]
+    assert len({json.dumps(full) for full in fulls}) == 4 and {len(full) for full in fulls} == {4}
+    saved = [_on_rank(shards, rank, 2, **kwargs) for rank in range(2)]
+    streams = [iter(dm.train_dataloader()) for dm in saved]
+    for stream in streams:  # both ranks trained 2 batches
+        next(stream), next(stream)
+    state = _gathered_state(saved, monkeypatch)
+    del streams
+    for rank in range(world):
+        dm = _on_rank(shards, rank, world, **kwargs)
+        dm.load_state_dict(state)
+        expected = fulls[rank][2:] if rank < 2 else fulls[rank][:2]
+        assert [_ids(b) for b in dm.train_dataloader()] == expected, f"rank {rank}"
+
+
+def test_a_finite_stream_saved_on_two_ranks_restarts_its_epoch_on_another_number(shards, monkeypatch, caplog):
+    """A finite stream splits the shards by rank: on another number of ranks each rank's share of the epoch changes,
+    so there is no position to continue from; the epoch restarts, with a warning naming why."""
+    saved = [_on_rank(shards, rank, 2) for rank in range(2)]
+    streams = [iter(dm.train_dataloader()) for dm in saved]
+    for stream in streams:
+        next(stream)
+    state = _gathered_state(saved, monkeypatch)
+    dm = _on_rank(shards, 0, 1)
+    with caplog.at_level(logging.WARNING, logger="app.data.shard_datamodule"):
+        dm.load_state_dict(state)
+        rest = [_ids(b) for b in dm.train_dataloader()]
+    assert "not resuming mid-epoch: replicas, world_size changed since the checkpoint" in caplog.text
+    assert rest == [_ids(b) for b in _module(shards).train_dataloader()]
+
+
 class _Seen(LightningModule):
     def __init__(self) -> None:
         super().__init__()

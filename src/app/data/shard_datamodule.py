@@ -19,8 +19,10 @@ follow are the ones the interrupted run would have trained on next, in the same 
 because a stream is a function of the seed and the epoch: shard order, shuffle buffer, resampling and augmentation are
 all seeded from ``(seed, epoch, rank, worker)``; each worker replays its stream up to where it stood, reading the shards
 but decoding nothing, and yields from there. The resumed run must use the same shards, seed, batch size, shuffle
-buffer, epoch size, number of workers and number of ranks; when one differs the epoch restarts from its beginning,
-with a warning (as it does from a checkpoint written before this was built, whose state is empty). With more than one
+buffer, epoch size, number of workers and, in finite mode (shards split by rank), number of ranks; when one differs the
+epoch restarts from its beginning, with a warning (as it does from a checkpoint written before this was built, whose
+state is empty). A resampled stream resumes on any number of ranks: ranks the checkpoint holds continue their own
+streams, a new rank draws its own from its start for as many batches as the others have left. With more than one
 rank, ``state_dict`` gathers every rank's position (``torch.distributed.all_gather_object``), so it must be called on
 all ranks at once, as ``Trainer.save_checkpoint`` does. Validation and test loops are not resumed (Lightning restarts
 them).
@@ -220,7 +222,8 @@ class ShardDataModule(LightningDataModule):
         return self._loader("test")
 
     def _position_config(self, world_size: int) -> dict[str, Any]:
-        """What a saved position is only valid for: the stream must be the same one."""
+        """What a saved position is only valid for: the stream must be the same one (for a resampled stream the
+        number of ranks may differ, see :meth:`_rank_position`)."""
         urls = self.urls.get("train") or []
         return {
             "shards": [os.path.basename(u) for u in urls],
@@ -231,6 +234,7 @@ class ShardDataModule(LightningDataModule):
             "epoch_size": self.epoch_size,
             "num_workers": self.num_workers,
             "world_size": world_size,
+            "replicas": prompt_ranks(self.trainer, 0, world_size)[1],
         }
 
     def _batches_trained(self) -> int | None:
@@ -293,14 +297,41 @@ class ShardDataModule(LightningDataModule):
             self._resume = None
 
     def _rank_position(self, saved: dict[str, Any], rank: int, world_size: int) -> dict[str, Any] | None:
-        """This rank's saved position, or None (restart the epoch, with a warning) when the stream has changed."""
+        """This rank's saved position, or None (restart the epoch, with a warning) when the stream has changed.
+
+        A finite stream splits the shards by rank, so it resumes only on as many ranks. A resampled stream is a
+        function of ``(seed, epoch, stream rank, worker)`` alone, so it resumes on any number: a stream rank the
+        checkpoint holds continues where it stood; a new one draws its own stream from its start, for as many
+        batches as the saved ranks had left (:func:`new_rank_position`)."""
         config = self._position_config(world_size)
-        changed = sorted(k for k in config if saved["config"].get(k) != config[k])
-        if changed or len(saved["positions"]) != world_size:
+        ranks_may_change = ("world_size", "replicas") if self.resampled else ()
+        changed = sorted(k for k in config if k not in ranks_may_change and saved["config"].get(k) != config[k])
+        if changed or not self.resampled and len(saved["positions"]) != world_size:
             log.warning(
                 "ShardDataModule: not resuming mid-epoch: %s changed since the checkpoint; the epoch restarts from "
                 "its first batch",
                 ", ".join(changed) or "the number of saved rank positions",
             )
             return None
-        return saved["positions"][rank]
+        stream_rank, _ = prompt_ranks(self.trainer, rank, world_size)
+        saved_replicas = saved["config"].get("replicas", len(saved["positions"]))  # saved before it: no sharing
+        positions = saved["positions"][:: len(saved["positions"]) // saved_replicas]  # one per saved stream rank
+        if stream_rank < len(positions):
+            return positions[stream_rank]
+        log.info(
+            "ShardDataModule: the checkpoint holds the resampled streams of %d ranks; stream rank %d draws its own "
+            "from its start, as many batches as the others have left of epoch %d",
+            saved_replicas,
+            stream_rank,
+            positions[0]["epoch"],
+        )
+        return new_rank_position(positions[0])
+
+
+def new_rank_position(position: dict[str, Any]) -> dict[str, Any]:
+    """Where a resampled stream rank that ``position`` (another rank's) does not belong to starts in the same epoch:
+    at its own stream's first record, with each worker counted as having yielded the items the other rank's worker
+    had (the workers' shares of an epoch are the same on every rank), so it yields as many batches as that rank has
+    left, and no skips counted yet."""
+    workers = [[worker, 0, items, final] for worker, _, items, final in position["workers"]]
+    return {**position, "workers": workers, "skipped": [0, 0]}
