@@ -318,6 +318,39 @@ def test_headers_come_from_the_environment_at_each_request(monkeypatch):
         )
 
 
+def test_a_413_is_a_refusal_no_retry_changes_whether_the_body_or_its_arrays_are_too_large():
+    renderings = [torch.rand(3, 16, 16, generator=torch.Generator().manual_seed(0)) for _ in range(4)]
+    samples = [VisualSample([], "draw", "demo")] * 4
+    with RewardServer([PixelMean()], max_decoded_bytes=10_000) as server:  # 4 x 3 KB of float32 decoded
+        reward = remote(server.url, "pixel_mean")
+        with pytest.raises(RemoteRefusedError, match=r"HTTP 413: rows\[3\]\.completion: an array of 3072 bytes"):
+            reward.checked_score(renderings, samples)
+        assert reward.num_retries == 0 and reward.num_failed_requests == 1
+        reward.served_reward()
+        server.max_decoded_bytes, server.max_request_bytes = 10**9, 1_000  # lowered after the client asked /info
+        with pytest.raises(RemoteRefusedError, match=r"HTTP 413: the body is \d+ bytes, over this server's limit"):
+            reward.checked_score(renderings, samples)  # the body was sent whole: the 413 read, not a broken pipe
+        assert reward.num_retries == 0
+
+
+def test_a_batch_over_the_server_s_body_limit_is_refused_before_it_is_sent():
+    with RewardServer([PixelMean()], max_request_bytes=5_000) as server:
+        reward = remote(server.url, "pixel_mean", max_batch=8)
+        with pytest.raises(RemoteRefusedError, match=r"is \d+ bytes, over the server's limit of 5000 \(max_request"):
+            reward.checked_score([torch.zeros(3, 32, 32)] * 2, [VisualSample([], "draw", "demo")] * 2)
+        assert reward.num_requests == 0 and reward.num_retries == 0
+
+
+def test_a_kept_alive_connection_the_server_closed_while_idle_is_replaced_without_a_retry():
+    with RewardServer([AccuracyReward()], timeout_s=0.2) as server:
+        reward = remote(server.url)
+        reward.checked_score(COMPLETIONS, prompts(), K)
+        time.sleep(0.5)  # the server closes the idle connection
+        values, _ = reward.checked_score(COMPLETIONS, prompts(), K)
+    assert torch.equal(values, AccuracyReward().score(COMPLETIONS, prompts()))
+    assert reward.num_retries == 0 and reward.num_requests == 2
+
+
 # ---------------------------------------------------------------------------------------------- configuration
 def test_a_remote_reward_parses_from_yaml_as_a_reward_component():
     parser = ArgumentParser()

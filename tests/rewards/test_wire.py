@@ -318,3 +318,26 @@ def test_an_npy_array_is_bounded_by_its_header_before_it_is_read():
     value = {"npy": base64.b64encode(buffer.getvalue()).decode()}
     with pytest.raises(RequestTooLarge, match=r"x: an array of 8000000000000 bytes"):
         decode_array(value, "x", budget=DecodeBudget(2**20))
+
+
+# ------------------------------------------------------------------------- docs/wire_spec.md's examples
+def spec_example(name: str) -> dict:
+    from pathlib import Path  # noqa: PLC0415
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "wire_spec.md").read_text()
+    block = text.split(f"<!-- example: {name} -->\n```json\n", 1)[1].split("\n```", 1)[0]
+    return json.loads(block)
+
+
+def test_the_spec_s_dims_example_decodes_to_the_view_it_states():
+    back = decode_array(spec_example("dims"), "x", Blobs([bytearray(range(12))]))
+    assert back.tolist() == [[[0, 3], [6, 9]], [[1, 4], [7, 10]], [[2, 5], [8, 11]]]
+    view = np.arange(12, dtype=np.uint8).reshape(2, 2, 3).transpose(2, 0, 1)  # an HWC buffer viewed as CHW
+    blobs = Blobs()
+    assert encode_array(view, blobs) == spec_example("dims") and bytes(blobs.parts[0]) == bytes(range(12))
+
+
+def test_the_spec_s_npy_and_png_examples_decode_to_what_it_states():
+    assert decode_array(spec_example("npy"), "x").tolist() == [1.5, -2.0]
+    image = decode_array(spec_example("png"), "x")
+    assert image.mode == "RGB" and np.asarray(image).tolist() == [[[255, 0, 0], [0, 0, 255]]]

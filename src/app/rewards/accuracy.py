@@ -106,5 +106,7 @@ class AccuracyReward(RewardComponent):
         tensor([1., 0.])
     """
 
+    completion_kinds = ("text",)
+
     def score(self, completions: Sequence[str], samples: Sequence[VisualSample]) -> Tensor:
         return accuracy_reward(completions, require_answers(self, samples))

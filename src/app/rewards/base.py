@@ -37,6 +37,9 @@ from torchmetrics import Metric
 from app.types import VisualSample
 
 SCOPES = ("completion", "group_pair", "triplet")
+COMPLETION_KINDS = ("text", "image", "array")
+"""What a completion can be: a VLM's ``text`` (a string), an ``image`` (a PIL image), an ``array`` (a rendering or
+video as a tensor or numpy array)."""
 
 
 class RewardError(RuntimeError):
@@ -174,6 +177,8 @@ class RewardComponent(Metric):
       its group and of the paired group (a prompt and its augmented twin, for consistency rewards). ``"triplet"``: the
       rows of the three related prompts (TriSR). Whatever the scope, ``score`` returns one value per row.
     - ``value_range``: ``(low, high)`` bounds of every value ``score`` returns.
+    - ``completion_kinds``: the kinds of completion :meth:`score` reads (:data:`COMPLETION_KINDS`; all of them by
+      default); any other kind scores as malformed. A reward server reports it (``GET /info``).
     - ``side_state``: names of the attributes ``score`` accumulates beside the values (counters such as
       ``num_malformed``, or ``failed_checks`` of :class:`~app.tasks.vbvr.VBVRScorerReward`): each a number, a mapping of
       name -> number (a ``Counter``) or a tensor, set in ``__init__``. Scored in a worker process, a reward is a
@@ -209,6 +214,7 @@ class RewardComponent(Metric):
     is_differentiable: ClassVar[bool] = False
     scope: ClassVar[str] = "completion"
     value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    completion_kinds: ClassVar[tuple[str, ...]] = COMPLETION_KINDS
     side_state: ClassVar[tuple[str, ...]] = ()
 
     total: Tensor
@@ -221,6 +227,10 @@ class RewardComponent(Metric):
         low, high = cls.value_range
         if not low <= high:
             raise TypeError(f"{cls.__name__}.value_range must be (low, high) with low <= high, got {cls.value_range}")
+        if not set(cls.completion_kinds) <= set(COMPLETION_KINDS) or not cls.completion_kinds:
+            raise TypeError(
+                f"{cls.__name__}.completion_kinds must be some of {COMPLETION_KINDS}, got {cls.completion_kinds!r}"
+            )
         names = cls.side_state
         if not isinstance(names, tuple | list) or not all(isinstance(n, str) and n.isidentifier() for n in names):
             raise TypeError(f"{cls.__name__}.side_state must be a tuple of attribute names, got {names!r}")

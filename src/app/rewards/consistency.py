@@ -415,6 +415,8 @@ class ConsistencyReward(RewardComponent):
         tensor([0.0000, 1.0000, 0.5000, 0.0000])
     """
 
+    completion_kinds = ("text",)
+
     scope = "group_pair"
     value_range = (0.0, 1.0)
 

@@ -122,6 +122,8 @@ class FormatReward(RewardComponent):
         tensor([1.])
     """
 
+    completion_kinds = ("text",)
+
     def __init__(
         self,
         allowed_answers: list[str] | None = None,

@@ -183,6 +183,8 @@ class FunctionSequenceReward(RewardComponent):
         tensor([0.2500])
     """
 
+    completion_kinds = ("text",)
+
     value_range = (-1.0, 1.0)
 
     def __init__(

@@ -118,6 +118,8 @@ class NumericToleranceReward(RewardComponent):
         tensor([1.0000, 0.9698, 0.0000])
     """
 
+    completion_kinds = ("text",)
+
     def __init__(
         self,
         eps1: float = 0.05,

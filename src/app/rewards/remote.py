@@ -11,7 +11,9 @@ the round trip overlaps the next rollout. In a training config it stands where t
 A failure is retried with exponential backoff (``backoff_s``, doubled per attempt): the server is down or refuses the
 connection, it answers 5xx, 408 or 429, it is slower than ``timeout_s``, or its answer is not JSON, has the wrong
 number of values, holds a value that is not a number, or is larger than ``max_response_mb``. Other 4xx answers (an
-unknown reward, a wrong token, a request the server cannot read) are configuration errors and are not retried. When the
+unknown reward, a wrong token, a request the server cannot read, a batch over its limits: 413) are configuration
+errors and are not retried; a batch over the body limit the server reports in ``GET /info`` is refused before it is
+sent. A kept-alive connection that the server closed while idle is replaced before it is used, not retried. When the
 attempts run out, ``on_failure: raise`` (the default) fails the step with a :class:`~app.rewards.RewardError` naming the
 reward, the server and the cause; ``on_failure: skip`` marks the batch's rows unscored
 (:class:`~app.rewards.base.PartialScores`): the trainer leaves their groups out of the update and counts them in
@@ -25,6 +27,7 @@ import json
 import logging
 import math
 import os
+import select
 import threading
 import time
 from collections import Counter
@@ -75,6 +78,7 @@ class ServedReward:
     name: str
     scope: str
     value_range: tuple[float, float]
+    max_request_bytes: int | None = None  # the server's body limit (None: it does not say)
 
 
 class RemoteReward(RewardComponent):
@@ -264,6 +268,13 @@ class RemoteReward(RewardComponent):
             body = pack(encode_request(self.served.name, completions, samples, group_size, blobs), blobs)
         except WireError as error:  # a sample the wire cannot carry (meta that is not JSON): a configuration error
             raise RemoteRefusedError(f"reward {self.name!r}: cannot send this batch to {self.url}: {error}") from None
+        limit = self.served.max_request_bytes
+        if limit is not None and len(body) > limit:
+            self._count_failure()
+            raise RemoteRefusedError(
+                f"reward {self.name!r}: a request of {len(completions)} completions is {len(body)} bytes, over the "
+                f"server's limit of {limit} (max_request_mb at {self.url}): lower max_batch"
+            )
 
         def scored(answer: Any) -> Tensor:
             if not isinstance(answer, Mapping):
@@ -301,7 +312,10 @@ class RemoteReward(RewardComponent):
         if scope not in SCOPES or not isinstance(value_range, list) or len(value_range) != 2:
             raise WireError(f"GET /info: reward {name!r} has no valid scope and value_range: {entry}")
         low, high = (-math.inf if value_range[0] is None else value_range[0]), value_range[1]
-        return ServedReward(name, scope, (float(low), math.inf if high is None else float(high)))
+        limits = answer.get("limits") if isinstance(answer, Mapping) else None
+        limit = limits.get("max_request_bytes") if isinstance(limits, Mapping) else None
+        limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+        return ServedReward(name, scope, (float(low), math.inf if high is None else float(high)), limit)
 
     # ------------------------------------------------------------------------------------------------ requests
     def _with_retries(self, method: str, path: str, body: bytes | None, read):
@@ -345,6 +359,9 @@ class RemoteReward(RewardComponent):
 
     def _connection(self) -> http.client.HTTPConnection:
         connection = getattr(self._local, "connection", None)
+        if connection is not None and _closed_by_server(connection):
+            self._drop_connection()  # the server closed it while it was idle: a new one, not a failed attempt
+            connection = None
         if connection is None:
             parts = urlsplit(self.url)
             kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
@@ -364,8 +381,12 @@ class RemoteReward(RewardComponent):
         prefix = urlsplit(self.url).path
         connection = self._connection()
         try:
-            connection.request(method, prefix + path, body=body, headers=headers)
-            response = connection.getresponse()
+            try:
+                connection.request(method, prefix + path, body=body, headers=headers)
+            except (BrokenPipeError, ConnectionResetError) as error:
+                response = _early_answer(connection, error)  # a server may answer before the whole body (413)
+            else:
+                response = connection.getresponse()
             data = self._read(response, deadline)
         except TimeoutError:
             self._drop_connection()
@@ -402,6 +423,25 @@ class RemoteReward(RewardComponent):
             if time.monotonic() > deadline:
                 self._drop_connection()
                 raise TimeoutError
+
+
+def _closed_by_server(connection: http.client.HTTPConnection) -> bool:
+    """Whether an idle kept-alive connection was closed by the server (readable before a request: EOF or a reset)."""
+    sock = connection.sock
+    if sock is None:
+        return False
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
+def _early_answer(connection: http.client.HTTPConnection, error: OSError) -> http.client.HTTPResponse:
+    """The answer a server sent before it stopped reading the body (a 413); ``error`` again when there is none."""
+    try:
+        return connection.getresponse()
+    except (OSError, http.client.HTTPException):
+        raise error from None
 
 
 def _no_constant(token: str) -> None:

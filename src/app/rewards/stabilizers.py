@@ -138,6 +138,8 @@ class CosineLengthReward(RewardComponent):
         tensor([0.9268, 0.5732, 0.0000])
     """
 
+    completion_kinds = ("text",)
+
     value_range = (-0.5, 1.0)
 
     def __init__(
@@ -225,6 +227,8 @@ class RepetitionPenalty(RewardComponent):
         tensor([ 0.0000, -0.7500])
     """
 
+    completion_kinds = ("text",)
+
     value_range = (-1.0, 0.0)
 
     def __init__(
@@ -299,6 +303,8 @@ class SoftOverlongPenalty(RewardComponent):
         >>> SoftOverlongPenalty(max_length=8, cache_length=4).score(["a " * 4, "a " * 6, "a " * 9], [sample] * 3)
         tensor([ 0.0000, -0.5000, -1.0000])
     """
+
+    completion_kinds = ("text",)
 
     value_range = (-1.0, 0.0)
 

@@ -33,6 +33,8 @@ class _TripletReward(RewardComponent):
     defaults, which their values do not depend on.
     """
 
+    completion_kinds = ("text",)
+
     scope = "triplet"
     needs_attributes = False
     needs_answers = True

@@ -55,6 +55,8 @@ class ImageTextSimilarityReward(FrozenModelReward):
         kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
     """
 
+    completion_kinds = ("image", "array")
+
     def __init__(
         self,
         model: str,
