@@ -75,7 +75,8 @@ def language_model_calls(policy):
     return calls, language_model.register_forward_pre_hook(record, with_kwargs=True)
 
 
-def assert_same(policy, prompts, ids, mask):
+def assert_same(policy, prompts, ids, mask, padded_rows: list[int]):
+    """``padded_rows``: the rows of each language-model call of the padded forward."""
     calls, handle = language_model_calls(policy)
     try:
         padded, padded_grads = logprobs_and_grads(policy, prompts, ids, mask, padding_free=False)
@@ -84,7 +85,7 @@ def assert_same(policy, prompts, ids, mask):
         handle.remove()
         policy.padding_free = None
     assert calls[-1] == (1, 4), "one packed row, with text positions in front of the 3-D ones"
-    assert calls[0][0] == len(prompts)
+    assert [rows for rows, _ in calls[:-1]] == padded_rows
     width = prompts.tensors["input_ids"].shape[1] + ids.shape[1]
     sums = [64, 64, 16, width, width, 64, 64, 128] * 2 + [64, 64]
     atol = logprob_atol(TINY_VLM_VOCAB, sums=sums, logit_l1=TINY_VLM_LOGIT_L1 / 0.8)
@@ -108,7 +109,8 @@ def test_packed_rows_give_the_padded_log_probs_and_gradients(family, shared_pref
                 parameter.normal_(std=0.05)
     prompts = policy.encode_prompts(MIXED, group_size=K)  # rows 2b, 2b + 1 from prompt b
     ids, mask = completions(policy, prompts, [7, 2, 5, 1, 9, 3])
-    assert_same(policy, prompts, ids, mask)
+    # with shared prefixes, each prompt's tokens once, then every row's completion tokens
+    assert_same(policy, prompts, ids, mask, padded_rows=[3, 6] if shared_prefix else [6])
 
 
 def test_packed_text_only_prompts_use_the_text_positions(new_policy):
@@ -116,7 +118,7 @@ def test_packed_text_only_prompts_use_the_text_positions(new_policy):
     prompts = policy.encode_prompts(TEXT_ONLY, group_size=1)
     assert "pixel_values" not in prompts.tensors
     ids, mask = completions(policy, prompts, [4, 6])
-    assert_same(policy, prompts, ids, mask)
+    assert_same(policy, prompts, ids, mask, padded_rows=[2])
 
 
 def test_packing_defaults_to_variable_length_attention_only(tiny_policy):

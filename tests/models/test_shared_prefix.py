@@ -1,11 +1,12 @@
 """Shared-prefix rollouts: the prompt is encoded and prefilled once per group and the KV cache expanded to K rows; the
 completions are the same, token for token, as with one prefill per row for the same seed. The training forward encodes
-each prompt's images and finds its positions once too, with the same log-probs and gradients."""
+each prompt's images and finds its positions once too, and runs every layer on each prompt once, with the same log-probs
+and gradients."""
 
 import pytest
 import torch
 from PIL import Image
-from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, logprob_atol
+from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, logprob_atol, sum_error_bound
 
 from app.sampling.shared_prefix import distinct_rows, group_heads, repeat_rows, shared_prompt_features, take_rows
 from app.settings import SamplingSettings
@@ -227,6 +228,63 @@ def test_training_forward_encodes_each_prompt_once_with_the_same_logprobs_and_gr
     # atol 1e-6 (2e-7 of the largest element) for elements whose terms cancel
     for got, want in zip(shared_grads, plain_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def first_layer_rows(policy):
+    """A forward hook on the first decoder layer that records the ``(rows, tokens)`` of each call."""
+    calls = []
+    layer = policy.hf_model.model.language_model.layers[0]
+    return calls, layer.register_forward_hook(
+        lambda m, args, kw, out: calls.append(tuple((args[0] if args else kw["hidden_states"]).shape[:2])),
+        with_kwargs=True,
+    )
+
+
+def logprobs_and_grads(policy, prompts, batch, shared: bool):
+    policy.shared_prefix = shared
+    try:
+        policy.model.zero_grad()
+        logprobs = policy.sequence_logprobs(prompts, batch.completion_ids, batch.completion_mask)
+        (logprobs * batch.completion_mask).sum().backward()
+    finally:
+        policy.shared_prefix = True
+    return logprobs.detach(), {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("lora_r", [None, 4], ids=["full", "lora"])
+@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_training_forward_runs_each_prompt_once_with_the_per_row_logprobs_and_gradients(
+    new_policy, samples, model, lora_r, random_seed
+):
+    """Every layer sees each prompt once and the rows' completions after it; the log-probs and every trained weight's
+    gradient are the per-row forward's up to rounding."""
+    policy = new_policy(model, lora_r=lora_r)
+    prompts = policy.encode_prompts(samples, group_size=K)
+    batch = completions(policy, prompts, random_seed)
+    calls, handle = first_layer_rows(policy)
+    try:
+        plain, plain_grads = logprobs_and_grads(policy, prompts, batch, shared=False)
+        shared, shared_grads = logprobs_and_grads(policy, prompts, batch, shared=True)
+    finally:
+        handle.remove()
+    n, p, length = len(prompts), prompts.tensors["input_ids"].shape[1], batch.completion_ids.shape[1]
+    assert calls == [(n, p + length), (n // K, p), (n, length)]  # per row; then each prompt once, the completions
+    # The same sums of the same values, in matrices of other shapes (BLAS may block them otherwise) and attention over
+    # the cached keys: per layer its two norms, four attention projections, three MLP contractions, the scores and the
+    # attention over the P + L positions, then the final norm, each may round in another order
+    config = policy.hf_model.config.text_config
+    width, head = config.hidden_size, config.hidden_size // config.num_attention_heads
+    layer = [width] * 8 + [config.intermediate_size, head, p + length]
+    atol = logprob_atol(TINY_VLM_VOCAB, sums=layer * config.num_hidden_layers + [width], logit_l1=TINY_VLM_LOGIT_L1)
+    mask = batch.completion_mask.bool()
+    torch.testing.assert_close(shared[mask], plain[mask], rtol=0, atol=atol)
+    assert set(shared_grads) == set(plain_grads) and plain_grads
+    # A weight's gradient sums over the n (P + L) token rows, the K copies of a prompt's first summed into one in the
+    # shared way: 2 gamma_m relative for m = n (P + L) terms, and as much of the tensor's largest element for
+    # elements whose terms cancel
+    bound = 2 * sum_error_bound(n * (p + length))
+    for name, want in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], want, rtol=bound, atol=bound * float(want.abs().max()))
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])

@@ -36,6 +36,7 @@ from app.sampling.shared_prefix import (
     PER_TOKEN_KEYS,
     group_heads,
     prefill_shared_prefix,
+    prefix_shared_hidden_states,
     repeat_rows,
     shared_prompt_features,
     static_cache,
@@ -69,8 +70,10 @@ class VLMPolicy(SwitchableReference, nn.Module):
             (needs liger-kernel and CUDA: an error otherwise, see :mod:`app.models.kernels`).
         gradient_checkpointing: recompute activations in backward to save memory.
         shared_prefix: in ``generate``, run the vision tower and the prompt prefill once per group of identical rows
-            and expand the KV cache to the group (same completions for the same seed); in the log-prob forward, encode
-            the images and find the 3-D positions once per distinct prompt (same log-probs). False: every row.
+            and expand the KV cache to the group (same completions for the same seed); in the log-prob forward, run
+            the prompt once per distinct prompt, its completions attending to its keys and values (the same log-probs
+            and gradients up to rounding; under gradient checkpointing or packing only the images and the 3-D
+            positions are computed once per prompt). False: every row.
         static_cache: decode into a fixed-size KV cache (prompt + ``max_new_tokens`` positions, allocated per
             rollout) instead of a growing one. On CUDA, transformers then compiles the decoding step with
             ``torch.compile`` (the first rollout of each shape pays the compilation); on CPU it only costs memory.
@@ -306,25 +309,8 @@ class VLMPolicy(SwitchableReference, nn.Module):
         """See :meth:`sequence_logprobs`; with ``with_entropy``, ``(logprobs, entropy)``
         (:meth:`sequence_logprobs_and_entropy`); with ``fused_loss`` (see :meth:`fused_grpo_loss`), the fields of its
         :class:`~app.algorithms.GRPOLossOutput` as a tuple (tensors FSDP's backward hooks can see)."""
-        prompt = prompt_inputs.tensors
-        prompt_length = prompt["input_ids"].shape[1]
-        inputs = dict(prompt)
-        inputs["input_ids"] = torch.cat([prompt["input_ids"], completion_ids], dim=1)  # [N, P+L]
-        inputs["attention_mask"] = torch.cat([prompt["attention_mask"], completion_mask], dim=1)
-        if "mm_token_type_ids" in inputs:
-            inputs["mm_token_type_ids"] = torch.cat(
-                [prompt["mm_token_type_ids"], torch.zeros_like(completion_ids)], dim=1
-            )
         hf_model = hf_model or (self.frozen_reference if self._use_reference else self.hf_model)
-        shared = shared_prompt_features(hf_model.model, prompt_inputs, completion_mask) if self.shared_prefix else None
-        if shared is not None:  # the vision tower and the positions once per distinct prompt, not once per row
-            inputs.pop("pixel_values")
-            inputs.update(shared)
-        if packs(hf_model, self.padding_free):  # the rows' real tokens in one row: no layer computes on padding
-            hidden = packed_hidden_states(hf_model.model, inputs, inputs.pop("position_ids", None))  # [N, P+L, H]
-        else:
-            hidden = hf_model.model(**inputs, use_cache=False).last_hidden_state  # [N, P+L, H]
-        hidden = hidden[:, prompt_length - 1 : -1]  # [N, L, H] states that predict the completion tokens
+        hidden = self._completion_hidden_states(hf_model, prompt_inputs, completion_ids, completion_mask)  # [N, L, H]
         if fused_loss is not None:
             out = fused_loss(hidden, hf_model.lm_head, completion_ids, temperature=temperature)
             return tuple(getattr(out, f.name) for f in dataclasses.fields(out))
@@ -335,6 +321,41 @@ class VLMPolicy(SwitchableReference, nn.Module):
         if with_entropy:
             return tuple(_not_a_view(t) for t in out)
         return _not_a_view(out)
+
+    def _completion_hidden_states(
+        self,
+        hf_model: nn.Module,
+        prompt_inputs: PromptInputs,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """``[N, L, H]`` last hidden states of ``hf_model``'s backbone that predict the completion tokens: with
+        ``shared_prefix`` and repeated prompts, each prompt's layers once and the completions attending to its keys
+        and values (:func:`~app.sampling.shared_prefix.prefix_shared_hidden_states`; not under gradient checkpointing,
+        which turns the cache off, nor when packing), else one forward over each row's prompt and completion."""
+        inner = hf_model.model
+        packed = packs(hf_model, self.padding_free)
+        if self.shared_prefix and not packed and not getattr(hf_model, "is_gradient_checkpointing", False):
+            hidden = prefix_shared_hidden_states(inner, prompt_inputs, completion_ids, completion_mask)
+            if hidden is not None:
+                return hidden
+        prompt = prompt_inputs.tensors
+        inputs = dict(prompt)
+        inputs["input_ids"] = torch.cat([prompt["input_ids"], completion_ids], dim=1)  # [N, P+L]
+        inputs["attention_mask"] = torch.cat([prompt["attention_mask"], completion_mask], dim=1)
+        if "mm_token_type_ids" in inputs:
+            inputs["mm_token_type_ids"] = torch.cat(
+                [prompt["mm_token_type_ids"], torch.zeros_like(completion_ids)], dim=1
+            )
+        shared = shared_prompt_features(inner, prompt_inputs, completion_mask) if self.shared_prefix else None
+        if shared is not None:  # the vision tower and the positions once per distinct prompt, not once per row
+            inputs.pop("pixel_values")
+            inputs.update(shared)
+        if packed:  # the rows' real tokens in one row: no layer computes on padding
+            hidden = packed_hidden_states(inner, inputs, inputs.pop("position_ids", None))  # [N, P+L, H]
+        else:
+            hidden = inner(**inputs, use_cache=False).last_hidden_state  # [N, P+L, H]
+        return hidden[:, prompt["input_ids"].shape[1] - 1 : -1]  # [N, L, H] states that predict the completion tokens
 
     @torch.no_grad()
     def reference_logprobs(self, prompt_inputs, completion_ids, completion_mask, temperature: float = 1.0):

@@ -1,7 +1,8 @@
 """Shared-prefix rollouts: the K completions of a prompt share its images and text, so the vision tower and the
 prefill of the prompt run once per prompt and the KV cache is expanded to the K rows before decoding; in the training
 forward, the image features and the 3-D positions of the prompt are likewise computed once per prompt
-(:func:`shared_prompt_features`).
+(:func:`shared_prompt_features`), and, without gradient checkpointing, every layer runs on the prompt once and the
+completions attend to its keys and values (:func:`prefix_shared_hidden_states`).
 
 The prefill covers the prompt without its last token; ``generate`` is then called on all ``B*K`` rows with that cache
 and processes the last prompt token itself, so the first sampled token is drawn from the same ``[B*K, V]`` distribution,
@@ -157,7 +158,58 @@ def shared_prompt_features(inner: nn.Module, inputs: PromptInputs, completion_ma
     )
     if positions is not None:  # [3, heads, P]
         positions = positions[:, _index(prompt_of_row, positions)]  # [3, N, P]
-        steps = torch.arange(1, completion_mask.shape[1] + 1, device=positions.device)  # [L]
-        completion = (positions[..., -1:] + steps) * completion_mask.to(positions.dtype)  # [3, N, L]
-        out["position_ids"] = torch.cat([positions, completion], dim=-1)  # [3, N, P + L]
+        out["position_ids"] = torch.cat([positions, _completion_positions(positions, completion_mask)], dim=-1)
     return out
+
+
+def _completion_positions(prompt_positions: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """``[3, N, L]`` rotary positions of the completion tokens: the text positions after each row's last prompt
+    position (``prompt_positions`` ``[3, N, P]``), 0 at the padding after a completion (as transformers gives masked
+    tokens)."""
+    steps = torch.arange(1, completion_mask.shape[1] + 1, device=prompt_positions.device)  # [L]
+    return (prompt_positions[..., -1:] + steps) * completion_mask.to(prompt_positions.dtype)  # [3, N, L]
+
+
+def prefix_shared_hidden_states(
+    inner: nn.Module, inputs: PromptInputs, completion_ids: torch.Tensor, completion_mask: torch.Tensor
+) -> torch.Tensor | None:
+    """The last hidden states ``[N, L, H]`` that predict the completions ``completion_ids`` ``[N, L]`` of the prompt
+    rows ``inputs``, with every layer of Qwen-VL's backbone ``inner`` run on each distinct prompt once: the prompt's
+    forward (vision tower, 3-D positions, all its tokens) gives its last hidden state and its keys and values, and a
+    forward over the rows' completion tokens attends to those, selected for each row, as to a cache.
+
+    A row's completion tokens attend to the same keys and values as in the forward over its prompt and completion, so
+    the values are that forward's up to rounding; gradients reach the prompt's layers through the selection, summed
+    over the rows of each prompt. The prompt's tokens, most of a row at short completions, are computed once per prompt
+    instead of once per row. None when no rows repeat, the prompts hold no images, or the backbone finds no 3-D
+    positions (then :func:`shared_prompt_features` and the per-row forward apply)."""
+    found = distinct_rows(inputs) if "image_grid_thw" in inputs.tensors else None
+    if found is None:
+        return None
+    heads, prompt_of_row = found
+    t = heads.tensors
+    positions = inner.compute_3d_position_ids(
+        input_ids=t["input_ids"],
+        inputs_embeds=None,
+        image_grid_thw=t["image_grid_thw"],
+        video_grid_thw=None,
+        attention_mask=t["attention_mask"],
+        cache=None,
+        mm_token_type_ids=t.get("mm_token_type_ids"),
+    )  # [3, heads, P]
+    if positions is None:
+        return None
+    prompt = inner(**t, position_ids=positions, use_cache=True, return_dict=True)
+    rows = _index(prompt_of_row, completion_ids)  # [N]: each row's prompt among the heads
+    cache = prompt.cache
+    cache.batch_select_indices(rows)  # [heads, ...] -> [N, ...] keys and values, differentiable
+    attention_mask = torch.cat([t["attention_mask"].index_select(0, rows), completion_mask], dim=1)  # [N, P + L]
+    completion = inner(
+        input_ids=completion_ids,
+        attention_mask=attention_mask,
+        position_ids=_completion_positions(positions.index_select(1, rows), completion_mask),
+        cache=cache,
+        return_dict=True,
+    ).last_hidden_state  # [N, L, H]: the state after each completion token
+    last_prompt = prompt.last_hidden_state[:, -1:].index_select(0, rows)  # [N, 1, H]: predicts the first token
+    return torch.cat([last_prompt, completion[:, :-1]], dim=1)  # [N, L, H]
