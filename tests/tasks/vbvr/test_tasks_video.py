@@ -6,7 +6,9 @@ import math
 import numpy as np
 import pytest
 
+from app.cv import PALETTE
 from app.tasks.vbvr import get_task
+from app.tasks.vbvr.puzzles._regions import foreground
 from app.tasks.vbvr.puzzles.connect_the_dots import point_segment_distance
 from app.tasks.vbvr.puzzles.shape_matching import nearest_hue
 from app.tasks.vbvr.puzzles.sorting_by_size import bubble_sort_swaps
@@ -16,6 +18,17 @@ SEEDS = range(8)
 
 def failed_names(result):
     return {c.name for c in result.checks if not c.passed}
+
+
+def flooded(image, color):
+    """``image`` with its background (everything but its objects and outlines) painted ``color``."""
+    return np.where(foreground(image)[..., None], image, np.array(PALETTE[color], dtype=np.uint8))
+
+
+def checkerboard(image, color, cell=1):
+    """``image`` with every other ``cell``-pixel square painted ``color``."""
+    ys, xs = np.mgrid[0 : image.shape[0], 0 : image.shape[1]] // cell
+    return np.where(((ys + xs) % 2 == 0)[..., None], np.array(PALETTE[color], dtype=np.uint8), image)
 
 
 # --- object_tracking ------------------------------------------------------------------------------------------------
@@ -90,6 +103,16 @@ def test_tracking_perturbations_name_their_failed_checks():
     assert two.score == 0.0 and any(f.startswith("single_ball") for f in two.failed)
 
 
+def test_tracking_a_canvas_of_the_ball_colour_is_no_ball():
+    task = get_task("object_tracking")
+    config = {"color": "red", "radius": 7, "start": [34.0, 64.0], "velocity": [3.0, 0.0], "steps": 10, "shown": 5}
+    assert task.score(task._draw(config, [(task.position(config, 10), "red")]), config).score == 1.0
+    problem = task._draw(config, [(task.position(config, 0), "red")])
+    for image in (np.full_like(problem, PALETTE["red"]), flooded(problem, "red"), checkerboard(problem, "red")):
+        result = task.score(image, config)  # its centroid is the canvas centre: the answer
+        assert result.score == 0.0 and "single_ball" in failed_names(result)
+
+
 # --- sorting_by_size ------------------------------------------------------------------------------------------------
 
 
@@ -126,6 +149,17 @@ def test_sorting_perturbations_and_wrong_sizes_name_their_failed_checks():
     assert failed_names(result) == {"sizes_match"} and result.score <= 0.6
 
 
+def test_sorting_one_bar_or_a_block_is_not_a_sorted_row():
+    task = get_task("sorting_by_size")
+    config = task.generate(0).config
+    tallest = max(config["heights"])
+    block = task._draw(config, [])
+    block[120 - tallest + 1 : 121, 4:64] = PALETTE[config["color"]]  # a tallest bar's height, three bars wide
+    for image in (task._draw(config, [tallest]), block):
+        result = task.score(image, config)
+        assert result.score == 0.0 and "sorted_ascending" in failed_names(result)
+
+
 # --- shape_matching -------------------------------------------------------------------------------------------------
 
 
@@ -158,6 +192,16 @@ def test_shape_matching_perturbations_name_their_failed_checks():
     assert failed_names(result) == {"size_matches"} and result.score < 1.0
 
 
+@pytest.mark.parametrize("cell", [1, 4])
+def test_shape_matching_a_slot_filled_to_its_outline_is_no_shape(cell):
+    task = get_task("shape_matching")
+    config = {**task.generate(0).config, "shape": "square", "color": "magenta"}
+    blank = task._draw(config, None)
+    for image in (checkerboard(blank, "magenta", cell), flooded(blank, "magenta")):
+        result = task.score(image, config)
+        assert result.score == 0.0 and "slot_shape_matches" in failed_names(result)
+
+
 # --- connect_the_dots -----------------------------------------------------------------------------------------------
 
 
@@ -187,6 +231,18 @@ def test_connect_the_dots_failed_checks():
     extra = task._draw(config, instance.solution["segments"] + [[0, 2]])  # every pair joined, plus a stray segment
     result = task.score(extra, config)
     assert failed_names(result) == {"no_extra_segments"} and 0.0 < result.score < 1.0
+
+
+def test_connect_the_dots_a_canvas_of_the_line_colour_joins_nothing():
+    task = get_task("connect_the_dots")
+    instance = task.generate(0)
+    config, colour = instance.config, instance.config["line_color"]
+    for image in (flooded(instance.first_frame, colour), np.full_like(instance.first_frame, PALETTE[colour])):
+        result = task.score(image, config)
+        assert result.score == 0.0 and "line_colour_on_segments" in failed_names(result)
+    sloppy = task._draw(config, instance.solution["segments"])
+    sloppy[4:14, 4:14] = PALETTE[colour]  # a small smudge off the lines is tolerated
+    assert task.score(sloppy, config).score == 1.0
 
 
 @pytest.mark.parametrize("name", ["object_tracking", "sorting_by_size", "shape_matching", "connect_the_dots"])

@@ -12,6 +12,9 @@ to absorb anti-aliasing and compression); each segment is sampled at points outs
 * ``no_extra_segments`` (soft, weight 1): no non-consecutive pair of dots is joined by a line (sample points away from
   the expected segments); each extra segment costs half of the value.
 * ``dots_unchanged`` (soft, weight 1): ``n`` dark dots are still visible.
+* ``line_colour_on_segments`` (hard): the line colour off the expected segments (farther than ``_BAND`` pixels from
+  them) covers at most the expected lines' own area: a canvas flooded with the line colour joins every pair of dots
+  but draws no lines.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from app.tasks.vbvr.scoring import Check, ScoreResult, combine
 _LINE_WIDTH = 3
 _CLEARANCE = 6  # minimum gap between a dot's rim and the segments (i, i+1), (i, i+2) between two other dots
 _COVERED = 0.8  # fraction of a segment's sample points on line pixels for the pair to count as connected
+_BAND = 4  # pixels around an expected segment that count as on it: half the line width, blur and a wobble
 
 
 def point_segment_distance(p, a, b) -> float:
@@ -147,9 +151,22 @@ class ConnectTheDotsTask(VisualTask):
         hits = sum(bool(line[min(int(round(y)), size - 1), min(int(round(x)), size - 1)]) for x, y in points)
         return hits / len(points)
 
+    @staticmethod
+    def _stray(colour: np.ndarray, config: dict[str, Any]) -> tuple[int, int]:
+        """Pixels of the line colour farther than ``_BAND`` from every expected segment, and how many are allowed:
+        the expected lines' own area (their length times the line width)."""
+        dots = [tuple(int(v) for v in p) for p in config["dots"]]
+        band = np.zeros(colour.shape, dtype=np.uint8)
+        for a, b in zip(dots, dots[1:], strict=False):
+            cv2.line(band, a, b, 1, thickness=2 * _BAND + 1)
+        allowed = sum(math.dist(a, b) for a, b in zip(dots, dots[1:], strict=False)) * _LINE_WIDTH
+        return int(np.count_nonzero(colour & (band == 0))), int(allowed)
+
     def score(self, frames, config) -> ScoreResult:
         last = as_frames(frames)[-1]
-        line = cv2.dilate(color_mask(last, config["line_color"]).astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
+        colour = color_mask(last, config["line_color"])
+        stray, allowed = self._stray(colour, config)
+        line = cv2.dilate(colour.astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
         n, dots = len(config["dots"]), config["dots"]
         covered = [self._coverage(line, config, i, i + 1) or 0.0 for i in range(n - 1)]
         connected = sum(c >= _COVERED for c in covered)
@@ -182,5 +199,11 @@ class ConnectTheDotsTask(VisualTask):
                     detail=f"extra segments between dots {extra}" if extra else "",
                 ),
                 Check("dots_unchanged", float(len(dark) == n), detail=f"{len(dark)} dots, {n} expected"),
+                Check(
+                    "line_colour_on_segments",
+                    float(stray <= allowed),
+                    hard=True,
+                    detail=f"{stray} px of the line colour off the segments, at most {allowed}",
+                ),
             ]
         )

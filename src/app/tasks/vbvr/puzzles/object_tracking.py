@@ -5,7 +5,8 @@ reaches a wall). Solution: the ball at ``start + steps * velocity``; the video s
 
 Scorer (classical CV on the RGB frames):
 
-* ``single_ball`` (hard): exactly one saturated blob (of any hue) in the last frame.
+* ``single_ball`` (hard): exactly one saturated blob (of any hue) in the last frame, and it is ball-sized: its bounding
+  box at most twice the ball's diameter on each side (a canvas filled with the ball's colour is no ball).
 * ``ball_at_expected_position`` (soft, weight 4): the centroid of the ball-coloured blob in the last frame is within
   ``radius / 2`` of the expected position; the value falls off linearly to 0 at ``1.5 * radius``.
 * ``moves_along_direction`` (soft, weight 1, videos only): the fraction of consecutive frames whose centroid
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from app.cv import PALETTE, blobs, color_mask, saturated_mask
+from app.cv import PALETTE, Blob, blobs, color_mask, saturated_mask
 from app.tasks.vbvr.core import VisualTask, as_frames
 from app.tasks.vbvr.draw import canvas, draw_shape, to_array
 from app.tasks.vbvr.scoring import Check, ScoreResult, combine
@@ -101,14 +102,21 @@ class ObjectTrackingTask(VisualTask):
             "two_balls": self._draw(config, [(final, config["color"]), (extra, config["color"])]),
         }
 
+    @staticmethod
+    def _ball_sized(blob: Blob, radius: int) -> bool:
+        """Whether the blob's bounding box is at most twice the ball's diameter on each side."""
+        return max(blob.bbox[2], blob.bbox[3]) <= 2 * (2 * radius + 1)
+
     def _ball_centroid(self, frame: np.ndarray, config: dict[str, Any]) -> tuple[float, float] | None:
         found = blobs(color_mask(frame, config["color"]), min_area=max(6, config["radius"] ** 2 // 2))
-        return found[0].centroid if found else None
+        balls = [b for b in found if self._ball_sized(b, config["radius"])]
+        return balls[0].centroid if balls else None
 
     def score(self, frames, config) -> ScoreResult:
         video = as_frames(frames)
         last, radius = video[-1], config["radius"]
         coloured = blobs(saturated_mask(last), min_area=max(6, radius**2 // 2))
+        one_ball = len(coloured) == 1 and self._ball_sized(coloured[0], radius)
         expected = self.position(config, config["steps"])
         centroid = self._ball_centroid(last, config)
         if centroid is None:
@@ -118,7 +126,13 @@ class ObjectTrackingTask(VisualTask):
             position = 1.0 - (distance - radius / 2) / radius
             where = f"ball at ({centroid[0]:.1f}, {centroid[1]:.1f}), expected ({expected[0]:.1f}, {expected[1]:.1f})"
         checks = [
-            Check("single_ball", float(len(coloured) == 1), hard=True, detail=f"{len(coloured)} coloured blobs"),
+            Check(
+                "single_ball",
+                float(one_ball),
+                hard=True,
+                detail=f"{len(coloured)} coloured blobs"
+                + ("" if len(coloured) != 1 or one_ball else ", not ball-sized"),
+            ),
             Check("ball_at_expected_position", position, weight=4.0, detail=where if position < 1.0 else ""),
         ]
         return combine(checks + self._trajectory_checks(video, config))

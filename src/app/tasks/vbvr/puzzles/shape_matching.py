@@ -5,7 +5,9 @@ box) at the bottom. Solution: the same shape, in the same colour and size, drawn
 
 Scorer (classical CV on the last frame): the slot's content is the largest coloured (saturated) blob inside the slot box.
 
-* ``slot_shape_matches`` (hard): the blob's shape (fill ratio of its bounding box) is the target's shape.
+* ``slot_shape_matches`` (hard): the blob's shape (fill ratio of its bounding box) is the target's shape, and the slot's
+  paint stays clear of the box's outline: at most a quarter of the 2-pixel rim inside the outline is coloured (a drawn shape
+  keeps ``_SLOT_PAD`` pixels away from it; a flood or a checkerboard filling the box to its outline is no shape in it).
 * ``slot_hue_matches`` (hard): at least half of the slot's coloured pixels have the target's palette hue.
 * ``size_matches`` (soft, weight 2): blob area / target area within 1 +- 0.25 (falls off to 0 at +- 0.75).
 * ``target_unchanged`` (soft, weight 1): the target is still at the top, same colour and shape.
@@ -106,10 +108,13 @@ class ShapeMatchingTask(VisualTask):
             "empty_slot": self._draw(config, None),
         }
 
-    def _region_blob(self, image: np.ndarray, region: np.ndarray, color: str, min_area: int) -> tuple[Any, float]:
-        """The largest coloured blob in ``region`` (mask opened with a 3x3 kernel, which strips the one-pixel JPEG
-        fringes that would spoil the shape's fill ratio) and the fraction of its region's coloured pixels of ``color``."""
-        coloured = saturated_mask(image) & region
+    def _region_blob(
+        self, image: np.ndarray, saturated: np.ndarray, region: np.ndarray, color: str, min_area: int
+    ) -> tuple[Any, float]:
+        """The largest coloured blob in ``region`` (``saturated`` masked to it and opened with a 3x3 kernel, which
+        strips the one-pixel JPEG fringes that would spoil the shape's fill ratio) and the fraction of its region's
+        coloured pixels of ``color``."""
+        coloured = saturated & region
         opened = cv2.morphologyEx(coloured.astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8)) > 0
         found = blobs(opened, min_area=min_area)
         hue = np.count_nonzero(color_mask(image, color) & region) / max(np.count_nonzero(coloured), 1)
@@ -120,11 +125,13 @@ class ShapeMatchingTask(VisualTask):
         radius, size, shape, color = config["radius"], self.image_size, config["shape"], config["color"]
         min_area = max(12, radius * radius // 4)
         x0, y0, x1, y1 = self._slot_box(config)
+        top_left, bottom_right = (max(0, x0 + 3), max(0, y0 + 3)), (x1 - 2, y1 - 2)  # the interior, outline excluded
         inside = np.zeros((size, size), dtype=bool)
-        inside[max(0, y0 + 3) : y1 - 2, max(0, x0 + 3) : x1 - 2] = True  # the box's interior, outline excluded
+        inside[top_left[1] : bottom_right[1], top_left[0] : bottom_right[0]] = True
         top = np.zeros_like(inside)
         top[: size // 2] = True
-        target, target_hue = self._region_blob(last, top, color, min_area)
+        saturated = saturated_mask(last)
+        target, target_hue = self._region_blob(last, saturated, top, color, min_area)
         target_ok = (
             target is not None
             and target.shape == shape
@@ -132,15 +139,19 @@ class ShapeMatchingTask(VisualTask):
             and math.dist(target.centroid, config["target"]) <= radius / 2
         )
         reference = target.area if target_ok else shape_area(shape, radius)
-        blob, hue = self._region_blob(last, inside, color, min_area)
+        blob, hue = self._region_blob(last, saturated, inside, color, min_area)
         ratio = blob.area / reference if blob else 0.0
+        rim = inside.copy()
+        rim[top_left[1] + 2 : bottom_right[1] - 2, top_left[0] + 2 : bottom_right[0] - 2] = False
+        clear = blob is not None and np.count_nonzero(saturated & rim) <= 0.25 * np.count_nonzero(rim)
+        what = "nothing" if blob is None else blob.shape if clear else "paint up to the outline"
         return combine(
             [
                 Check(
                     "slot_shape_matches",
-                    float(blob is not None and blob.shape == shape),
+                    float(clear and blob.shape == shape),
                     hard=True,
-                    detail=f"{blob.shape if blob else 'nothing'}, expected {shape}",
+                    detail=f"{what}, expected {shape}",
                 ),
                 Check(
                     "slot_hue_matches",

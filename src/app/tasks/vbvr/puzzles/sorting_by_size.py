@@ -4,10 +4,11 @@ Problem: ``n`` bars of one palette colour and distinct heights, standing on a co
 Solution: the same bars sorted by height, shortest on the left; the video swaps neighbouring bars one at a time, as
 bubble sort does.
 
-Scorer (classical CV on the last frame): bars are the connected components of the configuration's colour, their size is
-the bounding-box height.
+Scorer (classical CV on the last frame): bars are the connected components of the configuration's colour at most
+``_MAX_WIDTH`` bar widths wide (a wider blob, such as a canvas flooded with the colour, is no bar); their size is the
+bounding-box height.
 
-* ``sorted_ascending`` (hard): the bar heights read left to right are strictly increasing.
+* ``sorted_ascending`` (hard): at least two bars, and their heights read left to right are strictly increasing.
 * ``count_matches`` (soft, weight 1): as many bars as in the configuration.
 * ``sizes_match`` (soft, weight 1): the fraction of the configuration's heights matched (within tolerance, one to one)
   by a measured bar height: the same multiset of sizes.
@@ -27,6 +28,7 @@ from app.tasks.vbvr.scoring import Check, ScoreResult, combine
 
 _HEIGHT_STEP = 10  # distinct heights differ by at least this many pixels
 _HEIGHT_TOLERANCE = 4  # a measured height matches an expected one within this many pixels
+_MAX_WIDTH = 1.5  # bar widths: a blob wider than this is no bar (two merged bars are at least two bar widths)
 
 
 def bubble_sort_swaps(heights: list[int]) -> list[int]:
@@ -108,12 +110,13 @@ class SortingBySizeTask(VisualTask):
         """Bar heights (bounding-box heights) of the configuration's colour, left to right."""
         _, width, _ = self._geometry(len(config["heights"]))
         found = blobs(color_mask(image, config["color"]), min_area=max(12, width * 6))
-        return [b.bbox[3] for b in sorted(found, key=lambda b: b.centroid[0])]
+        bars = [b for b in found if b.bbox[2] <= _MAX_WIDTH * width]
+        return [b.bbox[3] for b in sorted(bars, key=lambda b: b.centroid[0])]
 
     def score(self, frames, config) -> ScoreResult:
         measured = self.measure(as_frames(frames)[-1], config)
         expected = sorted(config["heights"])
-        ascending = all(b > a for a, b in zip(measured, measured[1:], strict=False)) and len(measured) > 0
+        ascending = all(b > a for a, b in zip(measured, measured[1:], strict=False)) and len(measured) > 1
         remaining, matched = list(measured), 0
         for height in expected:
             best = min(remaining, key=lambda m: abs(m - height), default=None)
