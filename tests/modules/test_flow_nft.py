@@ -3,14 +3,17 @@ policy, its moving average and its place in checkpoints, on the stand-in policy 
 
 import dataclasses
 
+import lightning as L
 import pytest
 import torch
 from doubles import RednessReward, StandInPolicy
 from torch.utils.data import DataLoader
 
+from app.models import FlowPolicy
 from app.modules.flow_nft import FlowNFTModule
+from app.parallel import FSDP2Strategy
 from app.sampling.flow import flow_sigmas
-from app.settings import FlowSamplingSettings, GRPOSettings, NFTSettings, OptimizerSettings
+from app.settings import FlowSamplingSettings, GRPOSettings, LoRASettings, NFTSettings, OptimizerSettings
 from app.types import SampledImages, VisualSample
 
 K = 4
@@ -106,6 +109,36 @@ def test_the_old_decay_follows_the_reference_schedule():
     assert [one.old_decay(s) for s in (0, 1, 100, 499, 500, 10_000)] == pytest.approx([0, 0.001, 0.1, 0.499, 0.5, 0.5])
     two = NFTSettings(old_decay_rate=0.0075, old_decay_max=0.999, old_decay_start=75)
     assert [two.old_decay(s) for s in (0, 75, 76, 175, 10_000)] == pytest.approx([0, 0, 0.0075, 0.75, 0.999])
+
+
+def test_the_kl_reference_pass_leaves_fsdp2_reducing_float32_gradients(tmp_path):
+    """bf16 frozen weights, a float32 adapter, FSDP2 gathering in bf16 and reducing in float32, ``grpo.beta > 0`` (the
+    SD3.5 recipe's setup): an explicit gather re-reads which parameters train to choose the gradients' dtype, so a
+    gather made while the adapter is off (the reference pass) left the next backward reducing bf16 gradients into the
+    float32 adapter, an error."""
+    policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8), dtype="bfloat16")
+    sampling = FlowSamplingSettings(group_size=2, num_steps=2)
+    module = FlowNFTModule(policy, [RednessReward()], sampling, grpo=GRPOSettings(beta=0.1))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=FSDP2Strategy(param_dtype="bfloat16", reduce_dtype="float32"),
+        precision="bf16-mixed",
+        max_steps=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    try:
+        trainer.fit(module, loader(2))
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    assert trainer.global_step == 1
+    adapter = [p.full_tensor() for p in module.policy.trainable_parameters()]
+    assert {p.dtype for p in adapter} == {torch.float32} and all(bool(p.isfinite().all()) for p in adapter)
 
 
 # ----------------------------------------------------------------------------------------------- rollouts

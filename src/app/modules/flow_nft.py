@@ -205,7 +205,9 @@ class FlowNFTModule(FlowRLModule):
             old = self._velocities(list(noised), sigmas, sampled.conditioning)
         ref = None
         if self.grpo.beta > 0:
-            with self.policy.reference():
+            # Gathered first, then the adapter off: FSDP2's gather re-reads which parameters train to choose the dtype
+            # of the gradients it reduces, and while the adapter is off none does.
+            with self.gathered_policy(), self.policy.reference():
                 ref = self._velocities(list(noised), sigmas, sampled.conditioning)
         optimality = optimality_probability(rollout.advantages, nft.advantage_clip)  # [N]
         total = mask.sum().clamp(min=1)
