@@ -1,8 +1,9 @@
 """Object counting (perception): add red circles until they match the number of blue squares.
 
 Problem: ``k`` blue squares on the top row of a grid. Solution: ``k`` red circles on the bottom row. Scorer: the number
-of red circles equals the number of blue squares (hard), the red objects are circles (soft), the blue squares are
-where they were (soft).
+of red objects equals the number of blue squares and each fits in one grid cell (hard: red paint spread over the canvas,
+as a flood or a checkerboard, is no object), the red objects are circles (soft), the blue squares are where they were
+(soft).
 """
 
 from __future__ import annotations
@@ -74,16 +75,18 @@ class CountingTask(VisualTask):
         red = blobs(color_mask(last, "red"), min_area=min_area)
         blue = blobs(color_mask(last, "blue"), min_area=min_area)
         expected = len(config["squares"])
-        circles = sum(1 for b in red if b.shape == "circle")
         step = self.image_size / self.columns
+        oversized = sum(max(b.bbox[2], b.bbox[3]) > step for b in red)
+        circles = sum(1 for b in red if b.shape == "circle" and max(b.bbox[2], b.bbox[3]) <= step)
         blue_cols = sorted(int(b.centroid[0] // step) for b in blue if b.centroid[1] < step)
         return combine(
             [
                 Check(
                     "red_count_matches",
-                    float(len(red) == expected),
+                    float(len(red) == expected and not oversized),
                     hard=True,
-                    detail=f"{len(red)} red, {expected} expected",
+                    detail=f"{len(red)} red, {expected} expected"
+                    + (f", {oversized} larger than a cell" if oversized else ""),
                 ),
                 Check("red_are_circles", circles / max(len(red), 1), detail=f"{circles}/{len(red)} circles"),
                 Check("blue_unchanged", float(blue_cols == config["squares"]), detail=f"blue at {blue_cols}"),
