@@ -441,6 +441,20 @@ def test_connections_are_bounded_and_stalled_ones_released(hostile):
     assert get(hostile.url, "/health") == {"ok": True}
 
 
+def test_idle_kept_alive_connections_make_room_for_a_waiting_one():
+    with RewardServer([CountingReward()], max_connections=2, timeout_s=60) as server:
+        idle = [connect(server) for _ in range(2)]
+        for sock in idle:
+            sock.sendall(request("GET", "/health"))
+            sock.recv(1000)  # answered, then kept alive and idle: both slots taken
+        began = time.monotonic()
+        connection = http.client.HTTPConnection(*server.httpd.server_address[:2], timeout=5)
+        connection.request("GET", "/health")
+        assert connection.getresponse().status == 200 and time.monotonic() - began < 2  # not the 60 s idle timeout
+        assert all(closed(sock, 1.0) for sock in idle)
+        connection.close()
+
+
 def test_an_unsupported_method_gets_a_json_501_and_errors_are_json():
     with RewardServer([CountingReward()]) as server, connect(server) as sock:
         sock.sendall(request("PUT", "/score", b"{}"))

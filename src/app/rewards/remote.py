@@ -295,6 +295,7 @@ class RemoteReward(RewardComponent):
         if self.served is None:
             self.served = self._with_retries("GET", "/info", None, self._pick)
             self.value_range = self.served.value_range
+            self._drop_connection()  # asked once: an idle connection would hold one of the server's slots
         return self.served
 
     def _pick(self, answer: Any) -> ServedReward:

@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import re
+import select
 import signal
 import socket
 import sys
@@ -241,12 +242,15 @@ class _HTTPServer(ThreadingHTTPServer):
         self.max_connections = max_connections
         self.slots = threading.BoundedSemaphore(max_connections)
         self.closing = threading.Event()
+        self.crowded = threading.Event()  # a connection waits for a slot: idle kept-alive ones make room
         super().__init__(address, handler)
 
     def get_request(self) -> tuple[socket.socket, Any]:
         while not self.slots.acquire(timeout=0.05):  # all slots taken: wait, but not past a shutdown
+            self.crowded.set()
             if self.closing.is_set():
                 raise OSError("the server is shutting down")
+        self.crowded.clear()
         try:
             return super().get_request()
         except OSError:
@@ -266,16 +270,25 @@ class _HTTPServer(ThreadingHTTPServer):
 
 class _RequestDeadline(io.RawIOBase):
     """A connection's reads with a deadline: while a request is read every read waits at most until ``deadline``
-    (a request trickled a byte at a time still ends), between requests at most ``timeout_s``."""
+    (a request trickled a byte at a time still ends); between requests (``deadline`` None) at most ``timeout_s``,
+    and not at all once another connection waits for a slot (``crowded``)."""
 
-    def __init__(self, raw: io.RawIOBase, sock: socket.socket, timeout_s: float) -> None:
-        self.raw, self.sock, self.timeout_s = raw, sock, timeout_s
+    def __init__(self, raw: io.RawIOBase, sock: socket.socket, timeout_s: float, crowded: threading.Event) -> None:
+        self.raw, self.sock, self.timeout_s, self.crowded = raw, sock, timeout_s, crowded
         self.deadline: float | None = None
 
     def readable(self) -> bool:
         return True
 
+    def _wait_idle(self) -> None:
+        end = time.monotonic() + self.timeout_s
+        while not select.select([self.sock], [], [], 0.1)[0]:
+            if self.crowded.is_set() or time.monotonic() >= end:
+                raise TimeoutError("an idle connection closed")
+
     def readinto(self, buffer) -> int:
+        if self.deadline is None:
+            self._wait_idle()
         wait = self.timeout_s if self.deadline is None else self.deadline - time.monotonic()
         if wait <= 0:
             raise TimeoutError("the request did not arrive within timeout_s")
@@ -295,7 +308,7 @@ def _handler(server: RewardServer) -> type[BaseHTTPRequestHandler]:
 
         def setup(self) -> None:
             super().setup()
-            self.reads = _RequestDeadline(self.rfile.detach(), self.connection, server.timeout_s)
+            self.reads = _RequestDeadline(self.rfile.detach(), self.connection, server.timeout_s, server.httpd.crowded)
             self.rfile = io.BufferedReader(self.reads)
 
         def handle_one_request(self) -> None:
