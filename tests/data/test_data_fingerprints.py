@@ -40,6 +40,7 @@ CONFIG_FINGERPRINTS = {
     "configs/flow/flow_grpo_wan2_1_i2v_14b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/flow/flow_grpo_wan2_1_t2v_1_3b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/flow/flow_grpo_wan2_2_ti2v_5b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
+    "configs/flow/flow_nft_sd3_5_medium.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/quickstart/quickstart.yaml": ("96dda23eb0aa661f", "ab22a3d9fae8c114", "29cbec44f35c0172"),
     "configs/quickstart/quickstart_flow.yaml": ("f4f8f909e377c142", "379f6a67b9f47a0c", "f5f5c58de5dc851f"),
     "configs/quickstart/quickstart_flow_nft.yaml": ("f4f8f909e377c142", "379f6a67b9f47a0c", "f5f5c58de5dc851f"),

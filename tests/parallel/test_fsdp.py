@@ -371,6 +371,7 @@ def test_gathered_leaves_an_unsharded_module_alone():
         "vlm/grpo_qwen2_5_vl_3b",
         "vlm/grpo_qwen2_5_vl_7b_full",
         "flow/flow_grpo_sd3_5_medium",
+        "flow/flow_nft_sd3_5_medium",
         "flow/flow_grpo_wan2_1_t2v_1_3b",
         "flow/flow_grpo_wan2_2_ti2v_5b",
         "flow/flow_grpo_wan2_1_i2v_14b",

@@ -47,7 +47,12 @@ def _get(config: dict, dotted: str):
 
 def test_every_gpu_recipe_is_found():
     names = {p.stem for p in GPU_RECIPES}
-    assert {"grpo_qwen2_5_vl_3b", "grpo_qwen2_5_vl_7b_full", "flow_grpo_wan2_1_i2v_14b"} <= names
+    assert {
+        "grpo_qwen2_5_vl_3b",
+        "grpo_qwen2_5_vl_7b_full",
+        "flow_grpo_wan2_1_i2v_14b",
+        "flow_nft_sd3_5_medium",
+    } <= names
     assert "quickstart" not in names  # CPU recipes are not rehearsed: they run as they are
 
 
