@@ -1,11 +1,13 @@
 """Every registered task's scorer is validated: the solver's rendering scores 1, each perturbation scores clearly
-lower, and blur / noise / JPEG of a correct rendering keep a high score; generation and scoring are deterministic."""
+lower, blur / noise / JPEG of a correct rendering keep a high score, and degenerate renderings (constant colours,
+noise, checkerboards, floods) score no more than the unsolved problem; generation and scoring are deterministic."""
 
 import numpy as np
 import pytest
 
+from app.cv import BACKGROUND, PALETTE
 from app.tasks.vbvr import TASKS, get_task
-from app.tasks.vbvr.validation import DEGRADED_MIN, PERTURBED_MAX, validate
+from app.tasks.vbvr.validation import CHECKER_CELLS, DEGRADED_MIN, PERTURBED_MAX, degenerate_renderings, validate
 
 NAMES = sorted(TASKS)
 SEEDS = range(6)
@@ -25,6 +27,26 @@ def test_scorer_validation(name):
     assert row.degraded, "no degradation was scored"
     for kind, value in row.degraded.items():
         assert value >= DEGRADED_MIN, f"degradation {kind} scored {value}"
+    cheats = {kind: value for kind, value in row.degenerate.items() if value > row.blank}
+    assert not cheats, f"degenerate renderings scored above the unsolved problem ({row.blank}): {cheats}"
+    assert row.ok
+
+
+def test_degenerate_renderings_cover_colours_noise_checkerboards_and_floods():
+    problem = np.full((6, 10, 3), BACKGROUND, dtype=np.uint8)
+    problem[2:4, 2:4] = (40, 40, 40)  # a dark object that floods keep
+    found = degenerate_renderings(problem)
+    assert len(found) == len(PALETTE) + 2 + 1 + len(CHECKER_CELLS) * (len(PALETTE) + 1) + len(PALETTE)
+    assert all(image.shape == (6, 10, 3) and image.dtype == np.uint8 for image in found.values())
+    assert (found["constant white"] == 255).all() and (found["constant red"] == PALETTE["red"]).all()
+    board = found["checkerboard 1 blue"]
+    assert (board[0, 0] == PALETTE["blue"]).all() and (board[0, 1] == BACKGROUND).all()
+    assert (board[1, 1] == PALETTE["blue"]).all()
+    big = found["checkerboard 4 all colours"]
+    assert (big[:4, :4] == PALETTE["red"]).all() and (big[:4, 4:8] == PALETTE["orange"]).all()
+    flood = found["flood green"]
+    assert (flood[2:4, 2:4] == 40).all() and (flood[0, 0] == PALETTE["green"]).all()
+    assert len(np.unique(found["uniform noise"].reshape(-1, 3), axis=0)) > 50
 
 
 @pytest.mark.parametrize("name", NAMES)

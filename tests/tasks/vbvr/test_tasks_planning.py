@@ -4,8 +4,10 @@ solvers on hand-made configurations, and scorers that name the check a specific 
 import numpy as np
 import pytest
 
+from app.cv import PALETTE
 from app.tasks.vbvr import get_task
 from app.tasks.vbvr.puzzles._grid_path import shortest_path
+from app.tasks.vbvr.puzzles._regions import foreground
 from app.tasks.vbvr.puzzles.gravity_drop import drop
 from app.tasks.vbvr.puzzles.sliding_block import slide
 
@@ -79,6 +81,27 @@ def test_any_shortest_path_around_obstacles_is_accepted():
         assert task.score(task._draw(OPEN, [path]), OPEN).score == 1.0
     through = task.score(task._draw(OPEN, [[(0, 0), (0, 1), (1, 1), (2, 1), (3, 1), (3, 2), (3, 3)]]), OPEN)
     assert through.score == 0.0 and "path_avoids_obstacles" in failed_names(through)
+
+
+def flooded(image, color="blue"):
+    """``image`` with its background and grid lines (everything but walls and markers) painted ``color``."""
+    return np.where(foreground(image)[..., None], image, np.array(PALETTE[color], dtype=np.uint8))
+
+
+def test_maze_flooded_blue_is_no_path():
+    task = get_task("maze_path")
+    result = task.score(flooded(task._draw(MAZE, [])), MAZE)  # one blue area joining start and goal, walls clear
+    assert result.score == 0.0 and "path_is_a_line" in failed_names(result)
+    assert "path_is_a_line" not in failed_names(task.score(task._draw(MAZE, [LONG_WAY]), MAZE))
+
+
+@pytest.mark.parametrize("name", ["maze_path", "path_around_obstacles"])
+def test_generated_problems_flooded_blue_are_no_path(name):
+    task = get_task(name)
+    for seed in range(3):
+        instance = task.generate(seed)
+        result = task.score(flooded(instance.first_frame), instance.config)
+        assert result.score == 0.0 and "path_is_a_line" in failed_names(result)
 
 
 def test_obstacle_perturbations_fail_their_check():

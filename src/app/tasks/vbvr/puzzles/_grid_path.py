@@ -3,8 +3,10 @@
 red goal cell through the cell centres.
 
 Scorer (cell by cell, from the blue mask sampled at cell centres and at the boundaries between 4-neighbours): the blue
-pixels form one connected component (hard), the blue cell graph joins start to goal (hard), no blocked cell is blue
-(hard), the path length is close to the shortest (soft, weight 2), the start and goal markers are in place (soft).
+pixels form one connected component (hard), the blue cell graph joins start to goal (hard), it is a line, not an area:
+no cell of it has more than two blue neighbours, start and goal more than one (hard: a canvas flooded blue joins start
+and goal around the walls), no blocked cell is blue (hard), the path length is close to the shortest (soft, weight 2),
+the start and goal markers are in place (soft).
 
 >>> shortest_path(["...", ".#.", "..."], (0, 0), (2, 2))
 [(0, 0), (0, 1), (0, 2), (1, 2), (2, 2)]
@@ -12,7 +14,7 @@ pixels form one connected component (hard), the blue cell graph joins start to g
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 
 import cv2
 import numpy as np
@@ -169,11 +171,12 @@ class GridPathTask(VisualTask):
         }
         walls_hit = sorted(c for c in marked if grid[c[0]][c[1]] == "#")
         nodes, seen, queue = marked | {start, goal}, {start}, deque([start])
+        degree: Counter[Cell] = Counter()  # blue neighbours of each reached cell
         while queue:
             r, c = queue.popleft()
             for dr, dc in STEPS:
                 nxt = (r + dr, c + dc)
-                if nxt not in nodes or nxt in seen:
+                if nxt not in nodes:
                     continue
                 # probe the boundary between the two cells; next to a marker, probe a little into the other cell,
                 # away from the marker's colour bleeding (JPEG chroma subsampling)
@@ -181,8 +184,11 @@ class GridPathTask(VisualTask):
                 probe_x = (cx[c] + cx[nxt[1]]) // 2 + toward * dc * shift
                 probe_y = (cy[r] + cy[nxt[0]]) // 2 + toward * dr * shift
                 if is_blue(probe_x, probe_y):
-                    seen.add(nxt)
-                    queue.append(nxt)
+                    degree[(r, c)] += 1
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        queue.append(nxt)
+        branches = sorted(cell for cell in seen if degree[cell] > (1 if cell in (start, goal) else 2))
         closed = cv2.morphologyEx(blue.astype(np.uint8), cv2.MORPH_CLOSE, np.ones((3, 3), np.uint8))
         components = blobs(closed.astype(bool), min_area=width * width)
         shortest = len(shortest_path(grid, start, goal)) - 1
@@ -198,6 +204,7 @@ class GridPathTask(VisualTask):
             [
                 Check("one_blue_component", float(n_parts == 1), hard=True, detail=f"{n_parts} blue components"),
                 Check("path_connects_start_to_goal", float(reached), hard=True, detail=f"goal reached: {reached}"),
+                Check("path_is_a_line", float(not branches), hard=True, detail=f"branching at cells {branches[:4]}"),
                 Check(self.avoid_check, float(not walls_hit), hard=True, detail=f"blue on blocked {walls_hit[:4]}"),
                 Check("length_near_shortest", fit, weight=2, detail=f"{steps} steps, shortest {shortest}"),
                 Check("start_goal_markers", markers, detail=f"{markers:.1f} of the markers in place"),
