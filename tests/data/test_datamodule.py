@@ -2,8 +2,10 @@ import functools
 import io
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from app.data.datamodule import VisualTaskDataModule, collate_visual_samples, split_seed
 from app.tasks.dots import DotsDataset
@@ -186,3 +188,54 @@ def test_a_state_saved_after_a_resume_on_another_number_of_ranks_counts_from_the
     dm.trainer.current_epoch = 1  # a new epoch counts from its start
     dm.trainer.fit_loop.epoch_loop.batch_idx = 0
     assert dm.state_dict() == {"epoch": 1, "batches_done": 1, "samples_done": 2}
+
+
+class _Seen(L.LightningModule):
+    """Records the prompts of every training batch, by epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.seen: dict[int, list[bytes]] = {}
+
+    def training_step(self, batch, batch_idx):
+        self.seen.setdefault(self.trainer.current_epoch, []).extend(image_bytes(s) for s in batch)
+        return (self.weight - 1.0).pow(2).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_fit_resumed_on_one_process_from_two_ranks_state_trains_the_rest_of_the_epoch_then_whole_epochs(tmp_path):
+    """A checkpoint of step 3 whose data state is a 2-rank run's (3 batches of 2 on each: 12 samples drawn): resumed
+    in one process, the epoch ends with the 12 samples left (Lightning's batch count, 3 + 6, stays under its limit of
+    12), and the next epoch is whole."""
+    make = functools.partial(small_datamodule, train_size=24, batch_size=2, val_size=0, test_size=0)
+    order = epoch_order(make())
+    every_3 = ModelCheckpoint(tmp_path, "{step}", every_n_train_steps=3, save_top_k=-1)  # mid-epoch, as training goes
+    trainer = L.Trainer(
+        max_steps=4,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[every_3],
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(_Seen(), make())
+    checkpoint = torch.load(tmp_path / "step=3.ckpt", weights_only=True)
+    (key,) = [k for k in checkpoint if k.endswith("VisualTaskDataModule")]
+    assert checkpoint[key] == {"epoch": 0, "batches_done": 3, "samples_done": 6}
+    checkpoint[key] = {"epoch": 0, "batches_done": 3, "samples_done": 12}
+    torch.save(checkpoint, tmp_path / "two_ranks.ckpt")
+    module = _Seen()
+    trainer = L.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, make(), ckpt_path=tmp_path / "two_ranks.ckpt")
+    assert module.seen[0] == order[12:]
+    assert sorted(module.seen[1]) == sorted(order) and trainer.global_step == 3 + 6 + 12
