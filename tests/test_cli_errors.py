@@ -98,6 +98,25 @@ def test_a_config_error_is_a_few_lines_naming_the_field_and_a_fix(override, expe
     assert "Traceback" not in output and "Given value" not in output and "NoneType" not in output
 
 
+@pytest.mark.parametrize(
+    ("reward", "suggestion"),
+    [
+        ("NoSuchReward", None),
+        ("AccuracyRewrd", "app.rewards.AccuracyReward"),
+        ("FormatRewad", "app.rewards.FormatReward"),
+    ],
+)
+def test_an_unknown_reward_class_is_one_error_with_a_suggestion_only_when_one_is_close(reward, suggestion, capsys):
+    override = f'[{{"class_path": "app.rewards.{reward}"}}]'
+    code, output = run_main(["fit", "--config", str(TINY_GRPO), "--model.init_args.rewards", override], capsys)
+    assert code == 2
+    heads = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert heads == [
+        f"error: model.init_args.rewards: unknown class_path 'app.rewards.{reward}': module 'app.rewards' has no "
+        f"attribute '{reward}'" + (f"; did you mean '{suggestion}'?" if suggestion else "")
+    ], output  # the reward list taken out to look for more errors is not "required": that error is caused, not made
+
+
 def test_a_misspelt_key_in_a_yaml_file_is_named_with_its_path(tmp_path, capsys):
     text = TINY_GRPO.read_text().replace("        dot_radius: 12\n", "        dot_radus: 12\n")
     path = tmp_path / "typo.yaml"
@@ -171,8 +190,15 @@ def test_command_and_config_file_mistakes_are_one_line(args, expected, capsys, m
             ["--data.init_args.train_size", "0"],
             ["error: data.init_args.train_size = 0: train_size must be >= 1", "VisualTaskDataModule (ValueError)"],
         ),
+        (
+            ["--model.init_args.grpo.beta", "-1", "--model.init_args.optimizer.learning_rate", "-1"],
+            [
+                "error: model.init_args.grpo.beta = -1.0: grpo.beta must be >= 0, got -1.0",
+                "error: model.init_args.optimizer.learning_rate = -1.0: optimizer.learning_rate must be > 0 or null",
+            ],
+        ),
     ],
-    ids=["rejected_value", "unknown_embedded_model", "no_training_samples"],
+    ids=["rejected_value", "unknown_embedded_model", "no_training_samples", "two_rejected_blocks"],
 )
 def test_a_value_a_constructor_rejects_is_a_few_lines_naming_the_field(override, expected, app_env, tmp_path):
     result = python_m_app(

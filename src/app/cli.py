@@ -37,6 +37,7 @@ from app.errors import (
     locate_field,
     nested_help_without_class,
     root_cause,
+    settings_errors,
 )
 from app.faults import AtomicCheckpointIO, CheckpointConnector, PreemptionCheckpoint, unreadable_checkpoint
 from app.modules import NonFiniteTrainingError
@@ -227,12 +228,25 @@ class AppCLI(LightningCLI):
             raise ConfigError(text) from failure
 
     def _further_instantiation_errors(self, error: BaseException, config: Any, command: str) -> list[str]:
-        """The data module's error too when the model's constructor failed first (jsonargparse builds the model
-        first and stops there): the data module is built alone to find out (it is cheap; the model is not)."""
-        field = locate_field(config, str(root_cause(error)) or type(root_cause(error)).__name__)
-        data = config.get("data") if hasattr(config, "get") else None
-        if field is None or not field[0].startswith("model.") or not (hasattr(data, "get") and data.get("class_path")):
+        """The model's other bad settings blocks and the data module's error too when the model's constructor failed
+        first (jsonargparse builds the model first and stops there): each settings block and the data module are built
+        alone to find out (they are cheap; the model is not)."""
+        first = str(root_cause(error)) or type(root_cause(error)).__name__
+        field = locate_field(config, first)
+        if field is None or not field[0].startswith("model."):
             return []
+        found = [
+            describe_instantiation_error(other, config, command)
+            for other in settings_errors(config.get("model"))
+            if str(other) != first
+        ]
+        data = config.get("data") if hasattr(config, "get") else None
+        if not (hasattr(data, "get") and data.get("class_path")):
+            return found
+        return found + self._data_error(config, command)
+
+    def _data_error(self, config: Any, command: str) -> list[str]:
+        """The data module's error, built alone without the model, or nothing."""
         alone = config.clone()
         alone["model"] = None
         try:

@@ -15,9 +15,12 @@ import importlib
 import os
 import re
 import traceback
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from jsonargparse import Namespace
 
 DEBUG_ENV = "APP_DEBUG"
 DEBUG_HINT = f"{DEBUG_ENV}=1 (or --debug) shows the full error"
@@ -122,6 +125,70 @@ def _leaves(message: str) -> list[_Leaf]:
     return leaves
 
 
+def closest_class(name: str, names: Iterable[str]) -> str | None:
+    """The class name among ``names`` closest to ``name``, judged without the last word of the name when a candidate
+    shares it (``Reward``, ``Dataset``): a family's common suffix makes any two of its names look alike.
+
+    >>> closest_class("AccuracyRewrd", ["AccuracyReward", "FormatReward"])
+    'AccuracyReward'
+    >>> closest_class("NoSuchReward", ["TriSRReward", "FormatReward"]) is None
+    True
+    """
+    tail = re.search(r"[A-Z][a-z0-9]*$", name)
+    suffix = tail.group(0) if tail and tail.start() > 0 else ""
+
+    def likeness(candidate: str) -> float:
+        if suffix and candidate.endswith(suffix) and len(candidate) > len(suffix):
+            return difflib.SequenceMatcher(None, name[: -len(suffix)], candidate[: -len(suffix)]).ratio()
+        return difflib.SequenceMatcher(None, name, candidate).ratio()
+
+    scored = [(likeness(candidate), candidate) for candidate in names]
+    best = max(scored, default=(0.0, None))
+    return best[1] if best[0] >= 0.6 else None
+
+
+def settings_errors(tree: Any) -> list[Exception]:
+    """The error of every settings block (an argument typed as a dataclass, ``grpo: {beta: ...}``) of the classes
+    under ``tree`` (a parsed ``class_path`` / ``init_args`` node, or a list of them), each block built alone from its
+    plain values: jsonargparse stops at the first bad block, these say whether others are bad too. A block holding a
+    nested block is left out (it is not built alone)."""
+    if isinstance(tree, (list, tuple)):
+        return [error for item in tree for error in settings_errors(item)]
+    class_path = tree.get("class_path") if hasattr(tree, "get") else None
+    if not isinstance(class_path, str):
+        return []
+    try:
+        hints = typing.get_type_hints(_import(class_path).__init__)
+    except Exception:  # a class whose hints cannot be resolved: nothing more to say about it
+        return []
+    found: list[Exception] = []
+    for name, value in _branches(tree.get("init_args")).items():
+        block = _dataclass_in(hints.get(name))
+        if block is None:
+            found += settings_errors(value)
+            continue
+        fields = _branches(value)
+        if fields and not any(hasattr(v, "get") or isinstance(v, (list, tuple)) for v in fields.values()):
+            try:
+                block(**fields)
+            except (ValueError, TypeError) as error:
+                found.append(error)
+    return found
+
+
+def _dataclass_in(annotation: Any) -> type | None:
+    """The dataclass an argument is typed as (``X``, ``X | None``, ``X | dict``), or None."""
+    candidates = typing.get_args(annotation) or (annotation,)
+    return next((c for c in candidates if isinstance(c, type) and dataclasses.is_dataclass(c)), None)
+
+
+def _branches(node: Any) -> dict[str, Any]:
+    """The first-level entries of a config node (a jsonargparse ``Namespace`` or a dict), nested ones unflattened."""
+    if isinstance(node, Namespace):
+        return {key: value for key, value in vars(node).items() if not key.startswith("__")}
+    return dict(node) if isinstance(node, dict) else {}
+
+
 def _import(path: str) -> Any:
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)
@@ -205,8 +272,8 @@ def _describe_leaf(leaf: _Leaf) -> list[str]:
             names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
         except Exception:
             names = []
-        match = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-        hint = f"; did you mean '{module}.{match[0]}'?" if match else ""
+        match = closest_class(name, names)
+        hint = f"; did you mean '{module}.{match}'?" if match else ""
         return [f"error: {_field(leaf.context[:-1])}: unknown class_path {owner!r}: {message}{hint}"]
 
     subclass = re.match(r"^Import path does not correspond to a subclass of (\w+)$", message)
@@ -264,6 +331,9 @@ def parse_error_fields(message: str) -> list[str]:
 
     >>> parse_error_fields("unrecognized arguments: --trainer.max_stepz 3")
     ['trainer.max_stepz']
+
+    A field that is required and missing is named in full, so that an error caused by taking a field out (its class
+    path was unknown) is known as such.
     """
     unrecognized = re.match(r"^unrecognized arguments: (.*)$", message.strip())
     if unrecognized:
@@ -274,7 +344,13 @@ def parse_error_fields(message: str) -> list[str]:
     for leaf in leaves:
         if depth and len(leaf.context) == depth:
             option = re.search(r"Option '([^']+)' is not accepted", leaf.message)
-            fields.append(_field(leaf.context, option.group(1)) if option else _field(leaf.context))
+            required = re.match(r"^the following arguments are required: (.*)$", leaf.message.strip())
+            if option:
+                fields.append(_field(leaf.context, option.group(1)))
+            elif required:
+                fields += [_field(leaf.context, name.strip()) for name in required.group(1).split(",")]
+            else:
+                fields.append(_field(leaf.context))
     return list(dict.fromkeys(field for field in fields if field))
 
 
