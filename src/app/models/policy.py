@@ -68,7 +68,9 @@ class SwitchableReference:
 
     def enable_reference(self) -> None:
         """Prepare the KL reference. With LoRA it is the adapter-disabled model (free); with full fine-tuning a frozen
-        copy of the starting weights, made here once (and saved in checkpoints, so a resumed run keeps it)."""
+        copy of the starting weights, made here once. Lean checkpoints leave the copy out
+        (:mod:`app.modules.checkpoints`): a resumed run makes it again from the base checkpoint the config names, so
+        it is the same reference only when the run starts from the same base weights."""
         if not self.uses_lora and self.frozen_reference is None:
             self.frozen_reference = copy.deepcopy(self.base_network).requires_grad_(False).eval()
 
