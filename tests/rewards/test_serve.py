@@ -451,7 +451,7 @@ def test_idle_kept_alive_connections_make_room_for_a_waiting_one():
         connection = http.client.HTTPConnection(*server.httpd.server_address[:2], timeout=5)
         connection.request("GET", "/health")
         assert connection.getresponse().status == 200 and time.monotonic() - began < 2  # not the 60 s idle timeout
-        assert all(closed(sock, 1.0) for sock in idle)
+        assert any(closed(sock, 1.0) for sock in idle)  # as many as it took to free a slot
         connection.close()
 
 
