@@ -141,14 +141,20 @@ def test_pattern_wrong_shape_names_the_shape_check():
 
 
 @pytest.mark.parametrize("color", ["red", "blue"])
-def test_pattern_cells_flooded_or_checkered_with_a_colour_are_not_shapes(color):
+def test_pattern_canvas_flooded_or_checkered_with_a_colour_is_no_answer(color):
     task = get_task("pattern_continuation")
     blank = task._draw(PATTERN, [])
     ys, xs = np.mgrid[0:128, 0:128]
     checkerboard = np.where(((ys + xs) % 2 == 0)[..., None], np.array(PALETTE[color], np.uint8), blank)
     for image in (flooded(blank, color), np.full_like(blank, PALETTE[color]), checkerboard):
         result = task.score(image, PATTERN)
-        assert result.score == 0.0 and "next_items_match_rule" in failed_names(result)
+        assert result.score == 0.0 and "nothing_drawn_outside_board" in failed_names(result)
+    inside = blank.copy()  # the checkerboard inside the empty cells only: a colour, but no shape
+    for index in range(PATTERN["given"], 12):
+        x, y, cell = task._cell(PATTERN, index)
+        inside[y + 3 : y + cell - 2, x + 3 : x + cell - 2] = checkerboard[y + 3 : y + cell - 2, x + 3 : x + cell - 2]
+    read, outside = task._read(inside, PATTERN)
+    assert read[PATTERN["given"] :] == [(color, None)] * 3 and outside == 0.0
 
 
 def test_pattern_missing_item_scores_lower():

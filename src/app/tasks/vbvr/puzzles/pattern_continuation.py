@@ -4,10 +4,10 @@ Problem: a ``rows`` x ``columns`` board read row by row; the first cells hold a 
 ``P`` distinct (shape, colour) items (ABAB..., ABCABC...; ABCD... out of domain), the last ``blanks`` cells are empty
 with a dark outline. Solution: each empty cell ``i`` holds item ``i mod P``. Scorer (a cell's colour is the dominant
 palette colour of its pixels; its shape the template best fitting its largest foreground blob, none when no template
-fits it, as for a checkerboard, or when palette colour fills the cell's corners, which no drawn shape reaches, as for a
-flood): the fraction of filled cells with both the expected colour and shape (hard, multiplies the score), the
-fractions with the expected colour and with the expected shape (soft, naming which attribute failed), the given cells
-unchanged (soft).
+fits it, as for a checkerboard): the fraction of filled cells with both the expected colour and shape (hard, multiplies
+the score), the fractions with the expected colour and with the expected shape (soft, naming which attribute failed),
+the given cells unchanged (soft), nothing drawn on the canvas around the board (hard: at most a tenth of it palette
+coloured; a canvas flooded or filled with a colour is no answer).
 """
 
 from __future__ import annotations
@@ -28,17 +28,18 @@ SHAPES = ("circle", "square", "triangle")
 NEIGHBOUR = {"red": "orange", "yellow": "orange", "green": "cyan", "blue": "violet", "purple": "magenta"}
 GRID_LINE = (200, 200, 200)
 _NAMES = tuple(PALETTE)
+_MAX_OUTSIDE = 0.1  # palette-coloured share of the canvas around the board that still counts as untouched
 
 
-def _corner_boxes(shape: tuple[int, ...], x: int, y: int, cell: int) -> list[tuple[slice, slice]]:
-    """``(rows, columns)`` slices of the four corners of a cell, inside its outline: squares of 8% of the cell, 4% in
-    from its edges. A drawn shape (radius 0.34 of the cell, centred) stays 16% away from the edges."""
-    side, inset = max(1, round(0.08 * cell)), max(1, round(0.04 * cell))
-    near, far = inset, cell - inset - side
+def _surroundings(shape: tuple[int, ...], x0: int, y0: int, x1: int, y1: int) -> list[tuple[slice, slice]]:
+    """``(rows, columns)`` slices of the canvas above, below, left and right of the board ``(x0, y0)-(x1, y1)``, two
+    pixels clear of its outline."""
+    height, width = shape[:2]
     return [
-        box_slices(shape, x + dx, y + dy, x + dx + side, y + dy + side, inset=0.0)
-        for dy in (near, far)
-        for dx in (near, far)
+        (slice(0, max(y0 - 2, 0)), slice(0, width)),
+        (slice(min(y1 + 3, height), height), slice(0, width)),
+        (slice(y0, y1), slice(0, max(x0 - 2, 0))),
+        (slice(y0, y1), slice(min(x1 + 3, width), width)),
     ]
 
 
@@ -114,29 +115,28 @@ class PatternContinuationTask(VisualTask):
             "wrong_hue": self._draw(config, [[shape, NEIGHBOUR[color]] for shape, color in solution["fill"]]),
         }
 
-    def _read(self, image: np.ndarray, config) -> list[tuple[str | None, str | None]]:
-        """(colour, shape) of the object in every cell; (None, None) for an empty cell, (colour, None) for a cell the
-        colour fills to its corners."""
+    def _read(self, image: np.ndarray, config) -> tuple[list[tuple[str | None, str | None]], float]:
+        """(colour, shape) of the object in every cell, (None, None) for an empty cell; and the palette-coloured
+        fraction of the canvas around the board."""
         length = config["rows"] * config["columns"]
         cells = [self._cell(config, index) for index in range(length)]
         boxes = [box_slices(image.shape, x, y, x + cell, y + cell, inset=0.12) for x, y, cell in cells]
-        corners = [corner for x, y, cell in cells for corner in _corner_boxes(image.shape, x, y, cell)]
-        counts = box_label_counts(image, boxes + corners)
+        x0, y0, cell = cells[0]
+        around = _surroundings(image.shape, x0, y0, x0 + config["columns"] * cell, y0 + config["rows"] * cell)
+        counts = box_label_counts(image, boxes + around)
         read = []
-        for i, ((_, _, cell), (rows, columns)) in enumerate(zip(cells, boxes, strict=True)):
-            found, _ = counts[i]
-            corner = counts[len(boxes) + 4 * i : len(boxes) + 4 * i + 4]
-            filled = sum(c.sum() for c, _ in corner) > 0.5 * sum(area for _, area in corner)
+        for (_, _, cell), (rows, columns), (found, _) in zip(cells, boxes, counts, strict=False):
             if found.sum() < 0.12 * cell * cell:
                 read.append((None, None))
             else:
-                read.append((_NAMES[int(found.argmax())], None if filled else shape_in_box(image, rows, columns)))
-        return read
+                read.append((_NAMES[int(found.argmax())], shape_in_box(image, rows, columns)))
+        outside = counts[len(boxes) :]
+        return read, sum(int(c.sum()) for c, _ in outside) / max(sum(area for _, area in outside), 1)
 
     def score(self, frames, config) -> ScoreResult:
         last = as_frames(frames)[-1]
         items, length = config["items"], config["rows"] * config["columns"]
-        read = self._read(last, config)
+        read, outside = self._read(last, config)
         expected = [tuple(items[i % len(items)])[::-1] for i in range(length)]  # (colour, shape)
         blanks = range(config["given"], length)
         both = sum(read[i] == expected[i] for i in blanks) / len(blanks)
@@ -151,5 +151,11 @@ class PatternContinuationTask(VisualTask):
                 Check("next_items_colour", colour, detail=f"{colour:.0%} of filled cells have the expected colour"),
                 Check("next_items_shape", shape, detail=f"{shape:.0%} of filled cells have the expected shape"),
                 Check("given_items_unchanged", given, detail=f"{given:.0%} of given cells as shown"),
+                Check(
+                    "nothing_drawn_outside_board",
+                    float(outside <= _MAX_OUTSIDE),
+                    hard=True,
+                    detail=f"{outside:.0%} of the canvas around the board is coloured",
+                ),
             ]
         )

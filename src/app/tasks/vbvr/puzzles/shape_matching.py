@@ -6,8 +6,9 @@ box) at the bottom. Solution: the same shape, in the same colour and size, drawn
 Scorer (classical CV on the last frame): the slot's content is the largest coloured (saturated) blob inside the slot box.
 
 * ``slot_shape_matches`` (hard): the blob's shape (fill ratio of its bounding box) is the target's shape, and the slot's
-  paint stays clear of the box's outline: at most a quarter of the 2-pixel rim inside the outline is coloured (a drawn shape
-  keeps ``_SLOT_PAD`` pixels away from it; a flood or a checkerboard filling the box to its outline is no shape in it).
+  paint stays clear of the box's outline: at most a quarter of the 2-pixel rim inside its left, right and bottom sides
+  is coloured (a drawn shape keeps ``_SLOT_PAD`` pixels away from it; a flood or a checkerboard filling the box to its
+  outline is no shape in it).
 * ``slot_hue_matches`` (hard): at least half of the slot's coloured pixels have the target's palette hue.
 * ``size_matches`` (soft, weight 2): blob area / target area within 1 +- 0.25 (falls off to 0 at +- 0.75).
 * ``target_unchanged`` (soft, weight 1): the target is still at the top, same colour and shape.
@@ -141,8 +142,8 @@ class ShapeMatchingTask(VisualTask):
         reference = target.area if target_ok else shape_area(shape, radius)
         blob, hue = self._region_blob(last, saturated, inside, color, min_area)
         ratio = blob.area / reference if blob else 0.0
-        rim = inside.copy()
-        rim[top_left[1] + 2 : bottom_right[1] - 2, top_left[0] + 2 : bottom_right[0] - 2] = False
+        rim = inside.copy()  # its left, right and bottom edges: a large target above can reach into the top one
+        rim[: bottom_right[1] - 2, top_left[0] + 2 : bottom_right[0] - 2] = False
         clear = blob is not None and np.count_nonzero(saturated & rim) <= 0.25 * np.count_nonzero(rim)
         what = "nothing" if blob is None else blob.shape if clear else "paint up to the outline"
         return combine(
