@@ -302,7 +302,7 @@ class ShardDataModule(LightningDataModule):
         A finite stream splits the shards by rank, so it resumes only on as many ranks. A resampled stream is a
         function of ``(seed, epoch, stream rank, worker)`` alone, so it resumes on any number: a stream rank the
         checkpoint holds continues where it stood; a new one draws its own stream from its start, for as many
-        batches as the saved ranks had left (:func:`new_rank_position`)."""
+        batches as the saved ranks had left (:func:`_new_rank_position`)."""
         config = self._position_config(world_size)
         ranks_may_change = ("world_size", "replicas") if self.resampled else ()
         changed = sorted(k for k in config if k not in ranks_may_change and saved["config"].get(k) != config[k])
@@ -325,10 +325,10 @@ class ShardDataModule(LightningDataModule):
             stream_rank,
             positions[0]["epoch"],
         )
-        return new_rank_position(positions[0])
+        return _new_rank_position(positions[0])
 
 
-def new_rank_position(position: dict[str, Any]) -> dict[str, Any]:
+def _new_rank_position(position: dict[str, Any]) -> dict[str, Any]:
     """Where a resampled stream rank that ``position`` (another rank's) does not belong to starts in the same epoch:
     at its own stream's first record, with each worker counted as having yielded the items the other rank's worker
     had (the workers' shares of an epoch are the same on every rank), so it yields as many batches as that rank has
