@@ -7,7 +7,15 @@ import pytest
 
 from app.cv import BACKGROUND, PALETTE
 from app.tasks.vbvr import TASKS, get_task
-from app.tasks.vbvr.validation import CHECKER_CELLS, DEGRADED_MIN, PERTURBED_MAX, degenerate_renderings, validate
+from app.tasks.vbvr.validation import (
+    CHECKER_CELLS,
+    DEGRADED_MIN,
+    PERTURBED_MAX,
+    ValidationRow,
+    degenerate_renderings,
+    report,
+    validate,
+)
 
 NAMES = sorted(TASKS)
 SEEDS = range(6)
@@ -30,6 +38,13 @@ def test_scorer_validation(name):
     cheats = {kind: value for kind, value in row.degenerate.items() if value > row.blank}
     assert not cheats, f"degenerate renderings scored above the unsolved problem ({row.blank}): {cheats}"
     assert row.ok
+
+
+def test_a_degenerate_rendering_above_the_blank_fails_the_row_and_the_report_names_the_worst():
+    row = ValidationRow("t", 1.0, {"wrong": 0.1}, {"blur": 0.9}, blank=0.2, degenerate={"flood red": 0.3, "noise": 0.0})
+    assert not row.ok
+    assert report([row]).splitlines()[-1] == "| t | 1.00 | wrong 0.10 | blur 0.90 | 0.20 | flood red 0.30 | NO |"
+    assert ValidationRow("t", 1.0, {"wrong": 0.1}, {"blur": 0.9}, blank=0.2, degenerate={"noise": 0.2}).ok
 
 
 def test_degenerate_renderings_cover_colours_noise_checkerboards_and_floods():
