@@ -102,12 +102,13 @@ class ColorMixingTask(VisualTask):
 
     def _stray_paint(self, image: np.ndarray, config, colour: str) -> tuple[int, int]:
         """Pixels of ``colour`` (nearest palette hue) outside the target circle widened by a fifth of its radius (its
-        outline and a sloppy edge), and how many are allowed: the target's own area."""
-        center, radius = self._geometry(config, config["target"])
-        rows, columns, mask = disk_window(image.shape, center, radius * 1.2)
-        painted = palette_labels(image) == list(PALETTE).index(colour)
-        inside = int(np.count_nonzero(painted[rows, columns] & mask))
-        return int(np.count_nonzero(painted)) - inside, int(np.pi * radius**2)
+        outline and a sloppy edge), and how many are allowed: the target's own area. Counted on every other row and
+        column (times 4): an area estimate, at a quarter of the cost."""
+        (cx, cy), radius = self._geometry(config, config["target"])
+        painted = palette_labels(image[::2, ::2]) == list(PALETTE).index(colour)
+        ys, xs = np.arange(0, image.shape[0], 2)[:, None], np.arange(0, image.shape[1], 2)[None, :]
+        outside = (xs + 0.5 - cx) ** 2 + (ys + 0.5 - cy) ** 2 > (1.2 * radius) ** 2
+        return 4 * int(np.count_nonzero(painted & outside)), int(np.pi * radius**2)
 
     def score(self, frames, config) -> ScoreResult:
         last = as_frames(frames)[-1]

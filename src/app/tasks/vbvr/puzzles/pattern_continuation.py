@@ -6,8 +6,8 @@ with a dark outline. Solution: each empty cell ``i`` holds item ``i mod P``. Sco
 palette colour of its pixels; its shape the template best fitting its largest foreground blob, none when no template
 fits it, as for a checkerboard): the fraction of filled cells with both the expected colour and shape (hard, multiplies
 the score), the fractions with the expected colour and with the expected shape (soft, naming which attribute failed),
-the given cells unchanged (soft), nothing drawn on the canvas around the board (hard: at most a tenth of it palette
-coloured; a canvas flooded or filled with a colour is no answer).
+the given cells unchanged (soft), nothing drawn on the canvas around the board (hard: at most a tenth of a band a
+quarter cell wide around it palette coloured; a canvas flooded or filled with a colour is no answer).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 from app.cv import PALETTE, WALL
 from app.tasks.vbvr.core import VisualTask, as_frames
 from app.tasks.vbvr.draw import canvas, draw_shape, to_array
-from app.tasks.vbvr.puzzles._regions import box_label_counts, box_slices, shape_in_box
+from app.tasks.vbvr.puzzles._regions import box_label_counts, box_slices, palette_labels, shape_in_box
 from app.tasks.vbvr.scoring import Check, ScoreResult, combine
 
 COLORS = ("red", "yellow", "green", "blue", "purple")
@@ -28,19 +28,20 @@ SHAPES = ("circle", "square", "triangle")
 NEIGHBOUR = {"red": "orange", "yellow": "orange", "green": "cyan", "blue": "violet", "purple": "magenta"}
 GRID_LINE = (200, 200, 200)
 _NAMES = tuple(PALETTE)
-_MAX_OUTSIDE = 0.1  # palette-coloured share of the canvas around the board that still counts as untouched
+_MAX_OUTSIDE = 0.1  # palette-coloured share of the band around the board that still counts as untouched
 
 
-def _surroundings(shape: tuple[int, ...], x0: int, y0: int, x1: int, y1: int) -> list[tuple[slice, slice]]:
-    """``(rows, columns)`` slices of the canvas above, below, left and right of the board ``(x0, y0)-(x1, y1)``, two
-    pixels clear of its outline."""
-    height, width = shape[:2]
-    return [
-        (slice(0, max(y0 - 2, 0)), slice(0, width)),
-        (slice(min(y1 + 3, height), height), slice(0, width)),
-        (slice(y0, y1), slice(0, max(x0 - 2, 0))),
-        (slice(y0, y1), slice(min(x1 + 3, width), width)),
-    ]
+def _outside_cover(image: np.ndarray, x0: int, y0: int, x1: int, y1: int, width: int) -> float:
+    """Palette-coloured fraction of a band ``width`` pixels wide around the board ``(x0, y0)-(x1, y1)``, two pixels
+    clear of its outline (the canvas there is empty in every drawing of the task)."""
+    height, full = image.shape[0], image.shape[1]
+    top, bottom = slice(max(y0 - 2 - width, 0), max(y0 - 2, 0)), slice(min(y1 + 3, height), min(y1 + 3 + width, height))
+    left, right = slice(max(x0 - 2 - width, 0), max(x0 - 2, 0)), slice(min(x1 + 3, full), min(x1 + 3 + width, full))
+    rows = slice(top.start, bottom.stop)
+    strips = [image[top, :], image[bottom, :], image[rows, left], image[rows, right]]
+    strips = [np.ascontiguousarray(s) for s in strips if s.size]
+    coloured = sum(int(np.count_nonzero(palette_labels(s) >= 0)) for s in strips)
+    return coloured / max(sum(s.shape[0] * s.shape[1] for s in strips), 1)
 
 
 class PatternContinuationTask(VisualTask):
@@ -117,21 +118,19 @@ class PatternContinuationTask(VisualTask):
 
     def _read(self, image: np.ndarray, config) -> tuple[list[tuple[str | None, str | None]], float]:
         """(colour, shape) of the object in every cell, (None, None) for an empty cell; and the palette-coloured
-        fraction of the canvas around the board."""
+        fraction of a band a quarter cell wide around the board."""
         length = config["rows"] * config["columns"]
         cells = [self._cell(config, index) for index in range(length)]
         boxes = [box_slices(image.shape, x, y, x + cell, y + cell, inset=0.12) for x, y, cell in cells]
-        x0, y0, cell = cells[0]
-        around = _surroundings(image.shape, x0, y0, x0 + config["columns"] * cell, y0 + config["rows"] * cell)
-        counts = box_label_counts(image, boxes + around)
         read = []
-        for (_, _, cell), (rows, columns), (found, _) in zip(cells, boxes, counts, strict=False):
+        for (_, _, cell), (rows, columns), (found, _) in zip(cells, boxes, box_label_counts(image, boxes), strict=True):
             if found.sum() < 0.12 * cell * cell:
                 read.append((None, None))
             else:
                 read.append((_NAMES[int(found.argmax())], shape_in_box(image, rows, columns)))
-        outside = counts[len(boxes) :]
-        return read, sum(int(c.sum()) for c, _ in outside) / max(sum(area for _, area in outside), 1)
+        x0, y0, cell = cells[0]
+        x1, y1 = x0 + config["columns"] * cell, y0 + config["rows"] * cell
+        return read, _outside_cover(image, x0, y0, x1, y1, width=max(2, cell // 4))
 
     def score(self, frames, config) -> ScoreResult:
         last = as_frames(frames)[-1]
@@ -155,7 +154,7 @@ class PatternContinuationTask(VisualTask):
                     "nothing_drawn_outside_board",
                     float(outside <= _MAX_OUTSIDE),
                     hard=True,
-                    detail=f"{outside:.0%} of the canvas around the board is coloured",
+                    detail=f"{outside:.0%} of the band around the board is coloured",
                 ),
             ]
         )
