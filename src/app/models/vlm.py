@@ -209,7 +209,8 @@ class VLMPolicy(SwitchableReference, nn.Module):
         self.model.eval()
         try:
             merge = merged_lora(self.model) if self.uses_lora and self.merge_lora_for_rollout else nullcontext()
-            with gathered(self), merge:  # FSDP: one all-gather for the whole generation, resharded after it
+            with gathered(self), merge, torch.inference_mode():  # FSDP: one all-gather for the whole generation
+                # inference mode: no version counters or view tracking on the decoding loop's many small operations
                 inputs = dict(prompt_inputs.tensors)
                 heads = group_heads(prompt_inputs, group_size) if self.shared_prefix else None
                 if heads is not None:
@@ -228,7 +229,8 @@ class VLMPolicy(SwitchableReference, nn.Module):
                 )
         finally:
             self.model.train(was_training)
-        completion_ids = sequences[:, prompt_inputs.tensors["input_ids"].shape[1] :]  # [N, L]
+        # a normal tensor again (an inference tensor cannot be saved for the update's backward)
+        completion_ids = sequences[:, prompt_inputs.tensors["input_ids"].shape[1] :].clone()  # [N, L]
         return self._completion_batch(completion_ids, group_size)
 
     def _completion_batch(self, completion_ids: torch.Tensor, group_size: int) -> CompletionBatch:
