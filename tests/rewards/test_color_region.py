@@ -171,3 +171,10 @@ def test_unreadable_prompt_parts_score_zero_without_counting_the_rendering():
     reward = ColorRegionReward()
     bad = VisualSample(images=[], question="q", task="t", meta=dict(color="red", shape="square", position="middle"))
     assert reward.score([image], [bad]).tolist() == [0.0] and reward.num_malformed == 0
+
+
+def test_a_text_completion_is_the_kind_it_does_not_score_and_scores_as_malformed():
+    reward = ColorRegionReward()
+    assert "text" not in reward.completion_kinds  # what a reward server reports in /info
+    sample = VisualSample([], "a red square on the left", "shapes")
+    assert reward.score(["a red square"], [sample]).tolist() == [0.0] and reward.num_malformed == 1

@@ -144,6 +144,7 @@ class ColorRegionReward(RewardComponent):
         kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
     """
 
+    completion_kinds = ("image", "array")  # text scores as malformed
     side_state = ("num_malformed",)
 
     def __init__(

@@ -133,3 +133,10 @@ def test_a_rendering_the_scorer_cannot_measure_scores_low_instead_of_failing_the
         reward.close()
     assert scores.tolist() == [0.0, 1.0] and reward.num_malformed == 1
     assert "completion 0 scored 0.0 (malformed; 1 so far): ValueError: operands could not be broadcast" in caplog.text
+
+
+def test_a_text_completion_is_the_kind_it_does_not_score_and_scores_as_malformed(batch):
+    _, samples = batch
+    reward = VBVRScorerReward()
+    assert "text" not in reward.completion_kinds  # what a reward server reports in /info
+    assert reward.score(["a red circle"], samples[:1]).tolist() == [0.0] and reward.num_malformed == 1

@@ -78,6 +78,7 @@ class VBVRScorerReward(RewardComponent):
         kwargs: passed to :class:`~app.rewards.RewardComponent` (``sync_on_compute``, ...).
     """
 
+    completion_kinds = ("image", "array")  # text scores as malformed
     side_state = ("num_malformed", "failed_checks")
 
     def __init__(self, num_workers: int = 0, weight: float = 1.0, name: str | None = None, **kwargs) -> None:
