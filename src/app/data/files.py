@@ -1,0 +1,575 @@
+"""Your own data: rows of a JSON, JSONL, parquet, CSV or text file (or a saved ``datasets`` table) as ``VisualSample``.
+
+The file is read with the ``datasets`` library (local files only; the rows land in its memory-mapped Arrow cache, so a
+file larger than memory is never held in it), and each row becomes a sample through :class:`RowReader`:
+
+- ``question``: a string, or chat messages (``[{"role": "user", "content": ...}]``, content a string or a list of
+  ``{"type": "text", "text": ...}`` / ``{"type": "image"}`` parts): the user turns' text, image parts as ``<image>``.
+  ``<image>`` placeholders are checked against the number of images and removed (the policy puts a prompt's images
+  before its text); the system turn goes to ``meta["system"]``, assistant turns to ``meta["response"]``.
+- ``images``: a path (relative to ``image_dir``), image bytes, a ``datasets`` ``Image`` value or a list of them.
+- ``answer``, ``reasoning`` (the SFT stage's chain of thought), ``task``: strings; a numeric answer becomes its text.
+- every other column goes to ``meta`` unchanged, where rewards read it (as TRL passes columns to reward functions).
+
+Field names are dotted paths into a row (``reward_model.ground_truth``); presets name the anchors' layouts
+(:data:`PRESETS`). A bad row (see :class:`BadRow`) stops the run, naming the file, the row and the field, unless
+``on_bad_row="skip"``: then it is skipped, counted and logged. Nothing in a row is evaluated or unpickled, and a path
+may not leave ``image_dir`` unless ``allow_outside_image_dir``.
+
+>>> rows = RowReader(preset="easyr1")
+>>> sample = rows.sample({"problem": "How many dots?", "answer": 3, "images": [], "level": "easy"}, 0)
+>>> sample.question, sample.answer, sample.meta
+('How many dots?', '3', {'level': 'easy'})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import random
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from PIL import Image
+from torch.utils.data import Dataset
+
+from app.types import VisualSample
+
+log = logging.getLogger(__name__)
+
+IMAGE_TOKEN = "<image>"
+_PLACEHOLDER = re.compile(r"\s*<image>\s*")
+_LOGGED_BAD_ROWS = 20  # skipped rows logged one by one; the rest only counted (a broken file must not flood the log)
+_BATCH_ROWS = 256  # rows taken from the Arrow table at a time while streaming
+
+
+@dataclasses.dataclass(frozen=True)
+class RowFields:
+    """Where a row keeps each part of a sample: column names, or dotted paths into nested columns.
+
+    Attributes:
+        question: the prompt: a string or chat messages.
+        images: candidate image columns; the first one the row has is read.
+        answer: the label rewards compare with.
+        reasoning: the chain of thought supervised fine-tuning learns.
+        task: the task name (rewards and logs group by it).
+        key: a unique id per row; a repeated one is a bad row. None: rows have no id.
+    """
+
+    question: str = "question"
+    images: tuple[str, ...] = ("images", "image")
+    answer: str = "answer"
+    reasoning: str = "reasoning"
+    task: str = "task"
+    key: str | None = None
+
+
+PRESETS: dict[str, RowFields] = {
+    "default": RowFields(),
+    "trl": RowFields(question="prompt", answer="solution"),
+    "verl": RowFields(question="prompt", images=("images",), answer="reward_model.ground_truth", task="data_source"),
+    "easyr1": RowFields(question="problem", images=("images",)),
+    "swift": RowFields(question="messages", images=("images",), answer="solution"),
+    "flow": RowFields(question="prompt"),
+}
+"""Field layouts by name. ``trl``: a ``prompt`` (text or chat messages), ``image`` / ``images``, ``solution``.
+``verl``: ``prompt`` chat messages with ``<image>``, ``images``, ``reward_model.ground_truth``, ``data_source`` as the
+task. ``easyr1``: ``problem``, ``answer``, ``images``. ``swift``: ``messages``, ``images``, ``solution``. ``flow``: a
+generation ``prompt`` with optional conditioning ``image`` / ``images`` (``negative_prompt`` and ``video`` pass to
+``meta``). ``default``: the package's own names (``question``, ``images``, ``answer``, ``reasoning``, ``task``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BadRow:
+    """A row that cannot become a sample: where it is and what is wrong."""
+
+    file: str
+    row: int
+    field: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: row {self.row}, field {self.field!r}: {self.reason}"
+
+
+class BadRowError(ValueError):
+    """A bad row under ``on_bad_row="stop"``; ``bad_row`` says where."""
+
+    def __init__(self, bad_row: BadRow) -> None:
+        super().__init__(f"{bad_row} (on_bad_row='skip' skips such rows)")
+        self.bad_row = bad_row
+
+
+class _Bad(Exception):
+    """Raised inside a row's parsing; the reader adds the file and row."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field, self.reason = field, reason
+
+
+# ------------------------------------------------------------------------------------------------------ tables
+def load_table(path: str | Path):
+    """The rows of ``path`` as a ``datasets.Dataset`` (memory-mapped), chosen by its suffix: ``.json`` / ``.jsonl``,
+    ``.parquet``, ``.csv``, ``.txt`` (one prompt a line, blank lines dropped, column ``prompt``), or a folder written by
+    ``Dataset.save_to_disk``. Local files only."""
+    import datasets
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+    if path.is_dir():
+        if not (path / "dataset_info.json").exists():
+            raise ValueError(f"{str(path)!r} is a folder but no saved datasets table (no dataset_info.json)")
+        table = datasets.load_from_disk(str(path))
+        if isinstance(table, datasets.DatasetDict):
+            raise ValueError(f"{str(path)!r} holds several splits {list(table)}; name one split's folder")
+        return table
+    suffix = path.suffix.lower()
+    readers = {
+        ".json": datasets.Dataset.from_json,
+        ".jsonl": datasets.Dataset.from_json,
+        ".parquet": datasets.Dataset.from_parquet,
+        ".csv": datasets.Dataset.from_csv,
+        ".txt": datasets.Dataset.from_text,
+    }
+    if suffix not in readers:
+        raise ValueError(f"{str(path)!r}: unknown data file type {suffix!r}; known: {sorted(readers)} or a folder")
+    table = readers[suffix](str(path))
+    if suffix == ".txt":
+        table = table.filter(lambda row: bool(row["text"].strip())).flatten_indices().rename_column("text", "prompt")
+    return table
+
+
+def _undecoded(feature: Any) -> Any:
+    """``feature`` with every ``Image`` in it left undecoded (``{"bytes", "path"}``): the reader checks headers first."""
+    import datasets
+
+    if isinstance(feature, datasets.Image):
+        return datasets.Image(decode=False)
+    if isinstance(feature, dict):
+        return {name: _undecoded(inner) for name, inner in feature.items()}
+    if dataclasses.is_dataclass(feature) and hasattr(feature, "feature"):  # List, LargeList
+        return dataclasses.replace(feature, feature=_undecoded(feature.feature))
+    return feature
+
+
+class TableRows:
+    """A table's rows as plain Python values, by index or in order: ``Json`` columns (the ``datasets`` type of a JSON
+    column whose rows hold different types) decoded, ``Image`` values left as ``{"bytes": ..., "path": ...}``."""
+
+    def __init__(self, table) -> None:
+        import datasets
+
+        self.table = table
+        self.features = datasets.Features({name: _undecoded(f) for name, f in table.features.items()})
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.features.decode_example(self.table.data.slice(index, 1).to_pylist()[0])
+
+    def iter(self, indices: Sequence[int] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(row index, row)`` in order (only ``indices``, if given), ``_BATCH_ROWS`` rows read at a time."""
+        if indices is not None:
+            for index in indices:
+                yield index, self[index]
+            return
+        start = 0
+        for batch in self.table.data.to_batches(max_chunksize=_BATCH_ROWS):
+            for offset, row in enumerate(batch.to_pylist()):
+                yield start + offset, self.features.decode_example(row)
+            start += batch.num_rows
+
+
+# ------------------------------------------------------------------------------------------------------ rows
+def _lookup(row: dict[str, Any], path: str) -> tuple[bool, Any]:
+    """``(found, value)`` of a dotted ``path`` in ``row``."""
+    value: Any = row
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_is_plain(v) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _content_text(content: Any, field: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _Bad(field, f"message content must be a string or a list of parts, got {type(content).__name__}")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("image", "image_url"):
+            texts.append(IMAGE_TOKEN)
+        else:
+            raise _Bad(field, f"unknown message part {str(part)[:80]!r}")
+    return "".join(texts)
+
+
+def _chat(messages: list[Any], field: str) -> tuple[str, dict[str, str]]:
+    """The question of chat ``messages`` (its user turns) and the other turns for ``meta``."""
+    turns: dict[str, list[str]] = {"system": [], "user": [], "assistant": []}
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in turns:
+            raise _Bad(field, f"a chat message must be a dict with role system/user/assistant, got {str(message)[:80]}")
+        turns[message["role"]].append(_content_text(message.get("content"), field))
+    extra = {name: "\n".join(turns[role]) for name, role in (("system", "system"), ("response", "assistant"))}
+    return "\n".join(turns["user"]), {k: v for k, v in extra.items() if v}
+
+
+class RowReader:
+    """Turns a file's rows into samples: which fields to read, where images live and what a row may hold.
+
+    Args:
+        preset: a field layout of :data:`PRESETS` (``default``, ``trl``, ``verl``, ``easyr1``, ``swift``, ``flow``).
+        question: the question's field (a string or chat messages); None: the preset's.
+        images: the image field, or several to try in order; None: the preset's.
+        answer: the answer's field; None: the preset's. A row without it has no answer (label-free).
+        reasoning: the chain of thought's field (for SFT); None: the preset's.
+        task: the task name's field; None: the preset's. A row without it gets ``default_task``.
+        key: a field holding a unique row id (a repeat is a bad row); None: the preset's (none).
+        default_task: the task name of rows without a task field.
+        image_dir: the folder image paths are relative to; None: the data file's folder.
+        allow_outside_image_dir: accept paths that resolve outside ``image_dir`` (absolute ones, ``..``, links).
+        max_image_pixels: largest image (width x height) accepted, read from the image's header before decoding.
+        max_images: most images one row may hold.
+        prompt_template: the question as the model sees it, with ``{question}`` where the row's question goes (e.g.
+            ``"{question} Answer with a number."``); None: the question alone.
+        on_bad_row: ``stop``: the first bad row raises :class:`BadRowError`; ``skip``: bad rows are skipped, counted
+            and logged.
+    """
+
+    def __init__(
+        self,
+        preset: str = "default",
+        question: str | None = None,
+        images: str | list[str] | None = None,
+        answer: str | None = None,
+        reasoning: str | None = None,
+        task: str | None = None,
+        key: str | None = None,
+        default_task: str = "custom",
+        image_dir: str | None = None,
+        allow_outside_image_dir: bool = False,
+        max_image_pixels: int = 4096 * 4096,
+        max_images: int = 16,
+        prompt_template: str | None = None,
+        on_bad_row: Literal["stop", "skip"] = "stop",
+    ) -> None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+        if on_bad_row not in ("stop", "skip"):
+            raise ValueError(f"on_bad_row must be 'stop' or 'skip', got {on_bad_row!r}")
+        if prompt_template is not None and "{question}" not in prompt_template:
+            raise ValueError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
+        if max_image_pixels < 1 or max_images < 0:
+            raise ValueError(f"max_image_pixels must be >= 1 and max_images >= 0, got {max_image_pixels}, {max_images}")
+        overrides = {"question": question, "answer": answer, "reasoning": reasoning, "task": task, "key": key}
+        if images is not None:
+            overrides["images"] = (images,) if isinstance(images, str) else tuple(images)
+        self.fields = dataclasses.replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+        self.preset, self.default_task = preset, default_task
+        self.image_dir = Path(image_dir) if image_dir is not None else None
+        self.allow_outside_image_dir = allow_outside_image_dir
+        self.max_image_pixels, self.max_images = max_image_pixels, max_images
+        self.prompt_template, self.on_bad_row = prompt_template, on_bad_row
+
+    # -------------------------------------------------------------------------------------------------- fields
+    def _consumed(self, row: dict[str, Any]) -> set[str]:
+        fields = self.fields
+        named = [fields.question, fields.answer, fields.reasoning, fields.task, *fields.images]
+        return {name for name in named if "." not in name and name in row}
+
+    def _question(self, row: dict[str, Any]) -> tuple[str, dict[str, str]]:
+        field = self.fields.question
+        found, value = _lookup(row, field)
+        if not found:
+            raise _Bad(field, "missing")
+        if isinstance(value, list):
+            value, extra = _chat(value, field)
+        elif isinstance(value, str):
+            extra = {}
+        else:
+            raise _Bad(field, f"must be a string or chat messages, got {type(value).__name__}")
+        return value, extra
+
+    def _text(self, row: dict[str, Any], field: str, numbers: bool = False) -> str | None:
+        found, value = _lookup(row, field)
+        if not found or value is None:
+            return None
+        if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            raise _Bad(field, f"must be a string, got {type(value).__name__} {str(value)[:40]!r}")
+        return value
+
+    def _image_values(self, row: dict[str, Any]) -> tuple[str, list[Any]]:
+        for field in self.fields.images:
+            found, value = _lookup(row, field)
+            if found and value is not None:
+                if isinstance(value, str) and value.startswith("["):  # a list in a CSV cell, as JSON text
+                    try:
+                        value = json.loads(value)
+                    except ValueError as err:
+                        raise _Bad(field, f"not a JSON list of paths: {err}") from None
+                values = value if isinstance(value, list) else [value]
+                if len(values) > self.max_images:
+                    raise _Bad(field, f"{len(values)} images, more than max_images={self.max_images}")
+                return field, values
+        return self.fields.images[0] if self.fields.images else "images", []
+
+    def _image_path(self, path: str, field: str, base: Path) -> Path:
+        root = (self.image_dir or base).resolve()
+        resolved = (root / path).resolve()
+        if not self.allow_outside_image_dir and not resolved.is_relative_to(root):
+            raise _Bad(field, f"image path {path!r} leaves image_dir {str(root)!r} (allow_outside_image_dir allows)")
+        if not resolved.is_file():
+            raise _Bad(field, f"image {path!r} not found (looked at {str(resolved)!r})")
+        return resolved
+
+    def _open_image(self, value: Any, field: str, base: Path, decode: bool) -> Image.Image | None:
+        """Check one image's header (size, format); decode it only when ``decode``."""
+        if isinstance(value, dict) and ("bytes" in value or "path" in value):  # a datasets Image value
+            value = value.get("bytes") or value.get("path")
+        if isinstance(value, str):
+            source: Any = self._image_path(value, field, base)
+        elif isinstance(value, (bytes, bytearray)):
+            source = io.BytesIO(value)
+        else:
+            raise _Bad(field, f"an image must be a path, bytes or an Image value, got {type(value).__name__}")
+        try:
+            with Image.open(source) as image:  # reads the header only
+                width, height = image.size
+                if width * height > self.max_image_pixels:
+                    raise _Bad(
+                        field, f"image of {width}x{height} pixels, over max_image_pixels={self.max_image_pixels}"
+                    )
+                if not decode:
+                    image.verify()  # the file's structure and checksums, without decoding the pixels
+                    return None
+                image.load()
+                return image.convert("RGB")
+        except _Bad:
+            raise
+        except Image.DecompressionBombError as err:
+            raise _Bad(field, f"image over the size limit: {err}") from None
+        except Exception as err:  # noqa: BLE001 - any decoder failure is an unreadable image
+            raise _Bad(field, f"unreadable image: {type(err).__name__}: {err}") from None
+
+    # -------------------------------------------------------------------------------------------------- rows
+    def sample(self, row: dict[str, Any], index: int, file: str | Path = "<row>", decode: bool = True) -> VisualSample:
+        """The sample of ``row`` (row ``index`` of ``file``); :class:`BadRowError` if it is a bad row. With
+        ``decode=False`` every image is checked (header, size, structure) but ``images`` stays empty."""
+        try:
+            return self._sample(row, Path(file).parent if str(file) != "<row>" else Path.cwd(), decode)
+        except _Bad as bad:
+            raise BadRowError(BadRow(str(file), index, bad.field, bad.reason)) from None
+
+    def _sample(self, row: dict[str, Any], base: Path, decode: bool) -> VisualSample:
+        question, extra = self._question(row)
+        image_field, values = self._image_values(row)
+        placeholders = question.count(IMAGE_TOKEN)
+        if placeholders and placeholders != len(values):
+            raise _Bad(self.fields.question, f"{placeholders} {IMAGE_TOKEN} placeholders for {len(values)} images")
+        question = _PLACEHOLDER.sub(" ", question).strip()
+        if not question:
+            raise _Bad(self.fields.question, "empty question")
+        images = [self._open_image(value, image_field, base, decode) for value in values]
+        meta = {k: v for k, v in row.items() if k not in self._consumed(row)}
+        for name, value in meta.items():
+            if not _is_plain(value):
+                raise _Bad(name, f"meta columns must hold JSON values (no bytes), got {type(value).__name__}")
+        meta.update(extra)
+        if self.prompt_template is not None:
+            question = self.prompt_template.replace("{question}", question)
+        return VisualSample(
+            images=[image for image in images if image is not None],
+            question=question,
+            task=self._text(row, self.fields.task) or self.default_task,
+            answer=self._text(row, self.fields.answer, numbers=True),
+            reasoning=self._text(row, self.fields.reasoning),
+            meta=meta,
+        )
+
+    def row_key(self, row: dict[str, Any]) -> str | None:
+        """The row's id under the ``key`` field, as text; None without a key field."""
+        if self.fields.key is None:
+            return None
+        found, value = _lookup(row, self.fields.key)
+        if not found or value is None or isinstance(value, (dict, list)):
+            raise _Bad(self.fields.key, "missing key" if not found or value is None else "key must be a scalar")
+        return str(value)
+
+    def read(
+        self, path: str | Path, indices: Sequence[int] | None = None, decode: bool = True, table=None
+    ) -> Iterator[tuple[int, VisualSample]]:
+        """``(row index, sample)`` for the good rows of ``path`` in order (only ``indices``, if given); bad rows stop
+        or are skipped as ``on_bad_row`` says (see :class:`RowCheck` for the counts)."""
+        check = RowCheck(self, path)
+        for index, row in TableRows(load_table(path) if table is None else table).iter(indices):
+            sample = check(row, index, decode)
+            if sample is not None:
+                yield index, sample
+        check.finish()
+
+
+class RowCheck:
+    """Reads rows one by one for a :class:`RowReader`: duplicate keys, the ``on_bad_row`` policy and the counts.
+
+    Attributes:
+        bad_rows: the bad rows seen, in order.
+        good: the number of good rows.
+    """
+
+    def __init__(self, reader: RowReader, path: str | Path) -> None:
+        self.reader, self.file = reader, str(path)
+        self.bad_rows: list[BadRow] = []
+        self.good = 0
+        self._keys: dict[str, int] = {}
+
+    def __call__(self, row: dict[str, Any], index: int, decode: bool) -> VisualSample | None:
+        """The row's sample, or None when it is a bad row being skipped."""
+        try:
+            key = self._key(row, index)
+            sample = self.reader.sample(row, index, self.file, decode)
+        except BadRowError as err:
+            if self.reader.on_bad_row == "stop":
+                raise
+            self._skip(err.bad_row)
+            return None
+        if key is not None:
+            self._keys[key] = index
+        self.good += 1
+        return sample
+
+    def _key(self, row: dict[str, Any], index: int) -> str | None:
+        try:
+            key = self.reader.row_key(row)
+        except _Bad as bad:
+            raise BadRowError(BadRow(self.file, index, bad.field, bad.reason)) from None
+        if key is not None and key in self._keys:
+            reason = f"duplicate key {key!r} (first at row {self._keys[key]})"
+            raise BadRowError(BadRow(self.file, index, self.reader.fields.key, reason))
+        return key
+
+    def _skip(self, bad: BadRow) -> None:
+        self.bad_rows.append(bad)
+        if len(self.bad_rows) <= _LOGGED_BAD_ROWS:
+            log.warning("skipping bad row: %s", bad)
+
+    def summary(self) -> str:
+        """``"N good rows, M skipped (reason counts)"``."""
+        text = f"{self.file}: {self.good} good rows, {len(self.bad_rows)} skipped"
+        if self.bad_rows:
+            kinds = Counter(f"{bad.field}: {bad.reason.split(':')[0].split(' (')[0]}" for bad in self.bad_rows)
+            text += " (" + "; ".join(f"{n} x {kind}" for kind, n in kinds.most_common()) + ")"
+        return text
+
+    def finish(self) -> None:
+        """Log the summary when rows were skipped."""
+        if self.bad_rows:
+            log.warning("%s", self.summary())
+
+
+# ------------------------------------------------------------------------------------------------------ data set
+def _held_out(index: int, seed: int, fraction: float) -> bool:
+    """Whether row ``index`` is in the held-out part: a fixed pseudo-random draw per (seed, row)."""
+    return random.Random(f"holdout:{seed}:{index}").random() < fraction
+
+
+class FileDataset(Dataset):
+    """The good rows of a data file as ``VisualSample``; a data set factory of
+    :class:`~app.data.VisualTaskDataModule` (``dataset`` for training, ``eval_dataset`` for validation and test).
+
+    Every row is checked when the data set is built (fields, image headers, size limits, duplicate keys), so a bad
+    row stops the run before training starts; images are decoded when a sample is read. In a config::
+
+        data:
+          class_path: app.data.VisualTaskDataModule
+          init_args:
+            dataset:
+              class_path: app.data.files.FileDataset
+              init_args: {path: data/train.jsonl, rows: {preset: easyr1}}
+            eval_dataset:
+              class_path: app.data.files.FileDataset
+              init_args: {path: data/val.jsonl, rows: {preset: easyr1}}
+
+    Args:
+        num_samples: serve at most this many rows (the first good ones in file order); a file with fewer serves all
+            of them (logged).
+        seed: unused (the rows are the file's; the data module shuffles the training order with its own seed).
+        image_size: unused (images keep their size; the policy's processor resizes them).
+        path: the data file (``.json``, ``.jsonl``, ``.parquet``, ``.csv``, ``.txt``) or a saved ``datasets`` folder.
+        rows: how rows become samples (fields, image folder, limits, ``on_bad_row``); None: ``RowReader()``.
+        holdout_fraction: the fraction of rows held out (a fixed draw per row from ``holdout_seed``); 0: none.
+        part: ``train``: the rows not held out; ``holdout``: the held-out rows (use the same ``path``, fraction and
+            seed for both parts, so they are disjoint).
+        holdout_seed: seed of the held-out draw.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        seed: int,
+        image_size: int,
+        path: str,
+        rows: RowReader | None = None,
+        holdout_fraction: float = 0.0,
+        part: Literal["train", "holdout"] = "train",
+        holdout_seed: int = 0,
+    ) -> None:
+        if num_samples < 0:
+            raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+        if not 0.0 <= holdout_fraction < 1.0:
+            raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
+        if part not in ("train", "holdout"):
+            raise ValueError(f"part must be 'train' or 'holdout', got {part!r}")
+        self.path, self.reader = str(path), rows or RowReader()
+        self.rows = TableRows(load_table(path))
+        wanted = [
+            i
+            for i in range(len(self.rows))
+            if not holdout_fraction or _held_out(i, holdout_seed, holdout_fraction) == (part == "holdout")
+        ]
+        self.check = RowCheck(self.reader, self.path)
+        self.indices: list[int] = []
+        for index, row in self.rows.iter(wanted):
+            if len(self.indices) == num_samples:
+                break
+            if self.check(row, index, decode=False) is not None:
+                self.indices.append(index)
+        self.check.finish()
+        if len(self.indices) < num_samples:
+            log.info(
+                "%s (%s): %d rows, fewer than the %d asked for; serving all", self.path, part, len(self), num_samples
+            )
+
+    @property
+    def bad_rows(self) -> list[BadRow]:
+        """The rows skipped under ``on_bad_row="skip"``."""
+        return self.check.bad_rows
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> VisualSample:
+        row_index = self.indices[index]
+        return self.reader.sample(self.rows[row_index], row_index, self.path)

@@ -1,0 +1,260 @@
+"""File-backed data sets: each anchor's layout and file type reads into the samples its rows hold, and every kind of
+bad row stops with its file, row and field named, or is skipped and counted."""
+
+import io
+import json
+import logging
+
+import datasets
+import numpy as np
+import pytest
+from PIL import Image, ImageFile
+
+from app.data import VisualTaskDataModule
+from app.data.files import BadRowError, FileDataset, RowReader, load_table
+
+
+def write_png(path, color, size=(8, 6)):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, color).save(path)
+    return path
+
+
+def png_bytes(color, size=(8, 6)):
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def pixel(image):
+    return np.asarray(image)[0, 0].tolist()
+
+
+@pytest.fixture
+def folder(tmp_path):
+    write_png(tmp_path / "images" / "red.png", (255, 0, 0))
+    write_png(tmp_path / "images" / "blue.png", (0, 0, 255))
+    return tmp_path
+
+
+def test_default_fields_read_question_answer_images_and_meta(folder):
+    rows = [
+        {"question": "Which is left?", "answer": "red", "images": ["images/red.png", "images/blue.png"], "level": 2},
+        {"question": "How many?", "answer": 3, "reasoning": "I count three.", "task": "count", "images": []},
+    ]
+    data = FileDataset(10, 0, 64, str(write_jsonl(folder / "train.jsonl", rows)))
+
+    first, second = data[0], data[1]
+    assert len(data) == 2
+    assert (first.question, first.answer, first.task, first.meta) == ("Which is left?", "red", "custom", {"level": 2})
+    assert [pixel(image) for image in first.images] == [[255, 0, 0], [0, 0, 255]]
+    assert first.images[0].size == (8, 6) and first.images[0].mode == "RGB"
+    assert (second.answer, second.reasoning, second.task, second.images) == ("3", "I count three.", "count", [])
+    assert second.meta == {"level": None}  # a JSONL column missing from a row reads as null
+
+
+def test_trl_chat_prompt_with_image_column_and_solution(folder):
+    rows = [
+        {
+            "prompt": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour?"}]},
+            ],
+            "image": "images/red.png",
+            "solution": "red",
+            "difficulty": "easy",
+        }
+    ]
+    sample = FileDataset(1, 0, 64, str(write_jsonl(folder / "t.jsonl", rows)), RowReader(preset="trl"))[0]
+    assert (sample.question, sample.answer) == ("What colour?", "red")
+    assert [pixel(image) for image in sample.images] == [[255, 0, 0]]
+    assert sample.meta == {"difficulty": "easy", "system": "Be brief."}
+
+
+def test_verl_parquet_with_image_bytes_and_nested_ground_truth(tmp_path):
+    table = datasets.Dataset.from_list(
+        [
+            {
+                "data_source": "geo3k",
+                "prompt": [{"role": "user", "content": "<image>Find x."}],
+                "images": [{"bytes": png_bytes((0, 255, 0)), "path": None}],
+                "reward_model": {"style": "rule", "ground_truth": "12"},
+                "extra_info": {"index": 7},
+            }
+        ]
+    )
+    table.to_parquet(str(tmp_path / "train.parquet"))
+
+    sample = FileDataset(1, 0, 64, str(tmp_path / "train.parquet"), RowReader(preset="verl"))[0]
+
+    assert (sample.question, sample.answer, sample.task) == ("Find x.", "12", "geo3k")
+    assert [pixel(image) for image in sample.images] == [[0, 255, 0]]
+    assert sample.meta == {"reward_model": {"style": "rule", "ground_truth": "12"}, "extra_info": {"index": 7}}
+
+
+def test_easyr1_json_array_with_image_dir_and_template(folder):
+    path = folder / "data" / "train.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps([{"problem": "<image> Count the dots.", "answer": "4", "images": ["blue.png"]}]))
+    reader = RowReader(preset="easyr1", image_dir=str(folder / "images"), prompt_template="{question} Be exact.")
+
+    sample = FileDataset(1, 0, 64, str(path), reader)[0]
+
+    assert (sample.question, sample.answer) == ("Count the dots. Be exact.", "4")
+    assert [pixel(image) for image in sample.images] == [[0, 0, 255]]
+
+
+def test_swift_messages_keep_the_assistant_turn_in_meta(folder):
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "<image><image>Same colour?"},
+                {"role": "assistant", "content": "<answer>no</answer>"},
+            ],
+            "images": ["images/red.png", "images/blue.png"],
+            "solution": "no",
+        }
+    ]
+    sample = FileDataset(1, 0, 64, str(write_jsonl(folder / "s.jsonl", rows)), RowReader(preset="swift"))[0]
+    assert (sample.question, sample.answer, len(sample.images)) == ("Same colour?", "no", 2)
+    assert sample.meta == {"response": "<answer>no</answer>"}
+
+
+def test_csv_with_a_json_list_of_paths_and_a_saved_table_with_image_features(folder):
+    csv = folder / "rows.csv"
+    csv.write_text('question,answer,images\nLeft?,yes,"[""images/red.png"", ""images/blue.png""]"\n')
+    assert [pixel(i) for i in FileDataset(1, 0, 64, str(csv))[0].images] == [[255, 0, 0], [0, 0, 255]]
+
+    features = datasets.Features({"question": datasets.Value("string"), "image": datasets.Image()})
+    saved = datasets.Dataset.from_dict(
+        {"question": ["Colour?"], "image": [Image.new("RGB", (5, 5), (9, 9, 9))]}, features=features
+    )
+    saved.save_to_disk(str(folder / "saved"))
+    sample = FileDataset(1, 0, 64, str(folder / "saved"))[0]
+    assert (sample.question, [pixel(i) for i in sample.images], sample.answer) == ("Colour?", [[9, 9, 9]], None)
+
+
+def test_text_file_is_one_prompt_a_line_for_the_flow_preset(tmp_path):
+    (tmp_path / "train.txt").write_text("a red square\n\nA blue circle on the left\n")
+    data = FileDataset(10, 0, 64, str(tmp_path / "train.txt"), RowReader(preset="flow"))
+    assert [data[i].question for i in range(len(data))] == ["a red square", "A blue circle on the left"]
+    assert all(data[i].images == [] and data[i].answer is None for i in range(len(data)))
+
+
+def test_flow_jsonl_carries_negative_prompt_and_conditioning_image(folder):
+    rows = [{"prompt": "paint it blue", "negative_prompt": "blurry", "image": "images/red.png", "video": "v.mp4"}]
+    sample = FileDataset(1, 0, 64, str(write_jsonl(folder / "edit.jsonl", rows)), RowReader(preset="flow"))[0]
+    assert sample.question == "paint it blue" and [pixel(i) for i in sample.images] == [[255, 0, 0]]
+    assert sample.meta == {"negative_prompt": "blurry", "video": "v.mp4"}
+
+
+# ------------------------------------------------------------------------------------------------------ bad rows
+GOOD = {"id": 0, "question": "Q?", "answer": "a", "images": ["red.png"]}
+BAD_ROWS = {
+    "missing image": ({"images": ["none.png"]}, "images", "not found"),
+    "unreadable image": ({"images": ["junk.png"]}, "images", "unreadable image"),
+    "wrong type": ({"answer": ["a", "b"]}, "answer", "must be a string, got list"),
+    "empty question": ({"question": "  <image> "}, "question", "empty question"),
+    "image over the limit": ({"images": ["big.png"]}, "images", "image of 40x30 pixels, over max_image_pixels"),
+    "duplicate key": ({"id": 0}, "id", "duplicate key '0' (first at row 0)"),
+    "path leaving image_dir": ({"images": ["../outside.png"]}, "images", "leaves image_dir"),
+    "placeholders": ({"question": "<image><image>Q?"}, "question", "2 <image> placeholders for 1 images"),
+}
+
+
+def bad_file(folder, change):
+    write_png(folder / "images" / "big.png", (1, 1, 1), size=(40, 30))
+    (folder / "images" / "junk.png").write_bytes(b"not a png")
+    write_png(folder / "outside.png", (1, 1, 1))
+    rows = [GOOD, {**GOOD, "id": 1}, {**GOOD, "id": 2, **change}, {**GOOD, "id": 3}]
+    return str(write_jsonl(folder / "bad.jsonl", rows))
+
+
+@pytest.mark.parametrize("kind", list(BAD_ROWS))
+def test_a_bad_row_stops_the_run_naming_file_row_and_field(folder, kind):
+    change, field, reason = BAD_ROWS[kind]
+    path = bad_file(folder, change)
+    reader = RowReader(key="id", image_dir=str(folder / "images"), max_image_pixels=1000)
+
+    with pytest.raises(BadRowError) as error:
+        FileDataset(10, 0, 64, path, reader)
+
+    assert error.value.bad_row.file == path and error.value.bad_row.row == 2 and error.value.bad_row.field == field
+    assert reason in str(error.value) and f"{path}: row 2, field {field!r}" in str(error.value)
+
+
+@pytest.mark.parametrize("kind", list(BAD_ROWS))
+def test_skip_skips_counts_and_logs_the_bad_row(folder, kind, caplog):
+    change, field, reason = BAD_ROWS[kind]
+    reader = RowReader(key="id", image_dir=str(folder / "images"), max_image_pixels=1000, on_bad_row="skip")
+
+    with caplog.at_level(logging.WARNING, logger="app.data.files"):
+        data = FileDataset(10, 0, 64, bad_file(folder, change), reader)
+
+    assert len(data) == 3 and [data[i].meta["id"] for i in range(3)] == [0, 1, 3]
+    assert [(bad.row, bad.field) for bad in data.bad_rows] == [(2, field)]
+    assert reason in caplog.text and "3 good rows, 1 skipped" in caplog.text
+
+
+def test_the_size_limit_is_read_from_the_header_without_decoding(folder, monkeypatch):
+    path = bad_file(folder, {"images": ["big.png"]})
+
+    def no_decoding(self):
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
+    with pytest.raises(BadRowError, match="image of 40x30 pixels"):
+        FileDataset(10, 0, 64, path, RowReader(image_dir=str(folder / "images"), max_image_pixels=1000))
+
+
+def test_outside_paths_are_read_when_allowed(folder):
+    path = bad_file(folder, {"images": ["../outside.png"]})
+    data = FileDataset(10, 0, 64, path, RowReader(image_dir=str(folder / "images"), allow_outside_image_dir=True))
+    assert len(data) == 4 and pixel(data[2].images[0]) == [1, 1, 1]
+
+
+# ------------------------------------------------------------------------------------------------------ splits
+def numbered_rows(folder, n):
+    return str(write_jsonl(folder / "rows.jsonl", [{"question": f"q{i}", "answer": str(i)} for i in range(n)]))
+
+
+def test_held_out_part_is_disjoint_and_covers_the_file(folder):
+    path = numbered_rows(folder, 40)
+    train = FileDataset(100, 0, 64, path, holdout_fraction=0.25)
+    held = FileDataset(100, 0, 64, path, holdout_fraction=0.25, part="holdout")
+    assert sorted(train.indices + held.indices) == list(range(40)) and not set(train.indices) & set(held.indices)
+    assert 4 <= len(held) <= 16  # 0.25 of 40 rows, a fixed draw; far outside these bounds the draw would be broken
+
+
+def test_num_samples_takes_the_first_good_rows(folder):
+    data = FileDataset(3, 0, 64, numbered_rows(folder, 10))
+    assert [data[i].question for i in range(len(data))] == ["q0", "q1", "q2"]
+
+
+def test_serves_visual_task_data_module_with_separate_eval_file(folder):
+    train = numbered_rows(folder, 8)
+    val = str(write_jsonl(folder / "val.jsonl", [{"question": "v0"}, {"question": "v1"}]))
+    module = VisualTaskDataModule(
+        dataset=lambda n, seed, size: FileDataset(n, seed, size, train),
+        eval_dataset=lambda n, seed, size: FileDataset(n, seed, size, val),
+        train_size=100,
+        val_size=2,
+        test_size=2,
+        batch_size=4,
+    )
+    batches = list(module.train_dataloader())
+    assert len(batches) == 2 and sorted(s.question for b in batches for s in b) == [f"q{i}" for i in range(8)]
+    assert [s.question for s in next(iter(module.val_dataloader()))] == ["v0", "v1"]
+
+
+def test_unknown_file_type_and_missing_file_name_the_path(tmp_path):
+    (tmp_path / "rows.xml").write_text("<rows/>")
+    with pytest.raises(ValueError, match=r"rows.xml'?: unknown data file type '.xml'"):
+        load_table(tmp_path / "rows.xml")
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_table(tmp_path / "nope.jsonl")
