@@ -418,18 +418,6 @@ class RowReader:
             raise _Bad(self.fields.key, "missing key" if not found or value is None else "key must be a scalar")
         return str(value)
 
-    def read(
-        self, path: str | Path, indices: Sequence[int] | None = None, decode: bool = True, table=None
-    ) -> Iterator[tuple[int, VisualSample]]:
-        """``(row index, sample)`` for the good rows of ``path`` in order (only ``indices``, if given); bad rows stop
-        or are skipped as ``on_bad_row`` says (see :class:`RowCheck` for the counts)."""
-        check = RowCheck(self, path)
-        for index, row in TableRows(load_table(path) if table is None else table).iter(indices):
-            sample = check(row, index, decode)
-            if sample is not None:
-                yield index, sample
-        check.finish()
-
 
 class RowCheck:
     """Reads rows one by one for a :class:`RowReader`: duplicate keys, the ``on_bad_row`` policy and the counts.
