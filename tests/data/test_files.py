@@ -4,6 +4,7 @@ bad row stops with its file, row and field named, or is skipped and counted."""
 import io
 import json
 import logging
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -258,3 +259,60 @@ def test_unknown_file_type_and_missing_file_name_the_path(tmp_path):
         load_table(tmp_path / "rows.xml")
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         load_table(tmp_path / "nope.jsonl")
+
+
+# ------------------------------------------------------------------------------------------------------ end to end
+def anchor_file(folder, preset):
+    """Four dots-like rows in ``preset``'s own layout; the path of the file."""
+    write_png(folder / "images" / "red.png", (255, 0, 0), size=(64, 64))
+    questions = [f"Is the red dot left of the blue dot? ({i})" for i in range(4)]
+    if preset == "trl":
+        rows = [
+            {
+                "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}],
+                "image": "images/red.png",
+                "solution": "yes",
+            }
+            for q in questions
+        ]
+    elif preset == "verl":
+        rows = [
+            {
+                "data_source": "dots",
+                "prompt": [{"role": "user", "content": f"<image>{q}"}],
+                "images": [{"bytes": png_bytes((255, 0, 0), (64, 64)), "path": None}],
+                "reward_model": {"style": "rule", "ground_truth": "yes"},
+            }
+            for q in questions
+        ]
+        datasets.Dataset.from_list(rows).to_parquet(str(folder / "train.parquet"))
+        return folder / "train.parquet"
+    elif preset == "easyr1":
+        rows = [{"problem": f"<image>{q}", "answer": "yes", "images": ["images/red.png"]} for q in questions]
+    else:  # swift
+        rows = [
+            {"messages": [{"role": "user", "content": f"<image>{q}"}], "images": ["images/red.png"], "solution": "yes"}
+            for q in questions
+        ]
+    return write_jsonl(folder / "train.jsonl", rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["trl", "verl", "easyr1", "swift"])
+def test_each_anchor_layout_trains_the_tiny_model_two_steps(preset, tmp_path, fit):
+    import functools
+    import math
+
+    from app.cli import AppCLI
+
+    path = str(anchor_file(tmp_path, preset))
+    factory = functools.partial(FileDataset, path=path, rows=RowReader(preset=preset))
+    data = VisualTaskDataModule(dataset=factory, train_size=4, val_size=2, test_size=2, batch_size=2)
+    config = str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny_grpo.yaml")
+    cli = AppCLI(args=["--config", config, "--trainer.default_root_dir", str(tmp_path)], run=False)
+
+    trainer, recorder = fit(cli.model, data)
+
+    assert trainer.global_step == 2
+    rewards = recorder.metric("train/reward/accuracy")
+    assert len(rewards) == 2 and all(math.isfinite(value) for value in rewards)

@@ -77,3 +77,25 @@ def test_example_writes_a_folder_the_file_data_set_reads(tmp_path, capsys):
     sample = train[0]
     assert sample.answer in ("yes", "no") and sample.images[0].size == (64, 64) and sample.task.startswith("dots")
     assert "wrote 5 rows to" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_your_data_quickstart_trains_on_the_example_folder(tmp_path, monkeypatch):
+    """The commands of docs/your_data.md: ``python -m app.data example data/your_data``, then the quickstart config
+    (cut to 2 steps)."""
+    import math
+    from pathlib import Path
+
+    from app.cli import AppCLI
+
+    monkeypatch.chdir(tmp_path)  # the config's relative paths (data, runs) land in tmp_path
+    main(["example", "data/your_data"])
+    config = Path(__file__).resolve().parents[2] / "configs" / "quickstart" / "your_data_jsonl.yaml"
+    args = ["--config", str(config), "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false"]
+    cli = AppCLI(args=args, run=False)
+
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+
+    assert cli.trainer.global_step == 2 and len(cli.datamodule.train_dataset) == 64
+    assert cli.datamodule.train_dataset[0].question.startswith("Is the red dot")
+    assert math.isfinite(float(cli.trainer.callback_metrics["train/reward/accuracy"]))
