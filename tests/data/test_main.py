@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from app.data.__main__ import main
-from app.data.files import BadRowError, FileDataset, RowReader
+from app.data.files import FileDataset, RowReader
 from app.data.shards import read_samples
 
 
@@ -64,7 +64,9 @@ def test_convert_skips_and_lists_bad_rows_or_stops_at_the_first(tmp_path, capsys
         "wrote 4 samples to 1 shards" in out and "4 good rows, 2 skipped (2 x images: image 'images/missing.png'" in out
     )
     assert f"skipped {path}: row 1, field 'images'" in out and f"skipped {path}: row 4, field 'images'" in out
-    with pytest.raises(BadRowError, match=r"row 1, field 'images': image 'images/missing.png' not found"):
+    with pytest.raises(
+        SystemExit, match=r"^error: .*rows.jsonl: row 1, field 'images': image 'images/missing.png' not"
+    ):
         main(["convert", str(path), str(tmp_path / "stopped")])
 
 
@@ -99,3 +101,25 @@ def test_the_your_data_quickstart_trains_on_the_example_folder(tmp_path, monkeyp
     assert cli.trainer.global_step == 2 and len(cli.datamodule.train_dataset) == 64
     assert cli.datamodule.train_dataset[0].question.startswith("Is the red dot")
     assert math.isfinite(float(cli.trainer.callback_metrics["train/reward/accuracy"]))
+
+
+@pytest.mark.slow
+def test_a_bad_row_stops_python_m_app_fit_with_a_short_message(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from app.cli import main as app_main
+
+    monkeypatch.chdir(tmp_path)
+    path = write_rows(tmp_path, 6, bad=(4,))
+    config = Path(__file__).resolve().parents[2] / "configs" / "quickstart" / "your_data_jsonl.yaml"
+    data = "--data.init_args.dataset.init_args.path"
+
+    with pytest.raises(SystemExit) as exit_info:
+        app_main(
+            ["fit", "--config", str(config), data, str(path), "--data.init_args.eval_dataset.init_args.path", str(path)]
+        )
+
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert f"error: {path}: row 4, field 'images': image 'images/missing.png' not found" in err
+    assert "Traceback" not in err

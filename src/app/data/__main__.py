@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from app.data.files import PRESETS, RowCheck, RowReader, TableRows, load_table
+from app.data.files import PRESETS, BadRowError, RowCheck, RowReader, TableRows, load_table
 from app.data.shards import write_samples
 
 
@@ -80,7 +80,10 @@ def convert(args: argparse.Namespace) -> tuple[list[Path], RowCheck]:
 
 
 def run_convert(args: argparse.Namespace) -> None:
-    shards, check = convert(args)
+    try:
+        shards, check = convert(args)
+    except BadRowError as error:
+        raise SystemExit(f"error: {error}") from None
     print(f"wrote {check.good} samples to {len(shards)} shards in {args.out}")
     print(check.summary())
     for bad in check.bad_rows:

@@ -38,6 +38,7 @@ from typing import Any, Literal
 from PIL import Image
 from torch.utils.data import Dataset
 
+from app.errors import ConfigError
 from app.types import VisualSample
 
 log = logging.getLogger(__name__)
@@ -97,8 +98,8 @@ class BadRow:
         return f"{self.file}: row {self.row}, field {self.field!r}: {self.reason}"
 
 
-class BadRowError(ValueError):
-    """A bad row under ``on_bad_row="stop"``; ``bad_row`` says where."""
+class BadRowError(ConfigError):
+    """A bad row under ``on_bad_row="stop"``; ``bad_row`` says where (``python -m app`` prints the message alone)."""
 
     def __init__(self, bad_row: BadRow) -> None:
         super().__init__(f"{bad_row} (on_bad_row='skip' skips such rows)")
