@@ -316,3 +316,36 @@ def test_each_anchor_layout_trains_the_tiny_model_two_steps(preset, tmp_path, fi
     assert trainer.global_step == 2
     rewards = recorder.metric("train/reward/accuracy")
     assert len(rewards) == 2 and all(math.isfinite(value) for value in rewards)
+
+
+def flow_prompt_file(folder, kind):
+    prompts = ["a red square on the left", "a blue circle on the top", "a green square on the right", "a red circle"]
+    if kind == "text-to-image":
+        (folder / "train.txt").write_text("\n".join(prompts) + "\n")
+        return folder / "train.txt"
+    write_png(folder / "images" / "start.png", (128, 128, 128), size=(64, 64))
+    rows = [{"prompt": p, "negative_prompt": "blurry", "image": "images/start.png"} for p in prompts]
+    return write_jsonl(folder / "train.jsonl", rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, model", [("text-to-image", "tiny-sd3"), ("image-edit", "tiny-flux-kontext")])
+def test_flow_prompt_files_train_the_tiny_flow_model_two_steps(kind, model, tmp_path, monkeypatch, fit):
+    import functools
+    import math
+
+    from app.cli import AppCLI
+
+    monkeypatch.chdir(tmp_path)
+    factory = functools.partial(FileDataset, path=str(flow_prompt_file(tmp_path, kind)), rows=RowReader(preset="flow"))
+    data = VisualTaskDataModule(dataset=factory, train_size=4, val_size=2, test_size=2, batch_size=2, image_size=64)
+    config = Path(__file__).resolve().parents[2] / "configs" / "quickstart" / "quickstart_flow.yaml"
+    args = ["--config", str(config), "--model.init_args.policy.init_args.model", model]
+    args += ["--model.init_args.sampling.group_size", "2", "--model.init_args.sampling.num_steps", "2"]
+    cli = AppCLI(args=args, run=False)
+
+    trainer, recorder = fit(cli.model, data)
+
+    rewards = recorder.metric("train/reward/color_region")
+    assert trainer.global_step == 2 and len(rewards) == 2 and all(math.isfinite(value) for value in rewards)
+    assert data.train_dataset[0].meta.get("negative_prompt") == ("blurry" if kind == "image-edit" else None)
