@@ -349,3 +349,75 @@ def test_flow_prompt_files_train_the_tiny_flow_model_two_steps(kind, model, tmp_
     rewards = recorder.metric("train/reward/color_region")
     assert trainer.global_step == 2 and len(rewards) == 2 and all(math.isfinite(value) for value in rewards)
     assert data.train_dataset[0].meta.get("negative_prompt") == ("blurry" if kind == "image-edit" else None)
+
+
+# ------------------------------------------------------------------------------------------------------ paper formats
+REASON_RFT_SUITES = {
+    # suite: (config, reward the config trains with, image field as the paper's JSON writes it, answer, solution)
+    "counting": ("reason_rft_counting.yaml", "NumericToleranceReward", "a.png", "3", "<answer>3</answer>"),
+    "structure": (
+        "quickstart.yaml",
+        "AccuracyReward",
+        [{"path": "a.png"}],
+        "B",
+        "<think>The angle is 30 degrees.</think><answer>B</answer>",
+    ),
+    "transformation": (
+        "reason_rft_transform.yaml",
+        "FunctionSequenceReward",
+        ["a.png", "b.png"],
+        "change_color(obj_1, red), change_position(obj_2, left)",
+        "<answer>change_color(obj_1, red), change_position(obj_2, left)</answer>",
+    ),
+}
+
+
+def reason_rft_file(folder, suite):
+    """Four rows of Reason-RFT's released JSON (its ``grpo.py`` reads ``problem``, ``image`` and ``solution``, image
+    paths relative to ``--image_path``)."""
+    _, _, image, _, solution = REASON_RFT_SUITES[suite]
+    write_png(folder / "train_images" / "a.png", (200, 30, 30), size=(64, 64))
+    write_png(folder / "train_images" / "b.png", (30, 30, 200), size=(64, 64))
+    rows = [
+        {"id": i, "problem": f"Question {i} of the {suite} suite?", "image": image, "solution": solution}
+        for i in range(4)
+    ]
+    (folder / "train.json").write_text(json.dumps(rows))
+    return str(folder / "train.json")
+
+
+def test_a_tagged_solution_gives_the_answer_and_its_reasoning(tmp_path):
+    path = reason_rft_file(tmp_path, "structure")
+    sample = FileDataset(1, 0, 64, path, RowReader(preset="reason_rft", image_dir=str(tmp_path / "train_images")))[0]
+    assert (sample.answer, sample.reasoning) == ("B", "The angle is 30 degrees.")
+    assert sample.question == "Question 0 of the structure suite?" and pixel(sample.images[0]) == [200, 30, 30]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suite", list(REASON_RFT_SUITES))
+def test_reason_rft_json_trains_with_the_suites_reward(suite, tmp_path, monkeypatch, fit):
+    import functools
+    import math
+
+    from app.cli import AppCLI
+
+    config_name, reward_class, image, answer, _ = REASON_RFT_SUITES[suite]
+    reader = RowReader(preset="reason_rft", image_dir=str(tmp_path / "train_images"), key="id")
+    factory = functools.partial(FileDataset, path=reason_rft_file(tmp_path, suite), rows=reader)
+    data = VisualTaskDataModule(dataset=factory, train_size=4, val_size=2, test_size=2, batch_size=2)
+    sample = data._build("train", 4)[0]
+    assert sample.answer == answer and len(sample.images) == (len(image) if isinstance(image, list) else 1)
+    assert sample.meta == {"id": 0}
+
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[2] / "configs" / "quickstart" / config_name
+    cli = AppCLI(args=["--config", str(config), "--model.init_args.policy.init_args.model", "tiny-qwen3-vl"], run=False)
+    reward = next(r for r in cli.model.rewards.components if type(r).__name__ == reward_class)
+    right, wrong = f"<think>x</think><answer>{answer}</answer>", "<think>x</think><answer>7 C</answer>"
+    assert reward.score([right, wrong], [sample, sample]).tolist() == [1.0, 0.0]  # the row's answer is what it reads
+
+    trainer, recorder = fit(cli.model, data)
+
+    assert trainer.global_step == 2
+    rewards = recorder.metric(f"train/reward/{reward.name}")
+    assert len(rewards) == 2 and all(math.isfinite(value) for value in rewards)

@@ -8,7 +8,9 @@ file larger than memory is never held in it), and each row becomes a sample thro
   ``<image>`` placeholders are checked against the number of images and removed (the policy puts a prompt's images
   before its text); the system turn goes to ``meta["system"]``, assistant turns to ``meta["response"]``.
 - ``images``: a path (relative to ``image_dir``), image bytes, a ``datasets`` ``Image`` value or a list of them.
-- ``answer``, ``reasoning`` (the SFT stage's chain of thought), ``task``: strings; a numeric answer becomes its text.
+- ``answer``, ``reasoning`` (the SFT stage's chain of thought), ``task``: strings; a numeric answer becomes its text,
+  and an answer written as a response (``<think>R</think><answer>A</answer>``) becomes ``A``, with ``R`` as the
+  reasoning when the row has none.
 - every other column goes to ``meta`` unchanged, where rewards read it (as TRL passes columns to reward functions).
 
 Field names are dotted paths into a row (``reward_model.ground_truth``); presets name the anchors' layouts
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 
 IMAGE_TOKEN = "<image>"
 _PLACEHOLDER = re.compile(r"\s*<image>\s*")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_THINK_TAG = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _LOGGED_BAD_ROWS = 20  # skipped rows logged one by one; the rest only counted (a broken file must not flood the log)
 _BATCH_ROWS = 256  # rows taken from the Arrow table at a time while streaming
 
@@ -77,12 +81,15 @@ PRESETS: dict[str, RowFields] = {
     "easyr1": RowFields(question="problem", images=("images",)),
     "swift": RowFields(question="messages", images=("images",), answer="solution"),
     "flow": RowFields(question="prompt"),
+    "reason_rft": RowFields(question="problem", images=("image",), answer="solution"),
 }
 """Field layouts by name. ``trl``: a ``prompt`` (text or chat messages), ``image`` / ``images``, ``solution``.
 ``verl``: ``prompt`` chat messages with ``<image>``, ``images``, ``reward_model.ground_truth``, ``data_source`` as the
 task. ``easyr1``: ``problem``, ``answer``, ``images``. ``swift``: ``messages``, ``images``, ``solution``. ``flow``: a
 generation ``prompt`` with optional conditioning ``image`` / ``images`` (``negative_prompt`` and ``video`` pass to
-``meta``). ``default``: the package's own names (``question``, ``images``, ``answer``, ``reasoning``, ``task``)."""
+``meta``). ``reason_rft``: Reason-RFT's released JSON (``problem``, ``image`` as a path, a list of paths or of
+``{"path": ...}``, ``solution``). ``default``: the package's own names (``question``, ``images``, ``answer``,
+``reasoning``, ``task``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,11 +243,21 @@ def _chat(messages: list[Any], field: str) -> tuple[str, dict[str, str]]:
     return "\n".join(turns["user"]), {k: v for k, v in extra.items() if v}
 
 
+def _untagged(answer: str | None) -> tuple[str | None, str | None]:
+    """An answer written as a response, ``<think>R</think><answer>A</answer>`` (Reason-RFT's ``solution``), as
+    ``(A, R)``; any other answer as ``(answer, None)``."""
+    if answer is None or (match := _ANSWER_TAG.search(answer)) is None:
+        return answer, None
+    think = _THINK_TAG.search(answer)
+    return match.group(1).strip(), think.group(1).strip() if think else None
+
+
 class RowReader:
     """Turns a file's rows into samples: which fields to read, where images live and what a row may hold.
 
     Args:
-        preset: a field layout of :data:`PRESETS` (``default``, ``trl``, ``verl``, ``easyr1``, ``swift``, ``flow``).
+        preset: a field layout of :data:`PRESETS` (``default``, ``trl``, ``verl``, ``easyr1``, ``swift``, ``flow``,
+            ``reason_rft``).
         question: the question's field (a string or chat messages); None: the preset's.
         images: the image field, or several to try in order; None: the preset's.
         answer: the answer's field; None: the preset's. A row without it has no answer (label-free).
@@ -401,12 +418,13 @@ class RowReader:
         meta.update(extra)
         if self.prompt_template is not None:
             question = self.prompt_template.replace("{question}", question)
+        answer, reasoning = _untagged(self._text(row, self.fields.answer, numbers=True))
         return VisualSample(
             images=[image for image in images if image is not None],
             question=question,
             task=self._text(row, self.fields.task) or self.default_task,
-            answer=self._text(row, self.fields.answer, numbers=True),
-            reasoning=self._text(row, self.fields.reasoning),
+            answer=answer,
+            reasoning=self._text(row, self.fields.reasoning) or reasoning,
             meta=meta,
         )
 
