@@ -324,12 +324,50 @@ def flow_prompt_file(folder, kind):
         (folder / "train.txt").write_text("\n".join(prompts) + "\n")
         return folder / "train.txt"
     write_png(folder / "images" / "start.png", (128, 128, 128), size=(64, 64))
+    if kind == "vbvr":
+        return vbvr_file(folder, prompts)
     rows = [{"prompt": p, "negative_prompt": "blurry", "image": "images/start.png"} for p in prompts]
     return write_jsonl(folder / "train.jsonl", rows)
 
 
+def vbvr_file(folder, prompts):
+    """Rows in the columns of VBVR-Dataset's ``data/metadata.parquet``."""
+    rows = [
+        {
+            "id": i,
+            "generator": "G-1",
+            "task": "object_counting",
+            "sample_id": f"G-1_{i:05d}",
+            "prompt": prompt,
+            "metadata_json": json.dumps({"seed": i}),
+            "first_frame_path": "images/start.png",
+            "final_frame_path": "images/end.png",
+            "ground_truth_video_path": "videos/gt.mp4",
+            "tar_file": "G-1.tar",
+        }
+        for i, prompt in enumerate(prompts)
+    ]
+    datasets.Dataset.from_list(rows).to_parquet(str(folder / "metadata.parquet"))
+    return folder / "metadata.parquet"
+
+
+def test_vbvr_metadata_rows_condition_on_the_first_frame(tmp_path):
+    write_png(tmp_path / "images" / "start.png", (1, 2, 3), size=(64, 64))
+    sample = FileDataset(1, 0, 64, str(vbvr_file(tmp_path, ["fill the cup"])), RowReader(preset="vbvr"))[0]
+    assert (sample.question, sample.task, [pixel(i) for i in sample.images]) == (
+        "fill the cup",
+        "object_counting",
+        [[1, 2, 3]],
+    )
+    assert sample.meta["final_frame_path"] == "images/end.png" and json.loads(sample.meta["metadata_json"]) == {
+        "seed": 0
+    }
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, model", [("text-to-image", "tiny-sd3"), ("image-edit", "tiny-flux-kontext")])
+@pytest.mark.parametrize(
+    "kind, model", [("text-to-image", "tiny-sd3"), ("image-edit", "tiny-flux-kontext"), ("vbvr", "tiny-flux-kontext")]
+)
 def test_flow_prompt_files_train_the_tiny_flow_model_two_steps(kind, model, tmp_path, monkeypatch, fit):
     import functools
     import math
@@ -337,7 +375,8 @@ def test_flow_prompt_files_train_the_tiny_flow_model_two_steps(kind, model, tmp_
     from app.cli import AppCLI
 
     monkeypatch.chdir(tmp_path)
-    factory = functools.partial(FileDataset, path=str(flow_prompt_file(tmp_path, kind)), rows=RowReader(preset="flow"))
+    rows = RowReader(preset="vbvr" if kind == "vbvr" else "flow")
+    factory = functools.partial(FileDataset, path=str(flow_prompt_file(tmp_path, kind)), rows=rows)
     data = VisualTaskDataModule(dataset=factory, train_size=4, val_size=2, test_size=2, batch_size=2, image_size=64)
     config = Path(__file__).resolve().parents[2] / "configs" / "quickstart" / "quickstart_flow.yaml"
     args = ["--config", str(config), "--model.init_args.policy.init_args.model", model]
@@ -349,6 +388,7 @@ def test_flow_prompt_files_train_the_tiny_flow_model_two_steps(kind, model, tmp_
     rewards = recorder.metric("train/reward/color_region")
     assert trainer.global_step == 2 and len(rewards) == 2 and all(math.isfinite(value) for value in rewards)
     assert data.train_dataset[0].meta.get("negative_prompt") == ("blurry" if kind == "image-edit" else None)
+    assert len(data.train_dataset[0].images) == (0 if kind == "text-to-image" else 1)
 
 
 # ------------------------------------------------------------------------------------------------------ paper formats

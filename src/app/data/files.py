@@ -82,13 +82,16 @@ PRESETS: dict[str, RowFields] = {
     "swift": RowFields(question="messages", images=("images",), answer="solution"),
     "flow": RowFields(question="prompt"),
     "reason_rft": RowFields(question="problem", images=("image",), answer="solution"),
+    "vbvr": RowFields(question="prompt", images=("first_frame_path",)),
 }
 """Field layouts by name. ``trl``: a ``prompt`` (text or chat messages), ``image`` / ``images``, ``solution``.
 ``verl``: ``prompt`` chat messages with ``<image>``, ``images``, ``reward_model.ground_truth``, ``data_source`` as the
 task. ``easyr1``: ``problem``, ``answer``, ``images``. ``swift``: ``messages``, ``images``, ``solution``. ``flow``: a
 generation ``prompt`` with optional conditioning ``image`` / ``images`` (``negative_prompt`` and ``video`` pass to
 ``meta``). ``reason_rft``: Reason-RFT's released JSON (``problem``, ``image`` as a path, a list of paths or of
-``{"path": ...}``, ``solution``). ``default``: the package's own names (``question``, ``images``, ``answer``,
+``{"path": ...}``, ``solution``). ``vbvr``: VBVR-Dataset's ``metadata.parquet`` (``prompt``, ``first_frame_path`` as
+the conditioning image, ``task``; ``final_frame_path``, ``ground_truth_video_path`` and ``metadata_json`` pass to
+``meta``). ``default``: the package's own names (``question``, ``images``, ``answer``,
 ``reasoning``, ``task``)."""
 
 
@@ -257,7 +260,7 @@ class RowReader:
 
     Args:
         preset: a field layout of :data:`PRESETS` (``default``, ``trl``, ``verl``, ``easyr1``, ``swift``, ``flow``,
-            ``reason_rft``).
+            ``reason_rft``, ``vbvr``).
         question: the question's field (a string or chat messages); None: the preset's.
         images: the image field, or several to try in order; None: the preset's.
         answer: the answer's field; None: the preset's. A row without it has no answer (label-free).
