@@ -12,7 +12,8 @@ import pytest
 from PIL import Image, ImageFile
 
 from app.data import VisualTaskDataModule
-from app.data.files import BadRowError, FileDataset, RowReader, load_table
+from app.data.files import BadRowError, FileDataset, RowReader, load_table, write_folder
+from app.types import VisualSample
 
 
 def write_png(path, color, size=(8, 6)):
@@ -217,6 +218,23 @@ def test_outside_paths_are_read_when_allowed(folder):
     path = bad_file(folder, {"images": ["../outside.png"]})
     data = FileDataset(10, 0, 64, path, RowReader(image_dir=str(folder / "images"), allow_outside_image_dir=True))
     assert len(data) == 4 and pixel(data[2].images[0]) == [1, 1, 1]
+
+
+def test_write_folder_reads_back_as_the_samples(tmp_path):
+    two = [Image.new("RGB", (4, 3), (5, 6, 7)), Image.new("RGB", (2, 2), (8, 9, 10))]
+    samples = [
+        VisualSample(two, "Same colour?", "compare", "no", "They differ."),
+        VisualSample([], "A label-free question", "free"),
+    ]
+    path = write_folder(samples, tmp_path / "out", "train")
+
+    data = FileDataset(10, 0, 64, str(path))
+    got = [data[0], data[1]]
+    assert [(s.question, s.task, s.answer, s.reasoning, s.meta) for s in got] == [
+        ("Same colour?", "compare", "no", "They differ.", {}),
+        ("A label-free question", "free", None, None, {}),
+    ]
+    assert [pixel(image) for image in got[0].images] == [[5, 6, 7], [8, 9, 10]] and got[1].images == []
 
 
 # ------------------------------------------------------------------------------------------------------ splits

@@ -1,5 +1,5 @@
-"""``python -m app.data``: the converter writes shards that read back as the file's rows, counts what it skips, and
-the example writer's folder reads as a data set."""
+"""``python -m app.data convert``: the converter writes shards that read back as the file's rows and counts what it
+skips; the newcomer page's commands train."""
 
 import json
 
@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from app.data.__main__ import main
-from app.data.files import FileDataset, RowReader
+from app.data.files import FileDataset
 from app.data.shards import read_samples
 
 
@@ -70,28 +70,22 @@ def test_convert_skips_and_lists_bad_rows_or_stops_at_the_first(tmp_path, capsys
         main(["convert", str(path), str(tmp_path / "stopped")])
 
 
-def test_example_writes_a_folder_the_file_data_set_reads(tmp_path, capsys):
-    main(["example", str(tmp_path / "mine"), "--train", "5", "--val", "2"])
-
-    train = FileDataset(100, 0, 64, str(tmp_path / "mine" / "train.jsonl"), RowReader())
-    val = FileDataset(100, 0, 64, str(tmp_path / "mine" / "val.jsonl"), RowReader())
-    assert (len(train), len(val)) == (5, 2)
-    sample = train[0]
-    assert sample.answer in ("yes", "no") and sample.images[0].size == (64, 64) and sample.task.startswith("dots")
-    assert "wrote 5 rows to" in capsys.readouterr().out
-
-
 @pytest.mark.slow
 def test_the_your_data_quickstart_trains_on_the_example_folder(tmp_path, monkeypatch):
-    """The commands of docs/your_data.md: ``python -m app.data example data/your_data``, then the quickstart config
-    (cut to 2 steps)."""
+    """The commands of docs/your_data.md: two ``python -m app.tasks dots ... --format jsonl``, then the quickstart
+    config (cut to 2 steps)."""
     import math
     from pathlib import Path
 
     from app.cli import AppCLI
+    from app.tasks.__main__ import main as tasks_main
 
     monkeypatch.chdir(tmp_path)  # the config's relative paths (data, runs) land in tmp_path
-    main(["example", "data/your_data"])
+    for split, num, seed in (("train", "64", "0"), ("val", "16", "1")):
+        tasks_main(
+            ["dots", "--out", "data/your_data", "--num", num, "--seed", seed, "--dot-radius", "12"]
+            + ["--format", "jsonl", "--prefix", split]
+        )
     config = Path(__file__).resolve().parents[2] / "configs" / "quickstart" / "your_data_jsonl.yaml"
     args = ["--config", str(config), "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false"]
     cli = AppCLI(args=args, run=False)

@@ -1,16 +1,13 @@
-"""``python -m app.data``: your own data files to shards, and an example data set to start from.
+"""``python -m app.data convert``: your own data files to shards.
 
 - ``convert IN OUT --format PRESET``: stream the rows of ``IN`` (a ``.json``, ``.jsonl``, ``.parquet``, ``.csv`` or
   ``.txt`` file or a saved ``datasets`` folder, read by :class:`~app.data.files.RowReader`) into WebDataset shards in
   the package's schema (:mod:`app.data.shards`), printing a progress bar and a summary of what was written and skipped.
-- ``example OUT``: write a folder of dots images with ``train.jsonl`` and ``val.jsonl`` beside it, the layout the
-  newcomer page (docs/your_data.md) trains on.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -38,13 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
         convert.add_argument(f"--{field}", default=None, help=f"the {field} field (default: the preset's)")
     convert.set_defaults(run=run_convert)
 
-    example = commands.add_parser("example", help="dots images with train.jsonl and val.jsonl")
-    example.add_argument("out", help="output folder")
-    example.add_argument("--train", type=int, default=64, help="training rows")
-    example.add_argument("--val", type=int, default=16, help="validation rows")
-    example.add_argument("--seed", type=int, default=0)
-    example.add_argument("--image-size", type=int, default=64)
-    example.set_defaults(run=run_example)
     return parser
 
 
@@ -88,25 +78,6 @@ def run_convert(args: argparse.Namespace) -> None:
     print(check.summary())
     for bad in check.bad_rows:
         print(f"  skipped {bad}")
-
-
-def run_example(args: argparse.Namespace) -> None:
-    from app.tasks.dots.dots import DotsDataset
-
-    out = Path(args.out)
-    (out / "images").mkdir(parents=True, exist_ok=True)
-    for split, num, seed in (("train", args.train, args.seed), ("val", args.val, args.seed + 1)):
-        dataset = DotsDataset(num, seed, args.image_size, dot_radius=max(1, args.image_size // 5))
-        with open(out / f"{split}.jsonl", "w") as file:
-            for i in range(num):
-                sample = dataset[i]
-                name = f"images/{split}-{i:06d}.png"
-                sample.images[0].save(out / name)
-                row = {"question": sample.question, "answer": sample.answer, "images": [name], "task": sample.task}
-                if sample.reasoning is not None:
-                    row["reasoning"] = sample.reasoning
-                file.write(json.dumps(row) + "\n")
-        print(f"wrote {num} rows to {out / f'{split}.jsonl'} (images in {out / 'images'})")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,7 +33,7 @@ import logging
 import random
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -583,3 +583,21 @@ class FileDataset(Dataset):
     def __getitem__(self, index: int) -> VisualSample:
         row_index = self.indices[index]
         return self.reader.sample(self.rows[row_index], row_index, self.path)
+
+
+def write_folder(samples: Iterable[VisualSample], out_dir: str | Path, name: str) -> Path:
+    """Write ``samples`` as ``{out_dir}/{name}.jsonl`` with their images as PNGs under ``{out_dir}/images/``: the
+    layout :class:`FileDataset` reads with the default fields (``question``, ``answer``, ``reasoning``, ``task``,
+    ``images`` as paths relative to ``out_dir``; ``meta`` is not written). Returns the JSONL's path."""
+    out_dir = Path(out_dir)
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.jsonl"
+    with open(path, "w") as file:
+        for i, sample in enumerate(samples):
+            images = [f"images/{name}-{i:06d}-{k}.png" for k in range(len(sample.images))]
+            for image, image_path in zip(sample.images, images, strict=True):
+                image.save(out_dir / image_path)
+            row = {"question": sample.question, "answer": sample.answer, "reasoning": sample.reasoning}
+            row = {k: v for k, v in row.items() if v is not None} | {"task": sample.task, "images": images}
+            file.write(json.dumps(row) + "\n")
+    return path

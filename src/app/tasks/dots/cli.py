@@ -7,6 +7,7 @@ the fly by :class:`~app.tasks.dots.pairs.DotsPairAugmenter`.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -20,6 +21,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--strip-labels", action="store_true", help="write no answer or reasoning (label-free)")
     parser.add_argument("--prefix", default="dots", help="shard and key prefix")
     parser.add_argument("--max-per-shard", type=int, default=500)
+    parser.add_argument(
+        "--format",
+        choices=("shards", "jsonl"),
+        default="shards",
+        help="shards, or a JSONL of questions and answers with PNGs beside it (docs/your_data.md); jsonl names the file "
+        "after --prefix",
+    )
     parser.set_defaults(run=run)
 
 
@@ -30,6 +38,14 @@ def run(args: argparse.Namespace) -> None:
     dataset = DotsDataset(
         args.num, args.seed, args.image_size, num_distractors=args.num_distractors, dot_radius=args.dot_radius
     )
+    if args.format == "jsonl":
+        from app.data.files import write_folder
+        from app.data.shards import without_labels
+
+        samples = (without_labels(s) if args.strip_labels else s for s in (dataset[i] for i in range(len(dataset))))
+        path = write_folder(samples, args.out, args.prefix)
+        print(f"wrote {len(dataset)} rows to {path} (images in {Path(args.out) / 'images'})")
+        return
     paths = write_samples(
         (dataset[i] for i in range(len(dataset))),
         args.out,
