@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import TopPLogitsWarper
+from transformers import SuppressTokensLogitsProcessor, TopPLogitsWarper
 
 from app.sampling import token_sampling
 from app.sampling.token_sampling import InverseCDFSampling, sample_from_probs
@@ -100,6 +100,20 @@ def test_processor_returns_scores_whose_argmax_is_the_drawn_token():
     drawn = sample_from_probs(torch.softmax(scores, dim=-1))
     assert torch.equal(out.argmax(dim=-1), drawn)
     assert (out == 0).sum() == 8 and torch.isneginf(out).sum() == 8 * 49
+
+
+def test_processor_suppresses_tokens_as_transformers_suppress_processor_then_itself():
+    """The suppressed tokens are never drawn, even the most likely, and the draws are those of transformers'
+    ``SuppressTokensLogitsProcessor`` followed by the processor without suppression, for the same seed."""
+    scores = torch.randn(64, 50, generator=torch.Generator().manual_seed(4))
+    scores[:, [3, 17]] += 10.0  # the likeliest by far
+    torch.manual_seed(5)
+    out = InverseCDFSampling(temperature=0.7, top_p=0.9, suppressed_token_ids=[3, 17])(None, scores.clone())
+    torch.manual_seed(5)
+    suppressed = SuppressTokensLogitsProcessor([3, 17])(None, scores.clone())
+    want = InverseCDFSampling(temperature=0.7, top_p=0.9)(None, suppressed)
+    assert torch.equal(out, want)
+    assert not torch.isin(out.argmax(dim=-1), torch.tensor([3, 17])).any()
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])

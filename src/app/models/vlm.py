@@ -203,8 +203,11 @@ class VLMPolicy(SwitchableReference, nn.Module):
         and prefilled once and the KV cache is expanded to its K rows (see :mod:`app.sampling.shared_prefix`)."""
         sampling = sampling or SamplingSettings()
         kwargs = {"do_sample": False}  # sampled rows are drawn by the last logits processor (see token_sampling)
-        if not greedy:
-            kwargs["logits_processor"] = LogitsProcessorList([InverseCDFSampling(sampling.temperature, sampling.top_p)])
+        if greedy:
+            kwargs["suppress_tokens"] = self.suppressed_token_ids
+        else:  # it suppresses the vision tokens itself: one logits processor per decoding step, not two
+            sampler = InverseCDFSampling(sampling.temperature, sampling.top_p, self.suppressed_token_ids)
+            kwargs["logits_processor"] = LogitsProcessorList([sampler])
         was_training = self.model.training
         self.model.eval()
         try:
@@ -222,7 +225,6 @@ class VLMPolicy(SwitchableReference, nn.Module):
                 sequences = self.model.generate(
                     **inputs,
                     max_new_tokens=sampling.max_new_tokens,
-                    suppress_tokens=self.suppressed_token_ids,
                     pad_token_id=self.pad_token_id,
                     eos_token_id=self.eos_token_ids,
                     **kwargs,

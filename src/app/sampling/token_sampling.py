@@ -13,6 +13,8 @@ drawn token, so ``generate`` keeps its loop, caches, stopping criteria and paddi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -35,11 +37,19 @@ def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = N
 
 
 class InverseCDFSampling(LogitsProcessor):
-    """The last logits processor of a greedy ``generate``: temperature, then top-p (transformers' warpers, applied as
-    ``generate(do_sample=True)`` would), then one token per row by :func:`sample_from_probs`. Returns scores that are
-    0 at the drawn token and ``-inf`` elsewhere, so greedy's argmax picks it."""
+    """The last logits processor of a greedy ``generate``: the suppressed tokens' scores set to ``-inf`` (as
+    transformers' ``SuppressTokensLogitsProcessor`` does, here without a second processor per decoding step), then
+    temperature and top-p (transformers' warpers, applied as ``generate(do_sample=True)`` would), then one token per row
+    by :func:`sample_from_probs`. Returns scores that are 0 at the drawn token and ``-inf`` elsewhere, so greedy's
+    argmax picks it.
 
-    def __init__(self, temperature: float = 1.0, top_p: float = 1.0):
+    Args:
+        temperature: divides the logits (> 0).
+        top_p: nucleus sampling's probability mass (1: off).
+        suppressed_token_ids: tokens never drawn.
+    """
+
+    def __init__(self, temperature: float = 1.0, top_p: float = 1.0, suppressed_token_ids: Sequence[int] = ()):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         warpers = []
@@ -48,8 +58,13 @@ class InverseCDFSampling(LogitsProcessor):
         if top_p < 1.0:
             warpers.append(TopPLogitsWarper(top_p))
         self.warpers = LogitsProcessorList(warpers)
+        self.suppressed = torch.tensor(list(suppressed_token_ids), dtype=torch.long)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if len(self.suppressed):
+            if self.suppressed.device != scores.device:
+                self.suppressed = self.suppressed.to(scores.device)
+            scores = scores.index_fill(1, self.suppressed, float("-inf"))  # [N, V]
         scores = self.warpers(input_ids, scores)  # [N, V]
         tokens = sample_from_probs(torch.softmax(scores.float(), dim=-1))  # [N]
         chosen = torch.full_like(scores, float("-inf"))
