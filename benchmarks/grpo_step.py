@@ -6,7 +6,8 @@
 Geometry: tiny-qwen2.5-vl (random weights of the embedded config), 4 prompts x K = 8 completions x 32 new tokens,
 float32, 2 threads, the quickstart's dots task (64-pixel images), accuracy + format rewards, one update per rollout.
 The step is one Lightning training batch (rollout + rewards + update), timed by a callback; the table shows medians
-over ``--steps`` steps of each kind after ``--warmup`` warm-up steps. Within one training run, steps alternate between
+over ``--steps`` steps of each kind after ``--warmup`` warm-up steps, and the step's process CPU time (with one thread,
+the work itself, whatever other processes' load). Within one training run, steps alternate between
 shared-prefix and per-row prefill (``policy.shared_prefix`` toggled before each batch), so load from other processes
 on a shared machine falls on both alike; the processor runs once per prompt in both. TRL 1.16's GRPOTrainer at this
 geometry: ``benchmarks/trl_grpo_step.py`` (docs/performance.md#against-trls-grpotrainer has both side by side).
@@ -33,16 +34,18 @@ class AlternatingStepTimer(L.Callback):
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
         self.steps: dict[bool, list[float]] = {True: [], False: []}
+        self.cpu: dict[bool, list[float]] = {True: [], False: []}  # process CPU seconds
         self.phases: dict[bool, list[dict]] = {True: [], False: []}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         pl_module.policy.shared_prefix = batch_idx % 2 == 1
-        self._start = time.perf_counter()
+        self._start, self._cpu = time.perf_counter(), time.process_time()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if batch_idx >= 2 * self.warmup:
             shared = pl_module.policy.shared_prefix
             self.steps[shared].append(time.perf_counter() - self._start)
+            self.cpu[shared].append(time.process_time() - self._cpu)
             self.phases[shared].append(outputs["timings"])
 
 
@@ -98,8 +101,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"{args.model}, 4 prompts x 8 x 32 tokens, float32, {args.threads} threads; medians of {args.steps} steps")
-    print("| mode | rollouts | step (s) | rollout (s) | reward (s) | update (s) |")
-    print("|---|---|---|---|---|---|")
+    print("| mode | rollouts | step (s) | rollout (s) | reward (s) | update (s) | CPU (s) |")
+    print("|---|---|---|---|---|---|---|")
     for mode in args.modes:
         timer = run(mode, args.steps, args.warmup, args.model)
         for shared in (False, True):
@@ -107,7 +110,7 @@ def main() -> None:
             name = "shared prefix" if shared else "per row"
             print(
                 f"| {mode} | {name} | {statistics.median(timer.steps[shared]):.3f} | {phase['rollout']:.3f} "
-                f"| {phase['reward']:.3f} | {phase['update']:.3f} |"
+                f"| {phase['reward']:.3f} | {phase['update']:.3f} | {statistics.median(timer.cpu[shared]):.3f} |"
             )
 
 

@@ -8,7 +8,8 @@ Same model (the embedded tiny-qwen2.5-vl folder, random weights), same prompts (
 reasoning instruction), 4 prompts x K = 8 completions x up to 32 new tokens at temperature 1, float32 on the CPU, the
 same accuracy + 0.5 x format rewards (this package's reward classes called from TRL's reward functions), one update per
 rollout, no KL, learning rate 1e-5 (LoRA r 8 / alpha 16 on the same projections in LoRA mode). A step is one
-``Trainer`` step (generation, rewards, update), timed by a callback; the table shows medians after ``--warmup`` steps.
+``Trainer`` step (generation, rewards, update), timed by a callback; the table shows medians after ``--warmup`` steps, of
+the wall time and of the process's CPU time (with one thread, the work itself, whatever other processes' load).
 TRL's GRPOConfig turns gradient checkpointing on by default; ``--no-gradient-checkpointing`` turns it off, as this
 package's default is (``VLMPolicy(gradient_checkpointing=False)``).
 """
@@ -77,7 +78,9 @@ def reward_functions():
     return [accuracy, format_]
 
 
-def run(mode: str, steps: int, warmup: int, model: str, gradient_checkpointing: bool = True) -> list[float]:
+def run(
+    mode: str, steps: int, warmup: int, model: str, gradient_checkpointing: bool = True
+) -> tuple[list[float], list[float]]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -86,12 +89,14 @@ def run(mode: str, steps: int, warmup: int, model: str, gradient_checkpointing: 
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.times: list[float] = []
+            self.cpu: list[float] = []  # process CPU seconds: what load from other processes changes least
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self._start = time.perf_counter()
+            self._start, self._cpu = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kwargs):
             self.times.append(time.perf_counter() - self._start)
+            self.cpu.append(time.process_time() - self._cpu)
 
     torch.manual_seed(0)
     peft_config = None
@@ -134,7 +139,7 @@ def run(mode: str, steps: int, warmup: int, model: str, gradient_checkpointing: 
             callbacks=[timer],
         )
         trainer.train()
-    return timer.times[warmup:]
+    return timer.times[warmup:], timer.cpu[warmup:]
 
 
 def main() -> None:
@@ -158,11 +163,15 @@ def main() -> None:
         f"TRL {trl.__version__} GRPOTrainer, {args.model}, 4 prompts x 8 x 32 tokens, float32, {args.threads} threads, "
         f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}"
     )
-    print("| mode | step (s), median | range |")
-    print("|---|---|---|")
+    print("| mode | step (s), median | range | CPU (s), median |")
+    print("|---|---|---|---|")
     for mode in args.modes:
-        times = run(mode, args.steps, args.warmup, args.model, args.gradient_checkpointing)
-        print(f"| {mode} | {statistics.median(times):.3f} | {min(times):.3f}-{max(times):.3f} |", flush=True)
+        times, cpu = run(mode, args.steps, args.warmup, args.model, args.gradient_checkpointing)
+        print(
+            f"| {mode} | {statistics.median(times):.3f} | {min(times):.3f}-{max(times):.3f} "
+            f"| {statistics.median(cpu):.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
