@@ -479,3 +479,11 @@ def test_reason_rft_json_trains_with_the_suites_reward(suite, tmp_path, monkeypa
     assert trainer.global_step == 2
     rewards = recorder.metric(f"train/reward/{reward.name}")
     assert len(rewards) == 2 and all(math.isfinite(value) for value in rewards)
+
+
+def test_an_unparseable_file_stops_naming_the_file_and_the_row(tmp_path):
+    from app.errors import ConfigError
+
+    (tmp_path / "broken.jsonl").write_text('{"question": "a"}\n{"question": broken\n')
+    with pytest.raises(ConfigError, match=r"broken.jsonl'?: cannot read it: .*JSON parse error.* in row 1"):
+        load_table(tmp_path / "broken.jsonl")

@@ -128,7 +128,13 @@ class _Bad(Exception):
 def load_table(path: str | Path):
     """The rows of ``path`` as a ``datasets.Dataset`` (memory-mapped), chosen by its suffix: ``.json`` / ``.jsonl``,
     ``.parquet``, ``.csv``, ``.txt`` (one prompt a line, blank lines dropped, column ``prompt``), or a folder written by
-    ``Dataset.save_to_disk``. Local files only."""
+    ``Dataset.save_to_disk``. Local files only.
+
+    Raises:
+        FileNotFoundError: naming the path, when it does not exist.
+        ConfigError: naming the file and, as the parser reports it, the row, when the file cannot be parsed.
+        ValueError: for an unknown suffix or a folder that holds no single saved table.
+    """
     import datasets
 
     path = Path(path)
@@ -151,7 +157,10 @@ def load_table(path: str | Path):
     }
     if suffix not in readers:
         raise ValueError(f"{str(path)!r}: unknown data file type {suffix!r}; known: {sorted(readers)} or a folder")
-    table = readers[suffix](str(path))
+    try:
+        table = readers[suffix](str(path))
+    except datasets.exceptions.DatasetGenerationError as err:  # the parser's own message names the row
+        raise ConfigError(f"{str(path)!r}: cannot read it: {err.__cause__ or err}") from None
     if suffix == ".txt":
         table = table.filter(lambda row: bool(row["text"].strip())).flatten_indices().rename_column("text", "prompt")
     return table
