@@ -487,3 +487,24 @@ def test_an_unparseable_file_stops_naming_the_file_and_the_row(tmp_path):
     (tmp_path / "broken.jsonl").write_text('{"question": "a"}\n{"question": broken\n')
     with pytest.raises(ConfigError, match=r"broken.jsonl'?: cannot read it: .*JSON parse error.* in row 1"):
         load_table(tmp_path / "broken.jsonl")
+
+
+@pytest.mark.slow
+def test_rows_with_reasoning_train_the_sft_stage_two_steps(tmp_path, fit):
+    import functools
+    import math
+
+    from app.cli import AppCLI
+
+    write_png(tmp_path / "images" / "red.png", (255, 0, 0), size=(64, 64))
+    row = {"question": "What colour?", "answer": "red", "reasoning": "The square is red.", "images": ["images/red.png"]}
+    path = str(write_jsonl(tmp_path / "sft.jsonl", [row] * 4))
+    data = VisualTaskDataModule(functools.partial(FileDataset, path=path), train_size=4, val_size=2, batch_size=2)
+    config = str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny_sft.yaml")
+    cli = AppCLI(args=["--config", config, "--trainer.default_root_dir", str(tmp_path)], run=False)
+
+    trainer, recorder = fit(cli.model, data)
+
+    assert trainer.global_step == 2 and data.train_dataset[0].reasoning == "The square is red."
+    losses = recorder.metric("train/loss/sft")
+    assert len(losses) == 2 and all(math.isfinite(value) for value in losses)
