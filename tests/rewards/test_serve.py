@@ -590,3 +590,21 @@ def spec_npy(values: list[float], shape: tuple[int, ...]) -> bytes:
     header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}".encode()
     header += b" " * (-(10 + len(header) + 1) % 64) + b"\n"  # the magic, version and length, then padded to 64
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + struct.pack(f"<{len(values)}f", *values)
+
+
+@pytest.mark.parametrize(
+    ("error", "level", "line"),
+    [
+        (BrokenPipeError(32, "Broken pipe"), "DEBUG", "client 127.0.0.1 hung up: [Errno 32] Broken pipe"),
+        (ConnectionResetError(104, "reset"), "DEBUG", "client 127.0.0.1 hung up: [Errno 104] reset"),
+        (RuntimeError("boom"), "ERROR", "a request from 127.0.0.1 failed: RuntimeError: boom"),
+    ],
+)
+def test_a_connection_that_fails_outside_an_answer_is_one_log_line_not_a_traceback(error, level, line, capsys, caplog):
+    with RewardServer([CountingReward()]) as server, caplog.at_level("DEBUG", logger="app.rewards.serve"):
+        try:
+            raise error  # as socketserver calls handle_error: inside the except block of the failed request
+        except Exception:
+            server.httpd.handle_error(None, ("127.0.0.1", 40000))
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if "127.0.0.1" in r.getMessage()] == [(level, line)]
+    assert "Traceback" not in capsys.readouterr().err

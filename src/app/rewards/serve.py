@@ -267,6 +267,23 @@ class _HTTPServer(ThreadingHTTPServer):
         self.closing.set()
         super().shutdown()
 
+    def handle_error(self, request: socket.socket, client_address: Any) -> None:
+        """One log line for a connection that failed outside the answers' own handling, instead of socketserver's
+        traceback on stderr: a client that hung up before reading its answer is routine (a debug line); anything
+        else is an error line naming it (its traceback only with debug logging on)."""
+        error = sys.exc_info()[1]
+        host = client_address[0] if isinstance(client_address, tuple) else client_address
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            log.debug("client %s hung up: %s", host, error)
+            return
+        log.error(
+            "a request from %s failed: %s: %s",
+            host,
+            type(error).__name__,
+            error,
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )
+
 
 class _RequestDeadline(io.RawIOBase):
     """A connection's reads with a deadline: while a request is read every read waits at most until ``deadline``
