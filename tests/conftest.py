@@ -112,9 +112,15 @@ def pytest_collection_modifyitems(config, items):
     _check_selectable_ids(items)
 
 
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+"""torch.distributed's rendezvous variables: an in-process fit on one process sets MASTER_PORT in this session, and a
+subprocess that inherited it would meet that port still bound (EADDRINUSE) instead of choosing a free one."""
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
-    """Environment for ``python -m app`` subprocesses: the session's cache, offline, src and the repo on the path."""
-    env = dict(os.environ)
+    """Environment for ``python -m app`` subprocesses: the session's cache, offline, src and the repo on the path, and
+    none of this session's rendezvous variables (:data:`RENDEZVOUS`)."""
+    env = {key: value for key, value in os.environ.items() if key not in RENDEZVOUS}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(extra)
     return env

@@ -7,6 +7,7 @@ import lightning as L
 import pytest
 import torch
 from doubles import RednessReward, StandInPolicy
+from lightning.fabric.plugins.environments.lightning import find_free_network_port
 from torch.utils.data import DataLoader
 
 from app.models import FlowPolicy
@@ -111,11 +112,14 @@ def test_the_old_decay_follows_the_reference_schedule():
     assert [two.old_decay(s) for s in (0, 75, 76, 175, 10_000)] == pytest.approx([0, 0, 0.0075, 0.75, 0.999])
 
 
-def test_the_kl_reference_pass_leaves_fsdp2_reducing_float32_gradients(tmp_path):
+def test_the_kl_reference_pass_leaves_fsdp2_reducing_float32_gradients(tmp_path, monkeypatch):
     """bf16 frozen weights, a float32 adapter, FSDP2 gathering in bf16 and reducing in float32, ``grpo.beta > 0`` (the
     SD3.5 recipe's setup): an explicit gather re-reads which parameters train to choose the gradients' dtype, so a
     gather made while the adapter is off (the reference pass) left the next backward reducing bf16 gradients into the
     float32 adapter, an error."""
+    # the one-process group's rendezvous, set here so that it is undone after the test (Lightning would set it for good)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(find_free_network_port()))
     policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8), dtype="bfloat16")
     sampling = FlowSamplingSettings(group_size=2, num_steps=2)
     module = FlowNFTModule(policy, [RednessReward()], sampling, grpo=GRPOSettings(beta=0.1))
