@@ -147,19 +147,24 @@ def shared_prompt_features(inner: nn.Module, inputs: PromptInputs, completion_ma
     if getattr(features, "deepstack_features", None) is not None:  # Qwen3-VL: per layer, per image
         features.deepstack_features = [tuple(layer[i] for i in images) for layer in features.deepstack_features]
     out = {"mm_encoder_outputs": {"image": features}}
-    positions = inner.compute_3d_position_ids(
-        input_ids=t["input_ids"],
-        inputs_embeds=None,
-        image_grid_thw=t["image_grid_thw"],
-        video_grid_thw=None,
-        attention_mask=t["attention_mask"],
-        cache=None,
-        mm_token_type_ids=t.get("mm_token_type_ids"),
-    )
+    positions = _prompt_positions(inner, t)
     if positions is not None:  # [3, heads, P]
         positions = positions[:, _index(prompt_of_row, positions)]  # [3, N, P]
         out["position_ids"] = torch.cat([positions, _completion_positions(positions, completion_mask)], dim=-1)
     return out
+
+
+def _prompt_positions(inner: nn.Module, tensors: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """``[3, heads, P]`` rotary positions of the distinct prompts ``tensors`` (Qwen-VL's 3-D positions), or None."""
+    return inner.compute_3d_position_ids(
+        input_ids=tensors["input_ids"],
+        inputs_embeds=None,
+        image_grid_thw=tensors["image_grid_thw"],
+        video_grid_thw=None,
+        attention_mask=tensors["attention_mask"],
+        cache=None,
+        mm_token_type_ids=tensors.get("mm_token_type_ids"),
+    )
 
 
 def _completion_positions(prompt_positions: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
@@ -188,15 +193,7 @@ def prefix_shared_hidden_states(
         return None
     heads, prompt_of_row = found
     t = heads.tensors
-    positions = inner.compute_3d_position_ids(
-        input_ids=t["input_ids"],
-        inputs_embeds=None,
-        image_grid_thw=t["image_grid_thw"],
-        video_grid_thw=None,
-        attention_mask=t["attention_mask"],
-        cache=None,
-        mm_token_type_ids=t.get("mm_token_type_ids"),
-    )  # [3, heads, P]
+    positions = _prompt_positions(inner, t)  # [3, heads, P]
     if positions is None:
         return None
     prompt = inner(**t, position_ids=positions, use_cache=True, return_dict=True)
