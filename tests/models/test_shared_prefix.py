@@ -191,14 +191,10 @@ def completions(policy, prompts, seed: int):
 
 
 def logprobs_and_vision_grads(policy, prompts, batch, shared: bool):
-    policy.shared_prefix = shared
-    try:
-        policy.model.zero_grad()
-        logprobs = policy.sequence_logprobs(prompts, batch.completion_ids, batch.completion_mask)
-        (logprobs * batch.completion_mask).sum().backward()
-    finally:
-        policy.shared_prefix = True
-    return logprobs.detach(), [p.grad.clone() for p in policy.vision_parameters()]
+    """:func:`logprobs_and_grads`, with the vision tower's gradients only, in its parameters' order."""
+    logprobs, grads = logprobs_and_grads(policy, prompts, batch, shared)
+    vision = {id(p) for p in policy.vision_parameters()}
+    return logprobs, [grads[name] for name, p in policy.model.named_parameters() if id(p) in vision]
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
