@@ -415,16 +415,18 @@ def test_a_stalled_or_trickling_request_is_cut_off_after_the_timeout(hostile):
     body = score_body()
     with connect(hostile) as stalled, connect(hostile) as trickling:
         stalled.sendall(request("POST", "/score", body)[:-10])  # all but the last 10 bytes, then nothing
-        began = time.monotonic()
-        for byte in b"POST /score HTTP/1.1\r\nHost: x\r\n":  # a byte every 0.1 s: no single read waits 0.5 s
+        line, sent = b"POST /score HTTP/1.1\r\nHost: x\r\n", 0
+        for byte in line:  # a byte every 0.1 s: no single read waits 0.5 s, the whole line takes 3.3 s
             try:
                 trickling.sendall(bytes([byte]))
             except OSError:
                 break
+            sent += 1
             time.sleep(0.1)
         got = responses(stalled)
         assert [s for s, _, _ in got] == [408] and closed(stalled, 1.0)
-        assert closed(trickling, 1.0) and time.monotonic() - began < 2 * TIMEOUT_S + 1.5
+        # cut off mid-line by the request's deadline, which timeouts on each read alone would never do
+        assert closed(trickling, 1.0) and sent < len(line)
 
 
 def test_connections_are_bounded_and_stalled_ones_released(hostile):
@@ -447,10 +449,10 @@ def test_idle_kept_alive_connections_make_room_for_a_waiting_one():
         for sock in idle:
             sock.sendall(request("GET", "/health"))
             sock.recv(1000)  # answered, then kept alive and idle: both slots taken
-        began = time.monotonic()
+        # answered within the client's 5 s timeout: a slot was freed, not left to the 60 s idle timeout
         connection = http.client.HTTPConnection(*server.httpd.server_address[:2], timeout=5)
         connection.request("GET", "/health")
-        assert connection.getresponse().status == 200 and time.monotonic() - began < 2  # not the 60 s idle timeout
+        assert connection.getresponse().status == 200
         assert any(closed(sock, 1.0) for sock in idle)  # as many as it took to free a slot
         connection.close()
 
