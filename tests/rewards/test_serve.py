@@ -603,7 +603,7 @@ def spec_npy(values: list[float], shape: tuple[int, ...]) -> bytes:
     ],
 )
 def test_a_connection_that_fails_outside_an_answer_is_one_log_line_not_a_traceback(error, level, line, capsys, caplog):
-    with RewardServer([CountingReward()]) as server, caplog.at_level("DEBUG", logger="app.rewards.serve"):
+    with RewardServer([CountingReward()]) as server, caplog.at_level("DEBUG", logger="app.rewards.http_server"):
         try:
             raise error  # as socketserver calls handle_error: inside the except block of the failed request
         except Exception:
