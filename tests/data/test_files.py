@@ -12,7 +12,8 @@ import pytest
 from PIL import Image, ImageFile
 
 from app.data import VisualTaskDataModule
-from app.data.files import BadRowError, FileDataset, RowReader, load_table, write_folder
+from app.data.files import BadRowError, FileDataset, RowReader, write_folder
+from app.data.tables import load_table
 from app.types import VisualSample
 
 

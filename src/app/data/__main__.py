@@ -12,8 +12,9 @@ import re
 import sys
 from pathlib import Path
 
-from app.data.files import PRESETS, BadRowError, RowCheck, RowReader, TableRows, load_table
+from app.data.files import PRESETS, BadRowError, RowCheck, RowReader
 from app.data.shards import write_samples
+from app.data.tables import TableRows, load_table
 
 
 def build_parser() -> argparse.ArgumentParser:
