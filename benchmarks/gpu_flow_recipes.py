@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the callbacks pa
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
-from app.embedded.flow_models import TOKENIZER_SLOTS, _tokenizer  # noqa: E402
+from app.tiny.flow_models import TOKENIZER_SLOTS, _tokenizer  # noqa: E402
 
 SD3_5_MEDIUM = dict(  # stabilityai/stable-diffusion-3.5-medium transformer/config.json
     sample_size=128,

@@ -74,8 +74,8 @@ def build_policy_folder(folder: Path, tiny: bool) -> Path:
     import transformers
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from app.embedded.models import TINY_VLMS, _processor
-    from app.embedded.tokenizer import build_tokenizer
+    from app.tiny.models import TINY_VLMS, _processor
+    from app.tiny.tokenizer import build_tokenizer
 
     if (folder / "config.json").exists():
         return folder

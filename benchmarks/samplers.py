@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from
 import torch  # noqa: E402
 from diffusers import SD3Transformer2DModel  # noqa: E402
 
-from app.embedded.flow_models import TINY_FLOWS  # noqa: E402
 from app.sampling.flow import cps_step, flow_sigmas, ode_step, sde_step  # noqa: E402
+from app.tiny.flow_models import TINY_FLOWS  # noqa: E402
 
 TINY = {**TINY_FLOWS["tiny-sd3"].transformer_config, "sample_size": 32}  # the embedded model, at 32x32 latents
 SD3_WIDE = dict(  # SD3-medium's widths, fewer layers; pos_embed_max_size cut from 192 (only a crop of it is used)

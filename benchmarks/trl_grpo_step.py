@@ -84,7 +84,7 @@ def run(
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from app.embedded.models import resolve_pretrained
+    from app.tiny.models import resolve_pretrained
 
     class StepTimer(TrainerCallback):
         def __init__(self):

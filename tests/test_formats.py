@@ -2,7 +2,6 @@
 
 import pytest
 
-from app.embedded.tokenizer import REASONING_TOKENS
 from app.formats import (
     ANSWER,
     CAPTION_TAGS,
@@ -19,6 +18,7 @@ from app.formats import (
 from app.rewards.format import DEFAULT_TAGS, format_reward
 from app.rewards.parsing import extract_answer, extract_tag
 from app.rewards.triplet_parsing import parse_triplet_response
+from app.tiny.tokenizer import REASONING_TOKENS
 
 
 def test_tags_and_markers():

@@ -73,7 +73,7 @@ FLOAT32_EPS = torch.finfo(torch.float32).eps  # 1.19e-7, twice float32's unit ro
 OUTLIER_FRACTION = 1e-3  # elements allowed the full per-element bound (see the module docstring)
 UNIT_ROUNDOFF = 2.0**-24  # float32's u: a rounding is off by at most u relative
 TINY_VLM_LOGIT_L1 = 2.0  # max_j sum_i |W_ji h_i| for the tiny VLMs' LM head (1.3 by Cauchy-Schwarz, see above)
-TINY_VLM_VOCAB = 1024  # the embedded tiny VLMs' vocabulary (app.embedded.models)
+TINY_VLM_VOCAB = 1024  # the embedded tiny VLMs' vocabulary (app.tiny.models)
 
 
 def adam_ratio_bound(step: int, betas: tuple[float, float] = ADAM_BETAS) -> float:

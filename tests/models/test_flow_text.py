@@ -7,10 +7,10 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-from app.embedded.flow_models import _tokenizer, build_tiny_flow
 from app.models import FlowPolicy
 from app.models.flow_text import FlowTextEncoder
 from app.settings import LoRASettings
+from app.tiny.flow_models import _tokenizer, build_tiny_flow
 
 PROMPTS = ["a red circle on the left", "a blue square on the top"]
 

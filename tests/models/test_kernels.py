@@ -8,8 +8,6 @@ import sys
 import pytest
 import torch
 
-from app.embedded.flow_models import load_flow_components
-from app.embedded.models import load_vlm
 from app.models import FlowPolicy, VLMPolicy
 from app.models.kernels import (
     ATTN_IMPLEMENTATIONS,
@@ -22,6 +20,8 @@ from app.models.kernels import (
     set_flow_attention_backend,
     validate_attn_implementation,
 )
+from app.tiny.flow_models import load_flow_components
+from app.tiny.models import load_vlm
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
 HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None

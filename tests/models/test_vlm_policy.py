@@ -9,9 +9,9 @@ from PIL import Image
 from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, entropy_atol, logprob_atol
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from app.embedded.models import resolve_pretrained
 from app.models import VLMPolicy
 from app.settings import LANGUAGE_MODEL_PROJECTIONS, LoRASettings, OptimizerSettings, SamplingSettings
+from app.tiny.models import resolve_pretrained
 from app.types import VisualSample
 
 K = 3

@@ -29,13 +29,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from app.cli import AppCLI
-from app.embedded.models import resolve_pretrained
 from app.models import FlowPolicy, VLMPolicy
 from app.parallel import shard_policy
 from app.parallel.fsdp import MESH_DIMS
 from app.parallel.loading import deferred, deferred_networks, lean_loading, materialize
 from app.settings import LoRASettings
 from app.tasks.dots import DotsDataset
+from app.tiny.models import resolve_pretrained
 
 TINY_GRPO = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_grpo.yaml"
 

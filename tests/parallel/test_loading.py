@@ -22,8 +22,6 @@ from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from app.cli import AppCLI, fsdp2_processes
-from app.embedded.flow_models import load_flow_components, resolve_flow_pretrained
-from app.embedded.models import load_vlm, resolve_pretrained
 from app.modules.policy_module import PolicyModule
 from app.parallel import FSDP2Strategy
 from app.parallel.fsdp import MESH_DIMS
@@ -40,6 +38,8 @@ from app.parallel.loading import (
     same_names,
 )
 from app.settings import OptimizerSettings
+from app.tiny.flow_models import load_flow_components, resolve_flow_pretrained
+from app.tiny.models import load_vlm, resolve_pretrained
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_GRPO = ROOT / "tests" / "fixtures" / "tiny_grpo.yaml"

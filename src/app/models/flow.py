@@ -39,7 +39,6 @@ import torch
 from torch import Tensor, nn
 
 from app.dtypes import parse_dtype
-from app.embedded.flow_models import SAMPLE_SIZE_FILE, load_flow_components
 from app.models import flow_conditioning as conditioning_lib
 from app.models.flow_text import DEFAULT_MAX_SEQUENCE_LENGTH, FlowTextEncoder
 from app.models.kernels import apply_liger_rms_norm, require_liger, set_flow_attention_backend
@@ -49,6 +48,7 @@ from app.parallel.loading import keeping_new_parameters, lean_loading_requested
 from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.sampling.flow import flow_sigmas
 from app.settings import FLOW_ATTENTION_PROJECTIONS, LoRASettings, with_defaults
+from app.tiny.flow_models import SAMPLE_SIZE_FILE, load_flow_components
 from app.types import VisualSample
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from app.embedded.flow_models import ENCODER_SLOTS, TOKENIZER_SLOTS
+from app.tiny.flow_models import ENCODER_SLOTS, TOKENIZER_SLOTS
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default T5 length; Wan and FLUX use 512
 

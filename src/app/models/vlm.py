@@ -22,7 +22,6 @@ from app.algorithms import GRPOLossOutput
 from app.algorithms.fused_linear import FusedLinearGRPOLoss
 from app.algorithms.logprobs import chunked_token_logprobs, chunked_token_logprobs_and_entropy
 from app.dtypes import parse_dtype
-from app.embedded.models import load_vlm
 from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_liger_kernels, require_liger, validate_attn_implementation
 from app.models.lora import lora_adapter
@@ -43,6 +42,7 @@ from app.sampling.shared_prefix import (
 )
 from app.sampling.token_sampling import InverseCDFSampling
 from app.settings import LANGUAGE_MODEL_PROJECTIONS, LoRASettings, SamplingSettings, with_defaults
+from app.tiny.models import load_vlm
 from app.types import CompletionBatch, PromptInputs, VisualSample
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from conftest import MALFORMED
 from PIL import Image
 from transformers import AutoProcessor, CLIPModel
 
-from app.embedded.scorers import resolve_scorer
 from app.rewards.learned import CLIPScoreReward
+from app.tiny.scorers import resolve_scorer
 from app.types import VisualSample
 
 PROMPTS = ["a red circle on the left", "two blue squares", "a green cube above a yellow sphere", "black dots"]

@@ -9,9 +9,9 @@ import torch
 from conftest import MALFORMED
 from transformers import AutoProcessor, CLIPModel
 
-from app.embedded.scorers import resolve_scorer
 from app.rewards.learned import PreferenceScoreReward
 from app.rewards.learned.preference import MAX_LOGIT_SCALE
+from app.tiny.scorers import resolve_scorer
 from app.types import VisualSample
 
 PROMPTS = ["a red circle on the left", "two blue squares", "a green cube above a yellow sphere"]

@@ -11,9 +11,9 @@ import torch
 from conftest import MALFORMED
 from PIL import Image
 
-from app.embedded.models import load_vlm
 from app.rewards.learned import VLMJudgeReward
 from app.rewards.learned.vlm_judge import IMAGE_QUESTION, TEXT_QUESTION
+from app.tiny.models import load_vlm
 from app.types import VisualSample
 
 # The reference runs each row alone (no padding), the reward in left-padded batches. Masked keys get exactly zero

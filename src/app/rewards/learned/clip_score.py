@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from app.embedded.cache import check_embedded_name
 from app.rewards.learned._frozen import FrozenModelReward, read_frames, to_pil
+from app.tiny.cache import check_tiny_name
 from app.types import VisualSample
 
 
@@ -69,11 +69,11 @@ class ImageTextSimilarityReward(FrozenModelReward):
         **kwargs,
     ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, weight=weight, name=name, **kwargs)
-        from app.embedded.scorers import TINY_SCORERS
+        from app.tiny.scorers import TINY_SCORERS
 
         for checkpoint in (model, processor):  # a misspelt tiny-* name fails here, not on the first score
             if checkpoint is not None:
-                check_embedded_name(checkpoint, TINY_SCORERS, "scorer")
+                check_tiny_name(checkpoint, TINY_SCORERS, "scorer")
         self.prompt_key = _prompt_key(prompt_source)
         self.prompt_source = prompt_source
         self.processor_name = processor
@@ -81,7 +81,7 @@ class ImageTextSimilarityReward(FrozenModelReward):
     def load(self):
         from transformers import AutoProcessor, CLIPModel
 
-        from app.embedded.scorers import resolve_scorer
+        from app.tiny.scorers import resolve_scorer
 
         model = CLIPModel.from_pretrained(resolve_scorer(self.model_name))
         processor = AutoProcessor.from_pretrained(resolve_scorer(self.processor_name or self.model_name))

@@ -113,7 +113,7 @@ class VLMJudgeReward(FrozenModelReward):
             is logged as a warning).
 
     Args:
-        model: the judge, loaded with :func:`app.embedded.models.load_vlm`: an embedded name (``"tiny-qwen2.5-vl"``,
+        model: the judge, loaded with :func:`app.tiny.models.load_vlm`: an embedded name (``"tiny-qwen2.5-vl"``,
             random weights: for tests), a Qwen-VL hub id such as ``"Qwen/Qwen2.5-VL-7B-Instruct"``, or a local folder.
         question: the question template, with ``{prompt}`` (the sample's question), ``{completion}`` (a text
             completion; required for text, refused for renderings), ``{yes}`` and ``{no}`` (the answer tokens); default:
@@ -164,12 +164,12 @@ class VLMJudgeReward(FrozenModelReward):
     def _tokenizer(self):
         from transformers import AutoTokenizer
 
-        from app.embedded.models import resolve_pretrained
+        from app.tiny.models import resolve_pretrained
 
         return AutoTokenizer.from_pretrained(resolve_pretrained(self.model_name))
 
     def load(self):
-        from app.embedded.models import load_vlm
+        from app.tiny.models import load_vlm
 
         model, processor = load_vlm(self.model_name)
         processor.tokenizer.padding_side = "left"  # the last position is every row's next token

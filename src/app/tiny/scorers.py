@@ -8,7 +8,7 @@ real checkpoints take the same code path.
 
 ``tiny-clip`` (CLIPScore's stand-in) and ``tiny-pickscore`` (PickScore's) are the same architecture with different
 seeds (:data:`TINY_SCORERS`): a 2-layer text and vision tower of width 32, 32 x 32 images in 8 x 8 patches,
-16-dimensional projections. Their tokenizer is the embedded BPE tokenizer (:mod:`app.embedded.tokenizer`),
+16-dimensional projections. Their tokenizer is the embedded BPE tokenizer (:mod:`app.tiny.tokenizer`),
 right-padded and closing every text with ``<|endoftext|>`` (also its padding, as in CLIP's tokenizer; CLIP pools the
 first one), at most 77 tokens.
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from app.embedded.cache import build_once, check_embedded_name
-from app.embedded.models import cache_root
-from app.embedded.tokenizer import build_tokenizer
+from app.tiny.cache import build_once, check_tiny_name
+from app.tiny.models import cache_root
+from app.tiny.tokenizer import build_tokenizer
 
 SCORER_CACHE = "scorers"
 TEXT_MAX_LENGTH = 77  # CLIP's text context
@@ -78,7 +78,7 @@ def build_tiny_scorer(name: str):
 
 def resolve_scorer(name_or_path: str) -> str:
     """Return a folder or hub id that ``from_pretrained`` loads; embedded names are built and cached on first use."""
-    if not check_embedded_name(name_or_path, TINY_SCORERS, "scorer"):
+    if not check_tiny_name(name_or_path, TINY_SCORERS, "scorer"):
         return name_or_path
 
     def write(folder: Path) -> None:

@@ -37,9 +37,9 @@ import torch
 from tokenizers import processors
 from transformers import PreTrainedTokenizerFast
 
-from app.embedded.cache import build_once, check_embedded_name
-from app.embedded.models import cache_root
-from app.embedded.tokenizer import build_tokenizer
+from app.tiny.cache import build_once, check_tiny_name
+from app.tiny.models import cache_root
+from app.tiny.tokenizer import build_tokenizer
 
 FLOW_CACHE = "flow"
 SAMPLE_SIZE_FILE = "app_flow.json"  # {"height": ..., "width": ..., "num_frames": ...} for models without sample_size
@@ -325,7 +325,7 @@ def _model_index(spec: TinyFlowSpec, components: dict[str, Any]) -> dict[str, An
 
 def resolve_flow_pretrained(name_or_path: str, seed: int = 0) -> str:
     """Return a pipeline folder or hub id; embedded names are built and cached on first use."""
-    if not check_embedded_name(name_or_path, TINY_FLOWS, "flow model"):
+    if not check_tiny_name(name_or_path, TINY_FLOWS, "flow model"):
         return name_or_path
     spec = TINY_FLOWS[name_or_path]
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.embedded import flow_models as embedded
-from app.embedded.flow_models import TINY_FLOWS, load_flow_components, resolve_flow_pretrained
+from app.tiny import flow_models as embedded
+from app.tiny.flow_models import TINY_FLOWS, load_flow_components, resolve_flow_pretrained
 
 NAMES = ["tiny-sd3", "tiny-wan"]
 SUBFOLDERS = ["transformer", "vae", "text_encoder", "tokenizer", "scheduler"]

@@ -7,9 +7,9 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from app.embedded import models as embedded
-from app.embedded.models import TINY_VLMS, build_tiny_vlm, resolve_pretrained
-from app.embedded.tokenizer import REASONING_TOKENS
+from app.tiny import models as embedded
+from app.tiny.models import TINY_VLMS, build_tiny_vlm, resolve_pretrained
+from app.tiny.tokenizer import REASONING_TOKENS
 
 NAMES = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"]
 
@@ -104,11 +104,11 @@ def test_cache_folder_is_keyed_by_the_builder_code_and_library_versions(tmp_path
     """A changed builder (or library version) must never load a model that an older builder cached."""
     import importlib.metadata
 
-    from app.embedded import cache
+    from app.tiny import cache
 
     monkeypatch.setenv("APP_CACHE_DIR", str(tmp_path))
     first = embedded.cache_root()
-    assert first == tmp_path / "embedded" / cache.builder_fingerprint()
+    assert first == tmp_path / "tiny" / cache.builder_fingerprint()
     assert len(cache.builder_fingerprint()) == 12
 
     real_version = importlib.metadata.version

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from app.embedded import cache
+from app.tiny import cache
 
 
 def _write(folder):

@@ -17,11 +17,11 @@ _BUILDER_LIBRARIES = ("torch", "transformers", "tokenizers", "diffusers")
 WAIT_FOR_RANK_ZERO_S = 600.0  # how long a rank > 0 waits for rank 0 to build an embedded model
 
 
-def check_embedded_name(name_or_path: str, known: dict, kind: str) -> bool:
+def check_tiny_name(name_or_path: str, known: dict, kind: str) -> bool:
     """True for a known embedded name; False for a hub id or folder; a clear error for a misspelt ``tiny-*`` name
     (with the closest known name) and for a missing local folder, either of which would otherwise be sent to the hub.
 
-    >>> check_embedded_name("tiny-qwen9-vl", {"tiny-qwen2-vl": 0, "tiny-sd3": 0}, "model")
+    >>> check_tiny_name("tiny-qwen9-vl", {"tiny-qwen2-vl": 0, "tiny-sd3": 0}, "model")
     Traceback (most recent call last):
     ValueError: unknown embedded model 'tiny-qwen9-vl'; did you mean 'tiny-qwen2-vl'? known: ['tiny-qwen2-vl', 'tiny-sd3']
     """

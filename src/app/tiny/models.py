@@ -22,8 +22,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from app.embedded.cache import build_once, builder_fingerprint, check_embedded_name
-from app.embedded.tokenizer import build_tokenizer
+from app.tiny.cache import build_once, builder_fingerprint, check_tiny_name
+from app.tiny.tokenizer import build_tokenizer
 
 _TEXT = dict(
     vocab_size=1024,
@@ -118,9 +118,9 @@ MAX_PIXELS = 224 * 224
 
 def cache_root() -> Path:
     """Folder holding built embedded models: ``$APP_CACHE_DIR`` or ``~/.cache/app``, then one folder per builder
-    version (:func:`app.embedded.cache.builder_fingerprint`)."""
+    version (:func:`app.tiny.cache.builder_fingerprint`)."""
     base = Path(os.environ.get("APP_CACHE_DIR", Path.home() / ".cache" / "app"))
-    return base / "embedded" / builder_fingerprint()
+    return base / "tiny" / builder_fingerprint()
 
 
 def _model_config(spec: TinyVLMSpec, tokenizer: PreTrainedTokenizerFast):
@@ -177,7 +177,7 @@ def build_tiny_vlm(name: str, seed: int = 0):
 
 def resolve_pretrained(name_or_path: str, seed: int = 0) -> str:
     """Return a folder or hub id that ``from_pretrained`` loads; embedded names are built and cached on first use."""
-    if not check_embedded_name(name_or_path, TINY_VLMS, "model"):
+    if not check_tiny_name(name_or_path, TINY_VLMS, "model"):
         return name_or_path
 
     def write(folder: Path) -> None:
