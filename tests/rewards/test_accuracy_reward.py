@@ -2,7 +2,11 @@ import pytest
 import torch
 
 from app.rewards import AccuracyReward
+from app.rewards.accuracy import parsed_answer_scores
+from app.rewards.function_sequence import function_sequence_reward
 from app.rewards.functional import accuracy_reward
+from app.rewards.numeric import numeric_tolerance_reward
+from app.rewards.parsing import parse_number
 from app.types import VisualSample
 
 
@@ -76,3 +80,42 @@ def test_scores_are_float32_under_a_float64_default_dtype():
     finally:
         torch.set_default_dtype(previous)
     assert out.dtype == torch.float32 and out.tolist() == [1.0, 0.0]
+
+
+def test_parsed_answer_scores_parses_the_label_and_the_answer_block_with_one_parser():
+    def halves(pred: float, gt: float) -> float:
+        return pred / gt
+
+    completions = ["<answer>3</answer>", "<answer>three</answer>", "3", "<answer>3", None]
+    out = parsed_answer_scores("halves", completions, ["6"] * 5, parse_number, halves, "a number")
+    assert out.dtype == torch.float32 and out.tolist() == [0.5, 0.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match=r"^answers\[1\] = 'six' is not a number$"):
+        parsed_answer_scores("halves", ["no block"] * 2, ["6", "six"], parse_number, halves, "a number")
+    with pytest.raises(ValueError, match=r"^halves needs a label for every completion; answers\[0\] is None$"):
+        parsed_answer_scores("halves", ["<answer>3</answer>"], [None], parse_number, halves, "a number")
+
+
+GT_STEPS = "change_color(obj_1, red), change_size(obj_2, small)"
+UNREADABLE = [
+    None,
+    7,
+    b"<answer>7</answer>",
+    "<answer></answer>",
+    "<answer>7",
+    "7",
+    "<answer>" + "1" * 200_000 + "</answer>",
+]
+
+
+@pytest.mark.parametrize("completion", UNREADABLE)
+def test_the_parsed_answer_rewards_score_the_same_unreadable_completion_zero(completion):
+    assert numeric_tolerance_reward([completion], ["7"]).tolist() == [0.0]
+    for alpha, beta in [(0.5, 0.25), (-0.25, -0.5)]:  # a penalty for near misses is not one for no answer
+        assert function_sequence_reward([completion], [GT_STEPS], alpha, beta).tolist() == [0.0]
+
+
+def test_the_parsed_answer_rewards_check_every_label_before_reading_any_completion():
+    with pytest.raises(ValueError, match=r"^answers\[1\] = 'x' is not a number parse_number understands$"):
+        numeric_tolerance_reward(["no block"] * 2, ["7", "x"])
+    with pytest.raises(ValueError, match=r"^answers\[1\] = 'x' is not a step list such as 'change_color\(obj_1, red"):
+        function_sequence_reward(["no block"] * 2, [GT_STEPS, "x"])

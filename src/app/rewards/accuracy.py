@@ -4,7 +4,8 @@ after normalisation (docs/algorithms.md#discrete-accuracy)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -12,6 +13,8 @@ from torch import Tensor
 from app.rewards.base import RewardComponent
 from app.rewards.parsing import extract_answer, normalize_answer, parse_bool, parse_number, parse_option
 from app.types import VisualSample
+
+Parsed = TypeVar("Parsed")
 
 
 def answers_equivalent(pred: str, answer: str) -> bool:
@@ -68,6 +71,36 @@ def check_labels(fn_name: str, completions: Sequence[object], answers: Sequence[
     for i, answer in enumerate(answers):
         if answer is None:
             raise ValueError(f"{fn_name} needs a label for every completion; answers[{i}] is None")
+
+
+def parsed_answer_scores(
+    fn_name: str,
+    completions: Sequence[object],
+    answers: Sequence[object],
+    parse: Callable[[str | None], Parsed | None],
+    score: Callable[[Parsed, Parsed], float],
+    label_kind: str,
+) -> Tensor:
+    """``[N]`` float32: ``score(pred, gt)`` of what ``parse`` reads in the first ``<answer>`` block of
+    ``completions[i]`` and in ``answers[i]``; 0 for a completion without an answer block or one ``parse`` cannot read.
+
+    Every label is checked before any completion is read (:func:`check_labels`); one that ``parse`` cannot read raises
+    ``ValueError`` saying it is not ``label_kind`` (the data is misconfigured).
+    """
+    check_labels(fn_name, completions, answers)
+    labels = [_parsed_label(parse, answer, i, label_kind) for i, answer in enumerate(answers)]
+    values = []
+    for completion, gt in zip(completions, labels):  # noqa: B905 (check_labels: equal lengths)
+        pred = parse(extract_answer(completion))  # None without an answer block too
+        values.append(0.0 if pred is None else score(pred, gt))
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def _parsed_label(parse: Callable[[str], Parsed | None], answer: object, i: int, label_kind: str) -> Parsed:
+    parsed = parse(str(answer))
+    if parsed is None:
+        raise ValueError(f"answers[{i}] = {str(answer)[:80]!r} is not {label_kind}")
+    return parsed
 
 
 def accuracy_reward(completions: Sequence[str], answers: Sequence[str]) -> Tensor:

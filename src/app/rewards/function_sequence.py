@@ -28,14 +28,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from app.rewards.accuracy import check_labels, require_answers
+from app.rewards.accuracy import parsed_answer_scores, require_answers
 from app.rewards.base import RewardComponent
-from app.rewards.parsing import FunctionStep, extract_answer, parse_steps
+from app.rewards.parsing import FunctionStep, parse_steps
 from app.types import VisualSample
 
 FULL, PARTIAL, FUNCTION_ONLY, NO_MATCH = 3, 2, 1, 0
@@ -111,15 +111,6 @@ def _check_weights(alpha: float, beta: float) -> tuple[float, float]:
     return alpha, beta
 
 
-def _label_steps(answer: object, i: int) -> list[FunctionStep]:
-    steps = parse_steps(str(answer))
-    if steps is None:
-        raise ValueError(
-            f"answers[{i}] = {str(answer)[:80]!r} is not a step list such as 'change_color(obj_1, red), ...'"
-        )
-    return steps
-
-
 def function_sequence_reward(
     completions: Sequence[str],
     answers: Sequence[str],
@@ -146,14 +137,10 @@ def function_sequence_reward(
     ...                          [gt] * 3)
     tensor([1.0000, 0.2500, 0.0000])
     """
-    check_labels("function_sequence_reward", completions, answers)
     alpha, beta = _check_weights(alpha, beta)
-    labels = [_label_steps(answer, i) for i, answer in enumerate(answers)]
-    values = []
-    for completion, gt in zip(completions, labels):  # noqa: B905 (check_labels: equal lengths)
-        pred = parse_steps(extract_answer(completion))  # None without an answer block too
-        values.append(0.0 if pred is None else sequence_score(pred, gt, alpha, beta, ordered))
-    return torch.tensor(values, dtype=torch.float32)
+    score = partial(sequence_score, alpha=alpha, beta=beta, ordered=ordered)
+    label_kind = "a step list such as 'change_color(obj_1, red), ...'"
+    return parsed_answer_scores("function_sequence_reward", completions, answers, parse_steps, score, label_kind)
 
 
 class FunctionSequenceReward(RewardComponent):

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
-import torch
 from torch import Tensor
 
-from app.rewards.accuracy import check_labels, require_answers
+from app.rewards.accuracy import parsed_answer_scores, require_answers
 from app.rewards.base import RewardComponent
-from app.rewards.parsing import extract_answer, parse_number
+from app.rewards.parsing import parse_number
 from app.types import VisualSample
 
 
@@ -34,13 +34,6 @@ def _check_band(eps1: float, eps2: float, zero_scale: float) -> tuple[float, flo
     if not (math.isfinite(zero_scale) and zero_scale > 0.0):
         raise ValueError(f"zero_scale must be finite and > 0, got {zero_scale}")
     return eps1, eps2, zero_scale
-
-
-def _label_number(answer: object, i: int) -> float:
-    value = parse_number(str(answer))
-    if value is None:
-        raise ValueError(f"answers[{i}] = {str(answer)[:80]!r} is not a number parse_number understands")
-    return value
 
 
 def tolerance_score(pred: float, gt: float, eps1: float = 0.05, eps2: float = 0.20, zero_scale: float = 1.0) -> float:
@@ -86,14 +79,11 @@ def numeric_tolerance_reward(
     >>> numeric_tolerance_reward(["<answer>0.04</answer>", "<answer>\\\\frac{1}{2}</answer>"], ["0", "0"])
     tensor([1., 0.])
     """
-    check_labels("numeric_tolerance_reward", completions, answers)
     eps1, eps2, zero_scale = _check_band(eps1, eps2, zero_scale)
-    labels = [_label_number(answer, i) for i, answer in enumerate(answers)]
-    values = []
-    for completion, gt in zip(completions, labels):  # noqa: B905 (check_labels: equal lengths)
-        pred = parse_number(extract_answer(completion))  # None without an answer block too
-        values.append(0.0 if pred is None else tolerance_score(pred, gt, eps1, eps2, zero_scale))
-    return torch.tensor(values, dtype=torch.float32)
+    score = partial(tolerance_score, eps1=eps1, eps2=eps2, zero_scale=zero_scale)
+    return parsed_answer_scores(
+        "numeric_tolerance_reward", completions, answers, parse_number, score, "a number parse_number understands"
+    )
 
 
 class NumericToleranceReward(RewardComponent):
