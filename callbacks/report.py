@@ -1,4 +1,4 @@
-"""Write the run's report (:mod:`app.report`) at the end of fit, validate and test: ``<log_dir>/report/report.md``
+"""Write the run's report (:mod:`app.run_report`) at the end of fit, validate and test: ``<log_dir>/report/report.md``
 with held-out tables per data set and per task, and PNG plots of the training rewards and held-out metrics.
 
 The callback records the ``train/`` scalars every ``every_n_steps`` steps and every evaluation's ``val/`` or ``test/``
@@ -14,7 +14,7 @@ import os
 import lightning as L
 import torch
 
-from app.report import RunHistory, write_report
+from app.run_report import RunHistory, write_report
 
 
 def _scalars(trainer: L.Trainer, prefix: str) -> dict[str, float]:

@@ -1,8 +1,8 @@
-"""app.report: report.md tables per data set and per task, PNG plots, from a RunHistory."""
+"""app.run_report: report.md tables per data set and per task, PNG plots, from a RunHistory."""
 
 from PIL import Image
 
-from app.report import RunHistory, split_key, write_report
+from app.run_report import RunHistory, split_key, write_report
 
 
 def history() -> RunHistory:
