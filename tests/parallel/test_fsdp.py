@@ -8,8 +8,6 @@ The multi-process runs are launched once per module (``torchrun``, see ``fsdp_pr
 from __future__ import annotations
 
 import functools
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -48,33 +46,13 @@ TWO_PROCESS_CASES = [
 FOUR_PROCESS_CASES = ["vlm_lora-ddp", "vlm_lora-hsdp", "vlm_lora-hsdp-same"]
 
 
-def launch(out: Path, processes: int, cases: list[str], app_env) -> None:
-    env = app_env(OMP_NUM_THREADS="1")
-    if processes == 1:
-        command = [sys.executable, str(PROBE), str(out), *cases]
-    else:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            str(processes),
-            str(PROBE),
-            str(out),
-            *cases,
-        ]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, app_env) -> dict[int, Path]:
+def runs(tmp_path_factory, probes) -> dict[int, Path]:
     """Output folders of the probe runs by number of processes."""
     folders = {n: tmp_path_factory.mktemp(f"fsdp{n}") for n in (1, 2, 4)}
-    launch(folders[1], 1, ["vlm_lora-single-same"], app_env)
-    launch(folders[2], 2, TWO_PROCESS_CASES, app_env)
-    launch(folders[4], 4, FOUR_PROCESS_CASES, app_env)
+    probes.python(PROBE, folders[1], "vlm_lora-single-same", timeout=600)
+    probes.torchrun(PROBE, 2, folders[2], *TWO_PROCESS_CASES, timeout=600)
+    probes.torchrun(PROBE, 4, folders[4], *FOUR_PROCESS_CASES, timeout=600)
     return folders
 
 

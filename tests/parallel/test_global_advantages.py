@@ -3,8 +3,6 @@ global batch with the batch scale (centred per group, divided by the std of ever
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +15,8 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.slow
-def test_global_scale_on_two_ranks_is_the_batch_scale_of_the_whole_batch(tmp_path, app_env):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command += [str(HERE / "advantages_probe.py"), str(tmp_path)]
-    result = subprocess.run(command, env=app_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+def test_global_scale_on_two_ranks_is_the_batch_scale_of_the_whole_batch(tmp_path, probes):
+    probes.torchrun(HERE / "advantages_probe.py", 2, tmp_path, timeout=240)
     ranks = [torch.load(tmp_path / f"global.rank{r}.pt", weights_only=True) for r in range(2)]
     whole = torch.cat([r["rewards"] for r in ranks])
     expected = group_advantages(whole, 3, scale="batch")

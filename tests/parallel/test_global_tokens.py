@@ -8,8 +8,6 @@ rollout, micro-batches of 3 rows, no clipping.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,14 +22,10 @@ ROWS, POSITIONS, HIDDEN = 8, 100, 64  # the global rollout's rows, about P + L p
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, app_env) -> Path:
+def runs(tmp_path_factory, probes) -> Path:
     out = tmp_path_factory.mktemp("global_tokens")
-    env = app_env(OMP_NUM_THREADS="1")
-    alone = [sys.executable, str(PROBE), str(out), *AGGREGATIONS]
-    two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *alone[1:]]
-    for command in (alone, two):
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540, cwd=HERE)
-        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    probes.python(PROBE, out, *AGGREGATIONS)
+    probes.torchrun(PROBE, 2, out, *AGGREGATIONS)
     return out
 
 

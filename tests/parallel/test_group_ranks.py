@@ -4,8 +4,6 @@ weights one process holding the whole groups trains, from the same prompts."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,20 +17,12 @@ HERE = Path(__file__).resolve().parent
 PROBE = HERE / "group_ranks_probe.py"
 
 
-def launch(out: Path, processes: int, cases: list[str], app_env) -> None:
-    command = [sys.executable, str(PROBE), str(out), *cases]
-    if processes > 1:
-        command[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-    result = subprocess.run(command, env=app_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=540)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, app_env) -> dict[int, Path]:
+def runs(tmp_path_factory, probes) -> dict[int, Path]:
     folders = {n: tmp_path_factory.mktemp(f"group_ranks{n}") for n in (1, 2, 4)}
-    launch(folders[1], 1, ["fit-1"], app_env)
-    launch(folders[2], 2, ["fit-world"], app_env)
-    launch(folders[4], 4, ["fit-world", "scores-2", "scores-4"], app_env)
+    probes.python(PROBE, folders[1], "fit-1")
+    probes.torchrun(PROBE, 2, folders[2], "fit-world")
+    probes.torchrun(PROBE, 4, folders[4], "fit-world", "scores-2", "scores-4")
     return folders
 
 

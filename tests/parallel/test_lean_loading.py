@@ -8,8 +8,6 @@ The probe runs (``lean_probe.py``) are launched once per module, in one ``torchr
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,24 +30,12 @@ SAME = [
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory, app_env) -> dict:
+def reports(tmp_path_factory, probes) -> dict:
     """Every rank's report, by case, and the log (``"log"``): about 30 s on 2 idle cores."""
     out = tmp_path_factory.mktemp("lean")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(WORLD),
-        str(PROBE),
-        str(out),
-        *CASES,
-    ]
-    result = subprocess.run(command, env=app_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=540)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    log = probes.torchrun(PROBE, WORLD, out, *CASES)
     found = {c: [torch.load(out / f"{c}.rank{r}.pt", weights_only=False) for r in range(WORLD)] for c in CASES}
-    found["log"] = result.stdout + result.stderr
+    found["log"] = log
     return found
 
 

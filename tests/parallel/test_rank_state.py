@@ -10,8 +10,6 @@ and VLM LoRA under DDP (one checkpoint file).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,22 +24,10 @@ KILLED_AT = 1  # the probe's: the resumed fit starts from the checkpoint of step
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, app_env) -> Path:
+def runs(tmp_path_factory, probes) -> Path:
     """The output folder of the probe runs (every case in one two-process launch)."""
     out = tmp_path_factory.mktemp("rank_state")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(WORLD),
-        str(PROBE),
-        str(out),
-        *CASES,
-    ]
-    result = subprocess.run(command, env=app_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=540)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    probes.torchrun(PROBE, WORLD, out, *CASES)
     return out
 
 

@@ -9,8 +9,6 @@ The runs are launched once per module (``torchrun``, see ``world_size_probe.py``
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,19 +21,12 @@ SAVED_WORLD, BATCH, SAVED_AT = 2, 2, 1  # the probe's: 2 processes, 2 prompts pe
 WORLDS = (1, 4)
 
 
-def torchrun(out: Path, processes: int, mode: str, app_env) -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-    command += [str(PROBE), str(out), mode]
-    result = subprocess.run(command, env=app_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, app_env) -> Path:
+def runs(tmp_path_factory, probes) -> Path:
     out = tmp_path_factory.mktemp("world_size")
-    torchrun(out, SAVED_WORLD, "save", app_env)
-    for world in WORLDS:
-        torchrun(out, world, "resume", app_env)
+    probes.torchrun(PROBE, SAVED_WORLD, out, "save", timeout=300)
+    for world in WORLDS:  # torchrun also for one process: the probe resumes as a launched rank
+        probes.torchrun(PROBE, world, out, "resume", timeout=300)
     return out
 
 
