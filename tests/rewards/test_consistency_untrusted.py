@@ -1,10 +1,9 @@
 """Consistency rewards on untrusted completions: finite values in [0, 1], no exception, nothing evaluated."""
 
-import math
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reward_contract import assert_well_behaved
 
 from app.rewards.consistency import ConsistencyReward
 from app.types import VisualSample
@@ -35,13 +34,14 @@ def pair_samples(k: int, relation: str) -> list[VisualSample]:
     return [x] * k + [twin] * k
 
 
-def assert_well_behaved(completions: list[str]) -> None:
+def assert_pairs_well_behaved(completions: list[str]) -> None:
+    """Every consistency reward on the completions as k pairs (the first half the originals, the second their twins),
+    its values inside [0, 1]."""
     k = len(completions) // 2
     for reward in REWARDS:
         relation = "negation" if reward.answer_type == "bool" else "identity"
-        values = reward.score(completions[: 2 * k], pair_samples(k, relation))
-        assert values.shape == (2 * k,)
-        assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values.tolist())
+        assert reward.value_range == (0.0, 1.0)
+        assert_well_behaved(reward, completions[: 2 * k], pair_samples(k, relation))
 
 
 _PIECES = st.one_of(
@@ -54,26 +54,26 @@ _PIECES = st.one_of(
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.text(), min_size=2, max_size=8))
 def test_arbitrary_unicode(completions):
-    assert_well_behaved(completions)
+    assert_pairs_well_behaved(completions)
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(_PIECES, max_size=12).map("".join), min_size=2, max_size=16))
 def test_nested_and_unclosed_tags(completions):
-    assert_well_behaved(completions)
+    assert_pairs_well_behaved(completions)
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.sampled_from(NUMERIC_LIKE).map(lambda a: f"<answer>{a}</answer>"), min_size=2, max_size=16))
 def test_numeric_edge_cases(completions):
-    assert_well_behaved(completions)
+    assert_pairs_well_behaved(completions)
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(min_size=1, max_size=16))
 def test_one_megabyte_strings(unit):
     big = unit * (1_000_000 // len(unit) + 1)
-    assert_well_behaved([big, "<answer>yes</answer>", big, "<answer>" + big])
+    assert_pairs_well_behaved([big, "<answer>yes</answer>", big, "<answer>" + big])
 
 
 @pytest.mark.parametrize(
@@ -83,13 +83,13 @@ def test_one_megabyte_strings(unit):
 )
 def test_one_megabyte_inputs(text):
     """Well-behaved on megabyte inputs (their timing: benchmarks/untrusted_inputs.py)."""
-    assert_well_behaved([text, text, "<answer>3</answer>", text])
+    assert_pairs_well_behaved([text, text, "<answer>3</answer>", text])
 
 
 def test_code_is_never_executed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert_well_behaved(CODE)
-    assert_well_behaved(CODE[::-1])
+    assert_pairs_well_behaved(CODE)
+    assert_pairs_well_behaved(CODE[::-1])
     assert list(tmp_path.iterdir()) == []
 
 

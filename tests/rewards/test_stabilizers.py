@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reward_contract import assert_well_behaved
 
 from app.rewards import AccuracyReward, WeightedReward
 from app.rewards.stabilizers import (
@@ -245,11 +246,10 @@ def reference_scores(reward, completions, samples) -> list[float]:
     return [ref_overlong(n, reward.max_length, reward.cache_length) for n in lengths]
 
 
-def assert_well_behaved(completions, samples=None):
+def assert_matches_reference(completions, samples=None):
     samples = samples or [SAMPLE] * len(completions)
     for reward in REWARDS:
-        values = reward.score(completions, samples)
-        assert values.shape == (len(completions),) and values.dtype == torch.float32
+        values = assert_well_behaved(reward, completions, samples)
         expected = reference_scores(reward, completions, samples)
         assert values.tolist() == pytest.approx(expected, abs=1e-5), (reward.name, completions)
 
@@ -257,7 +257,7 @@ def assert_well_behaved(completions, samples=None):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.text(), min_size=1, max_size=4))
 def test_arbitrary_unicode(completions):
-    assert_well_behaved(completions)
+    assert_matches_reference(completions)
 
 
 _PIECES = st.one_of(
@@ -269,14 +269,14 @@ _PIECES = st.one_of(
 @settings(max_examples=150, deadline=None)
 @given(st.lists(_PIECES, max_size=40).map("".join))
 def test_tag_soup(text):
-    assert_well_behaved([text])
+    assert_matches_reference([text])
 
 
 @pytest.mark.parametrize("value", SPECIAL)
 def test_special_values(value):
     s = VisualSample(images=[], question="q", task="t", answer=value)
     texts = [value, f"<think>{value}</think><answer>{value}</answer>"]
-    assert_well_behaved(texts, [s, s])
+    assert_matches_reference(texts, [s, s])
 
 
 ONE_MB = [
@@ -293,13 +293,13 @@ ONE_MB = [
 @pytest.mark.parametrize("text", ONE_MB, ids=range(len(ONE_MB)))
 def test_one_megabyte_scores(text):
     """The reference values on megabyte inputs (their timing: benchmarks/untrusted_inputs.py)."""
-    assert_well_behaved([text])
+    assert_matches_reference([text])
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(min_size=1, max_size=16))
 def test_one_megabyte_strings(unit):
-    assert_well_behaved([unit * (1_000_000 // len(unit) + 1)])
+    assert_matches_reference([unit * (1_000_000 // len(unit) + 1)])
 
 
 def test_code_is_never_executed(tmp_path, monkeypatch):
@@ -316,7 +316,7 @@ def test_code_is_never_executed(tmp_path, monkeypatch):
 
 def test_non_string_completions_score_in_range():
     completions = [None, b"<answer>yes</answer>", 3, ["<answer>yes</answer>"]]
-    assert_well_behaved(completions)
+    assert_matches_reference(completions)
     assert repetition_penalty(completions).tolist() == [0.0] * 4
     assert soft_overlong_penalty(completions).tolist() == [0.0] * 4
     assert CosineLengthReward().score(completions, [SAMPLE] * 4).tolist() == [-0.5] * 4

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reward_contract import assert_well_behaved
 
 from app.rewards import FormatReward, WeightedReward
 from app.rewards.trisr import (
@@ -463,17 +464,14 @@ CODE = "__import__('os').system('touch PWNED')"
 SPECIAL = ["nan", "1e309", "-1e309", "-0", "inf", "1" * 100_000, CODE, "9" * 40]
 
 
-def assert_well_behaved(completions):
-    """Finite float32 values made of the terms as documented. Scores are clamped to ``value_range``, so a range check
-    could not fail; instead: R_task in {0, 1/3, 2/3, 1}, R_ja a multiple of 1/6 in [0, 1], R_tc in {-1, 0, 1}, the
+def assert_terms_well_behaved(completions):
+    """Finite float32 values made of the terms as documented. Scores are clamped to ``value_range``, so the contract's
+    range check could not catch a wrong term; also: R_task in {0, 1/3, 2/3, 1}, R_ja a multiple of 1/6 in [0, 1], R_tc in {-1, 0, 1}, the
     overall accuracy 1 exactly when R_task is, and each TriSR total the weighted sum of its terms."""
     for s in SAMPLES:
         values = []
         for reward in REWARDS:
-            v = reward.score(completions, [s] * len(completions))
-            assert v.shape == (len(completions),) and v.dtype == torch.float32
-            assert torch.isfinite(v).all(), (reward.name, v)
-            values.append(v.double())
+            values.append(assert_well_behaved(reward, completions, [s] * len(completions)).double())
         ag, ja, tc, task, overall, partial, total, custom = values
         assert torch.equal(partial, task) and torch.equal(overall, (task == 1).double()), completions
         assert task.tolist() == pytest.approx((3 * task).round().div(3).tolist(), abs=1e-6) and (task <= 1).all()
@@ -486,7 +484,7 @@ def assert_well_behaved(completions):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.text(), min_size=1, max_size=3))
 def test_arbitrary_unicode(completions):
-    assert_well_behaved(completions)
+    assert_terms_well_behaved(completions)
 
 
 _PIECES = st.one_of(
@@ -521,13 +519,13 @@ _PIECES = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_PIECES, max_size=40).map("".join))
 def test_tag_soup(text):
-    assert_well_behaved([text])
+    assert_terms_well_behaved([text])
 
 
 @pytest.mark.parametrize("value", SPECIAL)
 def test_special_values_everywhere(value):
     text = response((value, value, value), dict.fromkeys(PAIRS, value), dict.fromkeys(PAIRS, value))
-    assert_well_behaved([text, f"<answer>{value}</answer>", f"<think>Image 1: {value}</think>"])
+    assert_terms_well_behaved([text, f"<answer>{value}</answer>", f"<think>Image 1: {value}</think>"])
 
 
 ONE_MB = [
@@ -544,13 +542,13 @@ ONE_MB = [
 @pytest.mark.parametrize("text", ONE_MB, ids=range(len(ONE_MB)))
 def test_one_megabyte_scores(text):
     """Well-behaved on megabyte inputs (their timing: benchmarks/untrusted_inputs.py)."""
-    assert_well_behaved([text])
+    assert_terms_well_behaved([text])
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(min_size=1, max_size=16))
 def test_one_megabyte_strings(unit):
-    assert_well_behaved([unit * (1_000_000 // len(unit) + 1)])
+    assert_terms_well_behaved([unit * (1_000_000 // len(unit) + 1)])
 
 
 def test_code_is_never_executed(tmp_path, monkeypatch):

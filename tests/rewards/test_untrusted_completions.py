@@ -7,6 +7,7 @@ import pathlib
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reward_contract import assert_well_behaved
 
 import app.rewards
 from app.rewards import AccuracyReward, FormatReward, WeightedReward
@@ -38,12 +39,9 @@ ADVERSARIAL_1MB = [
 ]
 
 
-def assert_well_behaved(completions):
+def assert_rewards_and_parsers_well_behaved(completions):
     for reward in REWARDS:
-        values = reward.score(completions, [SAMPLE] * len(completions))
-        assert values.shape == (len(completions),)
-        low, high = reward.value_range
-        assert all(math.isfinite(v) and low <= v <= high for v in values.tolist())
+        assert_well_behaved(reward, completions, [SAMPLE] * len(completions))
     for text in completions:
         assert extract_answer(text) is None or isinstance(extract_answer(text), str)
         assert isinstance(normalize_answer(text), str)
@@ -53,7 +51,7 @@ def assert_well_behaved(completions):
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.text(), min_size=1, max_size=4))
 def test_arbitrary_unicode(completions):
-    assert_well_behaved(completions)
+    assert_rewards_and_parsers_well_behaved(completions)
 
 
 _PIECES = st.one_of(st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", "(A)", "yes", "\n"]), st.text())
@@ -62,19 +60,19 @@ _PIECES = st.one_of(st.sampled_from(["<think>", "</think>", "<answer>", "</answe
 @settings(max_examples=150, deadline=None)
 @given(st.lists(_PIECES, max_size=20).map("".join))
 def test_tag_soup(text):
-    assert_well_behaved([text])
+    assert_rewards_and_parsers_well_behaved([text])
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(min_size=1, max_size=16))
 def test_one_megabyte_strings(unit):
-    assert_well_behaved([unit * (1_000_000 // len(unit) + 1)])
+    assert_rewards_and_parsers_well_behaved([unit * (1_000_000 // len(unit) + 1)])
 
 
 @pytest.mark.parametrize("text", ADVERSARIAL_1MB, ids=range(len(ADVERSARIAL_1MB)))
 def test_one_megabyte_parses(text):
     """Well-behaved on megabyte inputs (their timing: benchmarks/untrusted_inputs.py)."""
-    assert_well_behaved([text])
+    assert_rewards_and_parsers_well_behaved([text])
     think = extract_tag(text, "think")
     assert think is None or (isinstance(think, str) and len(think) < len(text))
 

@@ -6,6 +6,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reward_contract import assert_well_behaved
 
 from app.rewards.accuracy import AccuracyReward, answers_equivalent
 from app.rewards.composite import WeightedReward
@@ -34,13 +35,10 @@ CASES = [
 ]
 
 
-def assert_well_behaved(completions):
+def assert_rewards_and_parsers_well_behaved(completions):
     for reward, label in CASES:
         samples = [VisualSample(images=[], question="q", task="t", answer=label)] * len(completions)
-        values = reward.score(completions, samples)
-        assert values.shape == (len(completions),)
-        low, high = reward.value_range
-        assert all(math.isfinite(v) and low <= v <= high for v in values.tolist()), (reward.name, values)
+        assert_well_behaved(reward, completions, samples)
     for text in completions:
         number = parse_number(text)
         assert number is None or (isinstance(number, float) and math.isfinite(number))
@@ -53,7 +51,7 @@ def assert_well_behaved(completions):
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.text(), min_size=1, max_size=4))
 def test_arbitrary_unicode(completions):
-    assert_well_behaved(completions)
+    assert_rewards_and_parsers_well_behaved(completions)
 
 
 _PIECES = st.one_of(
@@ -105,7 +103,7 @@ _PIECES = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_PIECES, max_size=24).map("".join))
 def test_tag_and_latex_soup(text):
-    assert_well_behaved([text, f"<answer>{text}</answer>"])
+    assert_rewards_and_parsers_well_behaved([text, f"<answer>{text}</answer>"])
 
 
 @pytest.mark.parametrize(
@@ -128,7 +126,7 @@ def test_tag_and_latex_soup(text):
 )
 def test_special_answers(answer):
     completions = [answer, f"<answer>{answer}</answer>", f"<think>t</think><answer>{answer}</answer>"]
-    assert_well_behaved(completions)
+    assert_rewards_and_parsers_well_behaved(completions)
     assert parse_number(answer) in (None, 0.0)
 
 
@@ -153,13 +151,13 @@ def test_one_megabyte_inputs(text):
     """Well-behaved on megabyte inputs (their timing: benchmarks/untrusted_inputs.py)."""
     assert len(text) >= 1_000_000
     assert answers_equivalent(text, text) in (True, False)
-    assert_well_behaved([text])
+    assert_rewards_and_parsers_well_behaved([text])
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(min_size=1, max_size=16))
 def test_one_megabyte_repeats(unit):
-    assert_well_behaved([unit * (1_000_000 // len(unit) + 1)])
+    assert_rewards_and_parsers_well_behaved([unit * (1_000_000 // len(unit) + 1)])
 
 
 def test_code_in_answers_is_never_executed(tmp_path, monkeypatch):
