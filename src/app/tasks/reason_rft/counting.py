@@ -34,7 +34,6 @@ until every object shows at least 40% of itself. ``meta`` keeps the question pro
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 from app.tasks.reason_rft.cot import counting_reasoning
 from app.tasks.reason_rft.programs import (
@@ -189,11 +188,6 @@ def make_sample(seed: int, split: str, index: int, image_size: int = 128, labele
     return VisualSample([rendering.image], program.question(), TASK, answer, reasoning, meta)
 
 
-def make_samples(num: int, seed: int, split: str, image_size: int = 128) -> Iterator[VisualSample]:
-    """Samples ``0 .. num - 1`` of ``split`` (labeled), one at a time."""
-    return (make_sample(seed, split, i, image_size) for i in range(num))
-
-
 class VisualCountingDataset(SplitDataset):
     """``num_samples`` visual counting prompts of one split, rendered lazily (see the module docstring).
 
@@ -212,3 +206,8 @@ class VisualCountingDataset(SplitDataset):
 
     def sample(self, index: int) -> VisualSample:
         return make_sample(self.seed, self.split, index, self.image_size, self.labeled)
+
+
+make_samples = VisualCountingDataset.make_samples
+"""Samples ``0 .. num - 1`` of a split, labeled, one at a time (see
+:meth:`~app.tasks.reason_rft.split_dataset.SplitDataset.make_samples`)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import ClassVar
 
 from app.tasks.base import SeededDataset
@@ -29,6 +30,13 @@ class SplitDataset(SeededDataset):
             raise ValueError(f"unknown split {split!r}; known: {', '.join(self.splits)}")
         super().__init__(num_samples, seed, image_size)
         self.split, self.labeled = split, labeled
+
+    @classmethod
+    def make_samples(cls, num: int, seed: int, split: str, image_size: int | None = None) -> Iterator[VisualSample]:
+        """Samples ``0 .. num - 1`` of ``split``, labeled, one at a time (what ``python -m app.tasks reason_rft``
+        writes); ``image_size`` None: the data set's default. The split and ``num`` are checked at the call."""
+        dataset = cls(num, seed, split=split, **({} if image_size is None else {"image_size": image_size}))
+        return (dataset.sample(index) for index in range(num))
 
     def sample(self, index: int) -> VisualSample:
         raise NotImplementedError

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Iterator
 from functools import partial
 
 from app.tasks.reason_rft.cot import left_to_right, transformation_reasoning
@@ -190,11 +189,6 @@ def make_sample(seed: int, split: str, index: int, image_size: int = 128, labele
     )
 
 
-def make_samples(num: int, seed: int, split: str, image_size: int = 128) -> Iterator[VisualSample]:
-    """Samples ``0 .. num - 1`` of ``split`` (labeled), one at a time."""
-    return (make_sample(seed, split, i, image_size) for i in range(num))
-
-
 class SpatialTransformationDataset(SplitDataset):
     """``num_samples`` spatial-transformation prompts of one split, rendered lazily (see the module docstring).
 
@@ -210,3 +204,8 @@ class SpatialTransformationDataset(SplitDataset):
 
     def sample(self, index: int) -> VisualSample:
         return make_sample(self.seed, self.split, index, self.image_size, self.labeled)
+
+
+make_samples = SpatialTransformationDataset.make_samples
+"""Samples ``0 .. num - 1`` of a split, labeled, one at a time (see
+:meth:`~app.tasks.reason_rft.split_dataset.SplitDataset.make_samples`)."""
