@@ -12,11 +12,20 @@ from typing import Any, Generic, TypeVar
 import torch
 from PIL import Image
 
+IMAGE_TOKEN = "<image>"
+"""A placeholder in ``VisualSample.question`` marking where one of the sample's images goes in a VLM prompt (one per
+image, in order); a question without placeholders has its images before its text."""
+
+PAIR_RELATIONS = ("identity", "negation")
+"""How the answer of a prompt's augmented twin relates to the prompt's (``meta["relation"]`` of the twin):
+``identity`` (equal) or ``negation`` (the opposite; boolean answers only)."""
+
 
 @dataclass
 class VisualSample:
     """One prompt: its images, the question, and what rewards and SFT may read.
 
+    ``question`` may hold :data:`IMAGE_TOKEN` placeholders, one per image, where the images go.
     ``answer`` is optional on purpose: label-free training runs on samples without it.
     ``reasoning`` is the chain of thought used by supervised fine-tuning (Reason-RFT stage 1).
     """

@@ -4,6 +4,7 @@ bad row stops with its file, row and field named, or is skipped and counted."""
 import io
 import json
 import logging
+import re
 from pathlib import Path
 
 import datasets
@@ -74,7 +75,7 @@ def test_trl_chat_prompt_with_image_column_and_solution(folder):
         }
     ]
     sample = FileDataset(1, 0, 64, str(write_jsonl(folder / "t.jsonl", rows)), RowReader(preset="trl"))[0]
-    assert (sample.question, sample.answer) == ("What colour?", "red")
+    assert (sample.question, sample.answer) == ("<image>What colour?", "red")  # the image part stays in place
     assert [pixel(image) for image in sample.images] == [[255, 0, 0]]
     assert sample.meta == {"difficulty": "easy", "system": "Be brief."}
 
@@ -95,7 +96,7 @@ def test_verl_parquet_with_image_bytes_and_nested_ground_truth(tmp_path):
 
     sample = FileDataset(1, 0, 64, str(tmp_path / "train.parquet"), RowReader(preset="verl"))[0]
 
-    assert (sample.question, sample.answer, sample.task) == ("Find x.", "12", "geo3k")
+    assert (sample.question, sample.answer, sample.task) == ("<image>Find x.", "12", "geo3k")
     assert [pixel(image) for image in sample.images] == [[0, 255, 0]]
     assert sample.meta == {"reward_model": {"style": "rule", "ground_truth": "12"}, "extra_info": {"index": 7}}
 
@@ -108,7 +109,7 @@ def test_easyr1_json_array_with_image_dir_and_template(folder):
 
     sample = FileDataset(1, 0, 64, str(path), reader)[0]
 
-    assert (sample.question, sample.answer) == ("Count the dots. Be exact.", "4")
+    assert (sample.question, sample.answer) == ("<image> Count the dots. Be exact.", "4")
     assert [pixel(image) for image in sample.images] == [[0, 0, 255]]
 
 
@@ -124,7 +125,7 @@ def test_swift_messages_keep_the_assistant_turn_in_meta(folder):
         }
     ]
     sample = FileDataset(1, 0, 64, str(write_jsonl(folder / "s.jsonl", rows)), RowReader(preset="swift"))[0]
-    assert (sample.question, sample.answer, len(sample.images)) == ("Same colour?", "no", 2)
+    assert (sample.question, sample.answer, len(sample.images)) == ("<image><image>Same colour?", "no", 2)
     assert sample.meta == {"response": "<answer>no</answer>"}
 
 
@@ -322,7 +323,7 @@ def test_each_anchor_layout_trains_the_tiny_model_two_steps(preset, tmp_path, fi
     import functools
     import math
 
-    from app.cli import AppCLI
+    from app.command_line.commands import AppCLI
 
     path = str(anchor_file(tmp_path, preset))
     factory = functools.partial(FileDataset, path=path, rows=RowReader(preset=preset))
@@ -391,7 +392,7 @@ def test_flow_prompt_files_train_the_tiny_flow_model_two_steps(kind, model, tmp_
     import functools
     import math
 
-    from app.cli import AppCLI
+    from app.command_line.commands import AppCLI
 
     monkeypatch.chdir(tmp_path)
     rows = RowReader(preset="vbvr" if kind == "vbvr" else "flow")
@@ -458,7 +459,7 @@ def test_reason_rft_json_trains_with_the_suites_reward(suite, tmp_path, monkeypa
     import functools
     import math
 
-    from app.cli import AppCLI
+    from app.command_line.commands import AppCLI
 
     config_name, reward_class, image, answer, _ = REASON_RFT_SUITES[suite]
     reader = RowReader(preset="reason_rft", image_dir=str(tmp_path / "train_images"), key="id")
@@ -495,7 +496,7 @@ def test_rows_with_reasoning_train_the_sft_stage_two_steps(tmp_path, fit):
     import functools
     import math
 
-    from app.cli import AppCLI
+    from app.command_line.commands import AppCLI
 
     write_png(tmp_path / "images" / "red.png", (255, 0, 0), size=(64, 64))
     row = {"question": "What colour?", "answer": "red", "reasoning": "The square is red.", "images": ["images/red.png"]}
@@ -509,3 +510,131 @@ def test_rows_with_reasoning_train_the_sft_stage_two_steps(tmp_path, fit):
     assert trainer.global_step == 2 and data.train_dataset[0].reasoning == "The square is red."
     losses = recorder.metric("train/loss/sft")
     assert len(losses) == 2 and all(math.isfinite(value) for value in losses)
+
+
+def core_file(folder, rows=None):
+    """Four CoRe comparison triplets: three images, the question, the target answer and reasoning, the dimension and TriSR's
+    ground truth (``pair_answers``, ``attributes``, ``answer_type``)."""
+    from app.formats import format_triplet_response
+
+    for name, color in (("a", (200, 0, 0)), ("b", (0, 200, 0)), ("c", (0, 0, 200))):
+        write_png(folder / "images" / f"{name}.png", color, size=(64, 64))
+    answers = {"1-2": "1", "1-3": "1", "2-3": "2"}
+    reasoning, answer = format_triplet_response([5, 3, 2], answers, answers)
+    row = {
+        "question": "Which image has more dots in each pair?",
+        "images": ["images/a.png", "images/b.png", "images/c.png"],
+        "answer": answer,
+        "reasoning": reasoning,
+        "dimension": "core_counting",
+        "attributes": [5, 3, 2],
+        "pair_answers": answers,
+        "answer_type": "ordinal",
+    }
+    return write_jsonl(folder / "core.jsonl", rows or [row] * 4)
+
+
+def test_a_core_triplet_row_holds_three_images_and_trisr_s_ground_truth(tmp_path):
+    from app.formats import format_response
+    from app.rewards.trisr import TriSRReward
+
+    sample = FileDataset(1, 0, 64, str(core_file(tmp_path)), RowReader(preset="core"))[0]
+
+    assert sample.task == "core_counting" and [pixel(image) for image in sample.images][2] == [0, 0, 200]
+    assert set(sample.meta) == {"attributes", "pair_answers", "answer_type"}
+    reward = TriSRReward(ag_weight=0.2, ja_weight=0.2, tc_weight=0.3)
+    target = format_response(sample.reasoning, sample.answer)
+    assert reward.score([target], [sample]).tolist() == [pytest.approx(1.7)]  # the target scores the maximum
+
+
+@pytest.mark.parametrize(
+    "change, field, reason",
+    [
+        ({"images": ["images/a.png", "images/b.png"]}, "images", "2 images; this layout needs 3"),
+        ({"pair_answers": None}, "pair_answers", "missing; the 'core' layout's rewards read ['pair_answers']"),
+    ],
+)
+def test_a_core_row_the_reward_could_not_score_is_a_bad_row(tmp_path, change, field, reason):
+    path = core_file(tmp_path)
+    row = {**json.loads(path.read_text().splitlines()[0]), **change}
+    row = {k: v for k, v in row.items() if v is not None}
+    with pytest.raises(BadRowError, match=rf"row 0, field '{field}': {re.escape(reason)}"):
+        FileDataset(1, 0, 64, str(core_file(tmp_path, [row])), RowReader(preset="core"))
+
+
+def ot_grpo_file(folder, twin=None, answer="yes"):
+    """Four OT-GRPO prompt pairs: the prompt, its augmented twin (mirrored image, swapped question) and the twin's
+    relation; ``answer_type`` for the consistency verifier."""
+    write_png(folder / "images" / "scene.png", (255, 0, 0), size=(64, 64))
+    write_png(folder / "images" / "mirrored.png", (0, 0, 255), size=(64, 64))
+    twin = twin or {"question": "Is the blue dot left of the red dot?", "images": ["images/mirrored.png"]}
+    rows = [
+        {
+            "id": f"pair-{i}",
+            "question": "Is the red dot left of the blue dot?",
+            "images": ["images/scene.png"],
+            "answer": answer,
+            "answer_type": "bool",
+            "twin": {"relation": "negation", **twin},
+        }
+        for i in range(4)
+    ]
+    return write_jsonl(folder / "pairs.jsonl", rows)
+
+
+def test_an_ot_grpo_row_is_a_prompt_and_its_twin_with_the_relation(tmp_path):
+    from app.rewards.groups import pair_groups
+
+    x, twin = FileDataset(4, 0, 64, str(ot_grpo_file(tmp_path)), RowReader(preset="ot_grpo", key="id"))[1]
+
+    assert (x.question, x.answer, pixel(x.images[0])) == ("Is the red dot left of the blue dot?", "yes", [255, 0, 0])
+    assert (twin.question, twin.answer, pixel(twin.images[0])) == (
+        "Is the blue dot left of the red dot?",
+        "no",
+        [0, 0, 255],
+    )
+    assert x.meta == {"id": "pair-1", "answer_type": "bool", "pair_id": "pair-1"}
+    assert twin.meta == {**x.meta, "relation": "negation"} and twin.task == x.task
+    assert pair_groups([x, x, twin, twin], group_size=2) == [(slice(0, 2), slice(2, 4), "negation")]
+
+
+@pytest.mark.parametrize(
+    "twin, answer, field, reason",
+    [
+        ({"relation": "mirror", "question": "Q?", "images": []}, "yes", "twin.relation", "must be one of"),
+        ({"question": "Q?", "images": ["images/none.png"]}, "yes", "twin.images", "not found"),
+        ({"question": "Q?", "images": ["images/scene.png"]}, "3", "twin.answer", "needs its own answer"),
+    ],
+)
+def test_a_bad_twin_names_its_field(tmp_path, twin, answer, field, reason):
+    path = ot_grpo_file(tmp_path, twin, answer)
+    with pytest.raises(BadRowError, match=rf"row 0, field '{re.escape(field)}': .*{reason}"):
+        FileDataset(4, 0, 64, str(path), RowReader(preset="ot_grpo"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["core", "ot_grpo"])
+def test_each_paper_layout_trains_the_tiny_model_with_its_reward(layout, tmp_path, monkeypatch, fit):
+    """CoRe triplets with TriSR (configs/quickstart/trisr_dots.yaml), OT-GRPO pairs with the label-free consistency
+    verifier (configs/quickstart/consistency_dots.yaml), two steps each on the tiny Qwen3-VL."""
+    import functools
+    import math
+
+    from app.command_line.commands import AppCLI
+
+    config_name, reward, path = {
+        "core": ("trisr_dots.yaml", "tri_sr", core_file(tmp_path)),
+        "ot_grpo": ("consistency_dots.yaml", "consistency", ot_grpo_file(tmp_path)),
+    }[layout]
+    factory = functools.partial(FileDataset, path=str(path), rows=RowReader(preset=layout))
+    data = VisualTaskDataModule(dataset=factory, train_size=4, val_size=2, test_size=2, batch_size=2)
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[2] / "configs" / "quickstart" / config_name
+    args = ["--config", str(config), "--model.init_args.policy.init_args.model", "tiny-qwen3-vl"]
+    args += ["--model.init_args.sampling.group_size", "2", "--model.init_args.sampling.max_new_tokens", "8"]
+    cli = AppCLI(args=args, run=False)
+
+    trainer, recorder = fit(cli.model, data)
+
+    rewards = recorder.metric(f"train/reward/{reward}")
+    assert trainer.global_step == 2 and len(rewards) == 2 and all(math.isfinite(value) for value in rewards)

@@ -115,6 +115,28 @@ def test_prompt_text_holds_one_image_slot_per_image_and_the_instruction(tiny_pol
     assert mixed_samples[1].question + tiny_policy.instruction in text
 
 
+def test_image_placeholders_put_each_image_where_the_question_says(tiny_policy, mixed_samples):
+    import dataclasses
+
+    two = mixed_samples[1]
+    sample = dataclasses.replace(two, question="Compare <image> with <image>: which has more dots?")
+    text = tiny_policy.prompt_text(sample)
+
+    slot = "<|vision_start|><|image_pad|><|vision_end|>"
+    assert f"Compare {slot} with {slot}: which has more dots?{tiny_policy.instruction}" in text
+    assert "<image>" not in text
+    inputs = tiny_policy.encode_prompts([sample])  # the processor expands each slot to its image's tokens
+    assert inputs.images_per_row == [2]
+
+
+def test_placeholders_that_do_not_match_the_images_are_refused(tiny_policy, mixed_samples):
+    import dataclasses
+
+    sample = dataclasses.replace(mixed_samples[1], question="Only <image> here")
+    with pytest.raises(ValueError, match="1 <image> placeholders for 2 images"):
+        tiny_policy.prompt_text(sample)
+
+
 # ------------------------------------------------------------------------------------------------------ sampling
 def test_generate_gives_n_completions_with_masks_up_to_the_first_eos(tiny_policy, rollout):
     prompts, c = rollout

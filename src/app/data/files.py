@@ -5,16 +5,18 @@ file larger than memory is never held in it), and each row becomes a sample thro
 
 - ``question``: a string, or chat messages (``[{"role": "user", "content": ...}]``, content a string or a list of
   ``{"type": "text", "text": ...}`` / ``{"type": "image"}`` parts): the user turns' text, image parts as ``<image>``.
-  ``<image>`` placeholders are checked against the number of images and removed (the policy puts a prompt's images
-  before its text); the system turn goes to ``meta["system"]``, assistant turns to ``meta["response"]``.
+  ``<image>`` placeholders are checked against the number of images and kept where the row puts them (the VLM policy
+  puts each image there; generation layouts drop them); the system turn goes to ``meta["system"]``, assistant turns
+  to ``meta["response"]``.
 - ``images``: a path (relative to ``image_dir``), image bytes, a ``datasets`` ``Image`` value or a list of them.
 - ``answer``, ``reasoning`` (the SFT stage's chain of thought), ``task``: strings; a numeric answer becomes its text,
   and an answer written as a response (``<think>R</think><answer>A</answer>``) becomes ``A``, with ``R`` as the
   reasoning when the row has none.
 - every other column goes to ``meta`` unchanged, where rewards read it (as TRL passes columns to reward functions).
 
-Field names are dotted paths into a row (``reward_model.ground_truth``); presets name the anchors' layouts
-(:data:`PRESETS`). A bad row (see :class:`BadRow`) stops the run, naming the file, the row and the field, unless
+Field names are dotted paths into a row (``reward_model.ground_truth``); presets name the anchors' and the papers'
+layouts (:data:`~app.data.row_fields.PRESETS`); under a layout with a ``twin`` field (OT-GRPO's pairs) a row becomes
+a prompt and its augmented twin. A bad row (see :class:`BadRow`) stops the run, naming the file, the row and the field, unless
 ``on_bad_row="skip"``: then it is skipped, counted and logged. Nothing in a row is evaluated or unpickled, and a path
 may not leave ``image_dir`` unless ``allow_outside_image_dir``.
 
@@ -40,59 +42,22 @@ from typing import Any, Literal
 from PIL import Image
 from torch.utils.data import Dataset
 
+from app.data.row_fields import PRESETS, RowFields
 from app.data.tables import TableRows, load_table
 from app.errors import ConfigError
-from app.types import VisualSample
+from app.types import IMAGE_TOKEN, PAIR_RELATIONS, VisualSample
 
 log = logging.getLogger(__name__)
 
-IMAGE_TOKEN = "<image>"
+__all__ = ["PRESETS", "BadRow", "BadRowError", "FileDataset", "RowCheck", "RowFields", "RowReader", "write_folder"]
+
+Item = VisualSample | tuple[VisualSample, VisualSample]
+"""What a row becomes: a sample, or a prompt and its augmented twin (a layout with a ``twin`` field)."""
+
 _PLACEHOLDER = re.compile(r"\s*<image>\s*")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _THINK_TAG = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _LOGGED_BAD_ROWS = 20  # skipped rows logged one by one; the rest only counted (a broken file must not flood the log)
-
-
-@dataclasses.dataclass(frozen=True)
-class RowFields:
-    """Where a row keeps each part of a sample: column names, or dotted paths into nested columns.
-
-    Attributes:
-        question: the prompt: a string or chat messages.
-        images: candidate image columns; the first one the row has is read.
-        answer: the label rewards compare with.
-        reasoning: the chain of thought supervised fine-tuning learns.
-        task: the task name (rewards and logs group by it).
-        key: a unique id per row; a repeated one is a bad row. None: rows have no id.
-    """
-
-    question: str = "question"
-    images: tuple[str, ...] = ("images", "image")
-    answer: str = "answer"
-    reasoning: str = "reasoning"
-    task: str = "task"
-    key: str | None = None
-
-
-PRESETS: dict[str, RowFields] = {
-    "default": RowFields(),
-    "trl": RowFields(question="prompt", answer="solution"),
-    "verl": RowFields(question="prompt", images=("images",), answer="reward_model.ground_truth", task="data_source"),
-    "easyr1": RowFields(question="problem", images=("images",)),
-    "swift": RowFields(question="messages", images=("images",), answer="solution"),
-    "flow": RowFields(question="prompt"),
-    "reason_rft": RowFields(question="problem", images=("image",), answer="solution"),
-    "vbvr": RowFields(question="prompt", images=("first_frame_path",)),
-}
-"""Field layouts by name. ``trl``: a ``prompt`` (text or chat messages), ``image`` / ``images``, ``solution``.
-``verl``: ``prompt`` chat messages with ``<image>``, ``images``, ``reward_model.ground_truth``, ``data_source`` as the
-task. ``easyr1``: ``problem``, ``answer``, ``images``. ``swift``: ``messages``, ``images``, ``solution``. ``flow``: a
-generation ``prompt`` with optional conditioning ``image`` / ``images`` (``negative_prompt`` and ``video`` pass to
-``meta``). ``reason_rft``: Reason-RFT's released JSON (``problem``, ``image`` as a path, a list of paths or of
-``{"path": ...}``, ``solution``). ``vbvr``: VBVR-Dataset's ``metadata.parquet`` (``prompt``, ``first_frame_path`` as
-the conditioning image, ``task``; ``final_frame_path``, ``ground_truth_video_path`` and ``metadata_json`` pass to
-``meta``). ``default``: the package's own names (``question``, ``images``, ``answer``,
-``reasoning``, ``task``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,12 +145,22 @@ def _untagged(answer: str | None) -> tuple[str | None, str | None]:
     return match.group(1).strip(), think.group(1).strip() if think else None
 
 
+def _related_answer(answer: str | None, relation: str, field: str) -> str | None:
+    """The twin's answer implied by the prompt's: equal under ``identity``; yes and no swapped under ``negation``."""
+    if answer is None or relation == "identity":
+        return answer
+    swapped = {"yes": "no", "no": "yes"}.get(answer.strip().lower())
+    if swapped is None:
+        raise _Bad(f"{field}.answer", f"a negated twin of the answer {answer[:40]!r} (not yes/no) needs its own answer")
+    return swapped
+
+
 class RowReader:
     """Turns a file's rows into samples: which fields to read, where images live and what a row may hold.
 
     Args:
-        preset: a field layout of :data:`PRESETS` (``default``, ``trl``, ``verl``, ``easyr1``, ``swift``, ``flow``,
-            ``reason_rft``, ``vbvr``).
+        preset: a field layout of :data:`~app.data.row_fields.PRESETS` (``default``, ``trl``, ``verl``, ``easyr1``,
+            ``swift``, ``flow``, ``reason_rft``, ``core``, ``ot_grpo``, ``vbvr``).
         question: the question's field (a string or chat messages); None: the preset's.
         images: the image field, or several to try in order; None: the preset's.
         answer: the answer's field; None: the preset's. A row without it has no answer (label-free).
@@ -241,7 +216,7 @@ class RowReader:
     # -------------------------------------------------------------------------------------------------- fields
     def _consumed(self, row: dict[str, Any]) -> set[str]:
         fields = self.fields
-        named = [fields.question, fields.answer, fields.reasoning, fields.task, *fields.images]
+        named = [fields.question, fields.answer, fields.reasoning, fields.task, *fields.images, fields.twin or ""]
         return {name for name in named if "." not in name and name in row}
 
     def _question(self, row: dict[str, Any]) -> tuple[str, dict[str, str]]:
@@ -321,11 +296,14 @@ class RowReader:
             raise _Bad(field, f"unreadable image: {type(err).__name__}: {err}") from None
 
     # -------------------------------------------------------------------------------------------------- rows
-    def sample(self, row: dict[str, Any], index: int, file: str | Path = "<row>", decode: bool = True) -> VisualSample:
-        """The sample of ``row`` (row ``index`` of ``file``); :class:`BadRowError` if it is a bad row. With
-        ``decode=False`` every image is checked (header, size, structure) but ``images`` stays empty."""
+    def sample(self, row: dict[str, Any], index: int, file: str | Path = "<row>", decode: bool = True) -> Item:
+        """The sample of ``row`` (row ``index`` of ``file``), or the pair ``(x, x')`` under a layout with a ``twin``
+        field; :class:`BadRowError` if it is a bad row. With ``decode=False`` every image is checked (header, size,
+        structure) but ``images`` stays empty."""
+        base = Path(file).parent if str(file) != "<row>" else Path.cwd()
         try:
-            return self._sample(row, Path(file).parent if str(file) != "<row>" else Path.cwd(), decode)
+            sample = self._sample(row, base, decode)
+            return sample if self.fields.twin is None else self._pair(sample, row, index, base, decode)
         except _Bad as bad:
             raise BadRowError(BadRow(str(file), index, bad.field, bad.reason)) from None
 
@@ -335,14 +313,19 @@ class RowReader:
         placeholders = question.count(IMAGE_TOKEN)
         if placeholders and placeholders != len(values):
             raise _Bad(self.fields.question, f"{placeholders} {IMAGE_TOKEN} placeholders for {len(values)} images")
-        question = _PLACEHOLDER.sub(" ", question).strip()
-        if not question:
+        if self.fields.image_count is not None and len(values) != self.fields.image_count:
+            raise _Bad(image_field, f"{len(values)} images; this layout needs {self.fields.image_count}")
+        if not _PLACEHOLDER.sub(" ", question).strip():
             raise _Bad(self.fields.question, "empty question")
+        question = question.strip() if self.fields.keep_placeholders else _PLACEHOLDER.sub(" ", question).strip()
         images = [self._open_image(value, image_field, base, decode) for value in values]
         meta = {k: v for k, v in row.items() if k not in self._consumed(row)}
         for name, value in meta.items():
             if not _is_plain(value):
                 raise _Bad(name, f"meta columns must hold JSON values (no bytes), got {type(value).__name__}")
+        missing = [name for name in self.fields.required_meta if name not in meta]
+        if missing:
+            raise _Bad(missing[0], f"missing; the {self.preset!r} layout's rewards read {list(missing)}")
         meta.update(extra)
         if self.prompt_template is not None:
             question = self.prompt_template.replace("{question}", question)
@@ -355,6 +338,29 @@ class RowReader:
             reasoning=self._text(row, self.fields.reasoning) or reasoning,
             meta=meta,
         )
+
+    def _pair(
+        self, x: VisualSample, row: dict[str, Any], index: int, base: Path, decode: bool
+    ) -> tuple[VisualSample, VisualSample]:
+        """``(x, x')``: the row's prompt and its augmented twin, read from the ``twin`` field with the row's field
+        names; both carry ``meta["pair_id"]``, the twin ``meta["relation"]`` (see :mod:`app.rewards.groups`)."""
+        field = self.fields.twin
+        found, value = _lookup(row, field)
+        if not found or not isinstance(value, dict):
+            raise _Bad(field, "missing" if not found else f"must be a dict (question, images, relation), got {value!r}")
+        relation = value.get("relation")
+        if relation not in PAIR_RELATIONS:
+            raise _Bad(f"{field}.relation", f"must be one of {PAIR_RELATIONS}, got {str(relation)[:40]!r}")
+        try:
+            twin = self._sample(value, base, decode)
+        except _Bad as bad:
+            raise _Bad(f"{field}.{bad.field}", bad.reason) from None
+        answer = twin.answer if twin.answer is not None else _related_answer(x.answer, relation, field)
+        pair_id = f"{self.row_key(row) or index}"
+        x = dataclasses.replace(x, meta={**x.meta, "pair_id": pair_id})
+        twin_task = twin.task if _lookup(value, self.fields.task)[0] else x.task
+        twin_meta = {**x.meta, **twin.meta, "pair_id": pair_id}
+        return x, dataclasses.replace(twin, task=twin_task, answer=answer, meta=twin_meta)
 
     def row_key(self, row: dict[str, Any]) -> str | None:
         """The row's id under the ``key`` field, as text; None without a key field."""
@@ -380,8 +386,8 @@ class RowCheck:
         self.good = 0
         self._keys: dict[str, int] = {}
 
-    def __call__(self, row: dict[str, Any], index: int, decode: bool) -> VisualSample | None:
-        """The row's sample, or None when it is a bad row being skipped."""
+    def __call__(self, row: dict[str, Any], index: int, decode: bool) -> Item | None:
+        """The row's sample (or pair), or None when it is a bad row being skipped."""
         try:
             key = self._key(row, index)
             sample = self.reader.sample(row, index, self.file, decode)
@@ -431,8 +437,9 @@ def _held_out(index: int, seed: int, fraction: float) -> bool:
 
 
 class FileDataset(Dataset):
-    """The good rows of a data file as ``VisualSample``; a data set factory of
-    :class:`~app.data.VisualTaskDataModule` (``dataset`` for training, ``eval_dataset`` for validation and test).
+    """The good rows of a data file as ``VisualSample`` (or as ``(x, x')`` pairs, under a ``twin`` layout); a data
+    set factory of :class:`~app.data.VisualTaskDataModule` (``dataset`` for training, ``eval_dataset`` for validation
+    and test).
 
     Every row is checked when the data set is built (fields, image headers, size limits, duplicate keys), so a bad
     row stops the run before training starts; images are decoded when a sample is read. In a config::
@@ -505,7 +512,7 @@ class FileDataset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, index: int) -> VisualSample:
+    def __getitem__(self, index: int) -> Item:
         row_index = self.indices[index]
         return self.reader.sample(self.rows[row_index], row_index, self.path)
 

@@ -43,11 +43,28 @@ from app.sampling.shared_prefix import (
 from app.sampling.token_sampling import InverseCDFSampling
 from app.settings import LANGUAGE_MODEL_PROJECTIONS, LoRASettings, SamplingSettings, with_defaults
 from app.tiny.models import load_vlm
-from app.types import CompletionBatch, PromptInputs, VisualSample
+from app.types import IMAGE_TOKEN, CompletionBatch, PromptInputs, VisualSample
 
 log = logging.getLogger(__name__)
 
 _VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+def prompt_content(text: str, num_images: int) -> list[dict[str, str]]:
+    """A user turn's chat content: each image where the text's ``<image>`` placeholders put it, or, in a text without
+    placeholders, every image before the text. ``ValueError`` when the placeholders are not one per image."""
+    pieces = text.split(IMAGE_TOKEN)
+    if len(pieces) == 1:
+        return [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": text}]
+    if len(pieces) - 1 != num_images:
+        raise ValueError(f"{len(pieces) - 1} {IMAGE_TOKEN} placeholders for {num_images} images in {text[:80]!r}")
+    content = []
+    for i, piece in enumerate(pieces):
+        if piece:
+            content.append({"type": "text", "text": piece})
+        if i < num_images:
+            content.append({"type": "image"})
+    return content
 
 
 class VLMPolicy(SwitchableReference, nn.Module):
@@ -171,8 +188,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
 
     # ----------------------------------------------------------------------------------------------------- prompts
     def prompt_text(self, sample: VisualSample) -> str:
-        content = [{"type": "image"} for _ in sample.images]
-        content.append({"type": "text", "text": sample.question + self.instruction})
+        content = prompt_content(sample.question + self.instruction, len(sample.images))
         messages = [{"role": "user", "content": content}]
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.types import VisualSample
+from app.types import PAIR_RELATIONS, VisualSample
 
-RELATIONS = ("identity", "negation")
+RELATIONS = PAIR_RELATIONS
 """Answer effects of a transform: ``identity`` (the twin's answer equals the original's) or ``negation`` (it is the
 opposite; only for boolean answers). Composed transforms multiply: an odd number of negations gives ``negation``."""
 
