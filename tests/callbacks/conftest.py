@@ -7,20 +7,11 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import Logger
-from PIL import Image
+from prompt_samples import prompt_loader
 
-from app.types import CompletionRecord, RewardOutput, VisualSample
+from app.types import CompletionRecord, RewardOutput
 
 K = 2
-
-
-def prompts(n: int, size: int = 16) -> list[VisualSample]:
-    return [
-        VisualSample(
-            images=[Image.new("RGB", (size, size), (40 * i, 200, 30))], question=f"prompt {i}", task=f"t{i % 2}"
-        )
-        for i in range(n)
-    ]
 
 
 class StandInGRPO(L.LightningModule):
@@ -77,7 +68,7 @@ class StandInGRPO(L.LightningModule):
         }
 
     def train_dataloader(self):
-        return torch.utils.data.DataLoader(prompts(8), batch_size=2, collate_fn=list)
+        return prompt_loader(8, 2, question="prompt {i}", tasks=("t0", "t1"), image_size=16)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)

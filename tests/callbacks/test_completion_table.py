@@ -7,6 +7,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from prompt_samples import prompts
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from app.types import CompletionRecord
@@ -166,16 +167,6 @@ def test_resume_reuses_existing_header(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- thumbnails, other loggers
-def prompts_with_images(n: int) -> list:
-    from PIL import Image
-
-    from app.types import VisualSample
-
-    return [
-        VisualSample(images=[Image.new("RGB", (32, 32), (200, 10 * i, 0))], question="q", task="t") for i in range(n)
-    ]
-
-
 def test_tensorboard_gets_a_table_image_with_the_prompt_thumbnails(tmp_path):
     import numpy as np
 
@@ -186,8 +177,9 @@ def test_tensorboard_gets_a_table_image_with_the_prompt_thumbnails(tmp_path):
     trainer = fake_trainer(tmp_path, 3)
     trainer.loggers = [logger]
     callback.setup(trainer, None, "fit")
+    batch = prompts(2, "q", ("t",), image_size=32)
     callback.on_train_batch_end(
-        trainer, SimpleNamespace(), {"records": make_records(3), "rows_per_prompt": 2}, prompts_with_images(2), 0
+        trainer, SimpleNamespace(), {"records": make_records(3), "rows_per_prompt": 2}, batch, 0
     )
     logger.experiment.flush()
     acc = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
@@ -195,5 +187,5 @@ def test_tensorboard_gets_a_table_image_with_the_prompt_thumbnails(tmp_path):
     (event,) = acc.Images("completions/table")
     assert event.step == 3 and event.height == 2 * 16 + 3 * 2  # two rows of 16-pixel thumbnails
     rows = [record_to_row(r) for r in make_records(3)[:2]]
-    image = render_table(rows, callback._thumbnails(make_records(3)[:2], prompts_with_images(2), 2), 16)
-    assert tuple(np.asarray(image)[2 + 8, 2 + 8]) == (200, 0, 0)  # the first prompt's colour, beside row 1
+    image = render_table(rows, callback._thumbnails(make_records(3)[:2], batch, 2), 16)
+    assert tuple(np.asarray(image)[2 + 8, 2 + 8]) == (0, 200, 30)  # the first prompt's colour, beside row 1

@@ -77,7 +77,7 @@ def test_the_your_data_quickstart_trains_on_the_example_folder(tmp_path, monkeyp
     import math
     from pathlib import Path
 
-    from app.cli import AppCLI
+    from app.command_line.commands import AppCLI
     from app.tasks.__main__ import main as tasks_main
 
     monkeypatch.chdir(tmp_path)  # the config's relative paths (data, runs) land in tmp_path
@@ -101,7 +101,7 @@ def test_the_your_data_quickstart_trains_on_the_example_folder(tmp_path, monkeyp
 def test_a_bad_row_stops_python_m_app_fit_with_a_short_message(tmp_path, monkeypatch, capsys):
     from pathlib import Path
 
-    from app.cli import main as app_main
+    from app.command_line.commands import main as app_main
 
     monkeypatch.chdir(tmp_path)
     path = write_rows(tmp_path, 6, bad=(4,))

@@ -253,7 +253,7 @@ def test_a_yaml_config_with_a_class_path_augment_builds(shard_dir):
 
 
 def test_app_cli_parses_a_shard_data_config_with_an_augment(shard_dir, tmp_path, capsys):
-    from app.cli import AppCLI
+    from app.command_line.commands import AppCLI
 
     config = yaml.safe_load((Path(__file__).parents[1] / "fixtures" / "tiny_grpo.yaml").read_text())
     data = {"train_urls": f"{shard_dir}/good-*.tar", "augment": {"class_path": f"{__name__}.HFlipTwin"}}

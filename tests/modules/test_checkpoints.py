@@ -12,6 +12,7 @@ import pytest
 import torch
 from doubles import RednessReward, as_rank_0_of
 from lightning.pytorch.callbacks import ModelCheckpoint
+from prompt_samples import prompt_loader
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -31,21 +32,12 @@ from app.modules.checkpoints import (
 )
 from app.modules.policy_module import PolicyModule
 from app.settings import FlowSamplingSettings, GRPOSettings, LoRASettings, OptimizerSettings
-from app.types import VisualSample
 
 
-def prompts(n: int = 2) -> DataLoader:
-    samples = [
-        VisualSample(
-            images=[],
-            question="a red circle on the left",
-            task="shape_prompts",
-            meta={"color": "red", "shape": "circle", "position": "left"},
-        )
-        for _ in range(n)
-    ]
-    # its own generator, as the app's data modules have: an iterator's worker seed must not come from the global one
-    return DataLoader(samples, batch_size=1, collate_fn=list, generator=torch.Generator().manual_seed(0))
+def shape_prompts(n: int = 2) -> DataLoader:
+    """``n`` copies of one shape_prompts prompt (the redness reward reads its colour from ``meta``), one per batch."""
+    shape = {"color": "red", "shape": "circle", "position": "left"}
+    return prompt_loader(n, 1, question="a red circle on the left", tasks=("shape_prompts",), meta=shape)
 
 
 def grpo(lora: LoRASettings | None, beta: float = 0.0) -> FlowGRPOModule:
@@ -69,7 +61,7 @@ def fit_and_save(fit, module, data, tmp_path, max_steps=1) -> dict:
 
 def test_a_lora_checkpoint_holds_the_adapter_and_leaves_the_frozen_model_out(fit, tmp_path):
     module = grpo(LoRASettings(r=4, alpha=8))
-    checkpoint = fit_and_save(fit, module, prompts(), tmp_path)
+    checkpoint = fit_and_save(fit, module, shape_prompts(), tmp_path)
     saved_parameters = [k for k in checkpoint["state_dict"] if k in dict(module.named_parameters())]
     lora = {n for n, p in module.named_parameters() if p.requires_grad}
     assert set(saved_parameters) == lora and lora
@@ -83,7 +75,7 @@ def test_a_lora_checkpoint_holds_the_adapter_and_leaves_the_frozen_model_out(fit
 def test_resuming_and_exporting_a_lean_checkpoint_restore_the_trained_adapter(fit, tmp_path):
     seed_global_generators(0)
     module = grpo(LoRASettings(r=4, alpha=8))
-    checkpoint = fit_and_save(fit, module, prompts(), tmp_path)
+    checkpoint = fit_and_save(fit, module, shape_prompts(), tmp_path)
     trained = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
 
     exported = grpo(LoRASettings(r=4, alpha=8))  # fresh adapter: lora_B = 0
@@ -95,14 +87,14 @@ def test_resuming_and_exporting_a_lean_checkpoint_restore_the_trained_adapter(fi
 
     resumed = grpo(LoRASettings(r=4, alpha=8))
     seed_global_generators(12345)  # only the checkpoint can bring back the states the run had at step 1
-    trainer, _ = fit(resumed, prompts(4), max_steps=2, ckpt_path=str(tmp_path / "last.ckpt"))
+    trainer, _ = fit(resumed, shape_prompts(4), max_steps=2, ckpt_path=str(tmp_path / "last.ckpt"))
     resumed_states = generator_states(resumed)
     assert trainer.global_step == 2 and checkpoint["global_step"] == 1
 
     # the same two steps without the interruption: the same weights, optimizer state and generator states
     seed_global_generators(0)
     straight = grpo(LoRASettings(r=4, alpha=8))
-    straight_trainer, _ = fit(straight, prompts(4), max_steps=2)
+    straight_trainer, _ = fit(straight, shape_prompts(4), max_steps=2)
     straight_states = generator_states(straight)
     straight_params = dict(straight.named_parameters())
     for name, value in resumed.named_parameters():
@@ -140,7 +132,7 @@ def generator_states(module: FlowGRPOModule) -> dict:
 
 def test_full_fine_tuning_saves_the_transformer_but_not_its_frozen_reference_copy(fit, tmp_path):
     module = grpo(lora=None, beta=0.01)
-    checkpoint = fit_and_save(fit, module, prompts(), tmp_path)
+    checkpoint = fit_and_save(fit, module, shape_prompts(), tmp_path)
     keys = set(checkpoint["state_dict"])
     assert any(k.startswith("policy.model.") for k in keys)
     assert not any(k.startswith("policy.frozen_reference.") for k in keys)
@@ -166,7 +158,7 @@ def test_a_vae_frozen_after_its_training_steps_stays_in_the_checkpoint(fit, tmp_
 
 
 def test_a_lean_checkpoint_of_another_model_is_a_clear_error(fit, tmp_path):
-    fit_and_save(fit, grpo(LoRASettings(r=4, alpha=8)), prompts(), tmp_path)
+    fit_and_save(fit, grpo(LoRASettings(r=4, alpha=8)), shape_prompts(), tmp_path)
     other = grpo(lora=None)  # no base_layer / lora names
     with pytest.raises(ValueError, match="does not match this model: it left out frozen parameters"):
         export_from_checkpoint(other, tmp_path / "last.ckpt", tmp_path / "export")

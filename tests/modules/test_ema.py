@@ -4,8 +4,8 @@ export on the average with the trained weights back after, and lean checkpoints 
 import lightning as L
 import pytest
 import torch
+from prompt_samples import prompt_loader
 from torch import nn
-from torch.utils.data import DataLoader
 
 from app.export import export_from_checkpoint
 from app.models import FlowPolicy
@@ -13,7 +13,6 @@ from app.modules import FlowGRPOModule
 from app.modules.ema import PolicyEMA
 from app.rewards import RewardComponent
 from app.settings import EMASettings, FlowSamplingSettings, LoRASettings, OptimizerSettings
-from app.types import VisualSample
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -107,10 +106,6 @@ def flow_module(ema: EMASettings | None):
     )
 
 
-def prompts(n):
-    return DataLoader([VisualSample([], f"a red square {i}", "red") for i in range(n)], batch_size=2, collate_fn=list)
-
-
 def trainer(tmp_path, steps, callbacks=()):
     return L.Trainer(
         accelerator="cpu",
@@ -132,8 +127,8 @@ def trained(tmp_path_factory):
     module, seen = flow_module(EMASettings(decay=0.5)), WeightsSeen()
     initial = [p.detach().clone() for p in module.policy.trainable_parameters()]
     fit = trainer(tmp_path, 3, [seen])
-    fit.fit(module, train_dataloaders=prompts(6))
-    fit.validate(module, dataloaders=prompts(2), verbose=False)
+    fit.fit(module, train_dataloaders=prompt_loader(6))
+    fit.validate(module, dataloaders=prompt_loader(2), verbose=False)
     checkpoint = tmp_path / "last.ckpt"
     fit.save_checkpoint(checkpoint)
     return module, seen, initial, checkpoint
@@ -163,9 +158,9 @@ def test_test_and_predict_run_on_the_average_as_validation_does(trained, stage):
     module, seen, _, _ = trained
     fit = trainer(module.trainer.default_root_dir, 3, [seen])
     if stage == "test":
-        fit.test(module, dataloaders=prompts(2), verbose=False)
+        fit.test(module, dataloaders=prompt_loader(2), verbose=False)
     else:
-        fit.predict(module, dataloaders=prompts(2))
+        fit.predict(module, dataloaders=prompt_loader(2))
     assert all(torch.equal(w, a) for w, a in zip(seen.evaluated[stage], module.policy_ema.averages, strict=True))
     after = module.policy.trainable_parameters()
     assert all(torch.equal(p, w) for p, w in zip(after, seen.after_steps[-1], strict=True))  # back after the stage
@@ -195,8 +190,8 @@ def test_a_lean_checkpoint_carries_the_average_and_export_uses_it(trained, tmp_p
 def test_without_ema_nothing_is_averaged_and_validation_uses_the_trained_weights(tmp_path):
     module, seen = flow_module(None), WeightsSeen()
     fit = trainer(tmp_path, 1, [seen])
-    fit.fit(module, train_dataloaders=prompts(2))
-    fit.validate(module, dataloaders=prompts(2), verbose=False)
+    fit.fit(module, train_dataloaders=prompt_loader(2))
+    fit.validate(module, dataloaders=prompt_loader(2), verbose=False)
     assert module.policy_ema is None
     assert all(torch.equal(v, w) for v, w in zip(seen.validated, seen.after_steps[-1], strict=True))
 

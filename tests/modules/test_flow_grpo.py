@@ -6,25 +6,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 from doubles import RednessReward, StandInPolicy
-from torch.utils.data import DataLoader
+from prompt_samples import prompt_loader, prompts
 
 from app.algorithms import group_advantages
 from app.modules.checkpoints import RANK_STATES, derived_seed, saved_rank_state, seed_rng_states
 from app.modules.flow_grpo import FlowGRPOModule
 from app.sampling.flow import flow_sigmas
 from app.settings import FlowSamplingSettings, GRPOSettings, OptimizerSettings, PipelineSettings
-from app.types import VisualSample
 
 K = 4
 T = 4
-
-
-def prompts(n: int = 2) -> list[VisualSample]:
-    return [VisualSample(images=[], question=f"a red square, number {i}", task="red") for i in range(n)]
-
-
-def loader(n: int = 4, batch_size: int = 2) -> DataLoader:
-    return DataLoader(prompts(n), batch_size=batch_size, collate_fn=list)
 
 
 SAMPLING_FIELDS = {field.name for field in dataclasses.fields(FlowSamplingSettings)} - {"group_size", "num_steps"}
@@ -196,7 +187,7 @@ def test_two_step_fit_moves_every_adapter_weight_with_ratio_one(fit):
     before = [p.detach().clone() for p in module.policy.trainable_parameters()]
     frozen = module.policy.base.weight.detach().clone()
     seen = trained_sigmas(module)
-    trainer, recorder = fit(module, loader(), max_steps=2)
+    trainer, recorder = fit(module, prompt_loader(), max_steps=2)
     assert trainer.global_step == 2
     assert all(not torch.equal(b, p) for b, p in zip(before, module.policy.trainable_parameters(), strict=True))
     assert torch.equal(frozen, module.policy.base.weight)
@@ -224,8 +215,8 @@ def test_two_step_fit_moves_every_adapter_weight_with_ratio_one(fit):
 def test_micro_batches_reproduce_the_full_batch_update(fit, kwargs):
     """8 trajectories in micro-batches of 3 (3 + 3 + 2): the same rollout, losses and weights as all 8 at once."""
     full, micro = flow_module(seed=5, **kwargs), flow_module(seed=5, micro_batch_size=3, **kwargs)
-    _, full_log = fit(full, loader(2), max_steps=1)
-    _, micro_log = fit(micro, loader(2), max_steps=1)
+    _, full_log = fit(full, prompt_loader(2), max_steps=1)
+    _, micro_log = fit(micro, prompt_loader(2), max_steps=1)
     for key in ("train/reward/total", "train/loss/policy", "train/kl", "train/grad_norm"):
         assert micro_log.metric(key) == pytest.approx(full_log.metric(key), rel=1e-5, abs=1e-7), key
     for a, b in zip(full.policy.trainable_parameters(), micro.policy.trainable_parameters(), strict=True):
@@ -236,7 +227,7 @@ def test_micro_batches_reproduce_the_full_batch_update(fit, kwargs):
 def test_sde_window_trains_only_its_steps(fit):
     module = flow_module(sde_window=(1, 3))
     seen = trained_sigmas(module)
-    _, recorder = fit(module, loader(2), max_steps=1)
+    _, recorder = fit(module, prompt_loader(2), max_steps=1)
     sigmas = flow_sigmas(T, shift=3.0)
     assert seen == [[float(sigmas[1]), float(sigmas[2])]]
     assert recorder.metric("train/num_trained_steps") == [2.0]
@@ -245,7 +236,7 @@ def test_sde_window_trains_only_its_steps(fit):
 def test_a_moving_window_trains_later_steps_as_training_goes_on(fit):
     module = flow_module(sde_window=(0, 1), window_stride=1, window_every_n_steps=1)
     seen = trained_sigmas(module)
-    _, recorder = fit(module, loader(6), max_steps=3)
+    _, recorder = fit(module, prompt_loader(6), max_steps=3)
     sigmas = flow_sigmas(T, shift=3.0)
     windows = [module.sampling.window_at(step) for step in range(3)]
     assert seen == [[float(sigmas[start])] for start, _ in windows]
@@ -277,14 +268,14 @@ def test_noise_std_weighting_weighs_each_trained_step_by_its_transition_s_noise(
 def test_timestep_fraction_trains_a_subset(fit):
     module = flow_module(timestep_fraction=0.5)
     seen = trained_sigmas(module)
-    fit(module, loader(), max_steps=2)
+    fit(module, prompt_loader(), max_steps=2)
     sigmas = [float(s) for s in flow_sigmas(T, shift=3.0)[:3]]
     assert all(len(step) == 1 and step[0] in sigmas for step in seen)
 
 
 def test_kl_and_several_iterations(fit):
     module = flow_module(beta=0.01, num_iterations=2)
-    _, recorder = fit(module, loader(2), max_steps=1)
+    _, recorder = fit(module, prompt_loader(2), max_steps=1)
     metrics = recorder.steps[0]["metrics"]
     assert metrics["train/kl"] > 0
     assert metrics["train/ratio_mean"] != 1.0  # the second iteration's ratio, after one update
@@ -311,7 +302,7 @@ def sd3_fit(fit):
     policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8))
     module = flow_module(policy, learning_rate=1e-3)
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
-    trainer, recorder = fit(module, loader(2, batch_size=1), max_steps=2)
+    trainer, recorder = fit(module, prompt_loader(2, batch_size=1), max_steps=2)
     after = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
     return module, trainer, recorder, before, after
 

@@ -8,25 +8,17 @@ import pytest
 import torch
 from doubles import RednessReward, StandInPolicy
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
-from torch.utils.data import DataLoader
+from prompt_samples import prompt_loader, prompts
 
 from app.models import FlowPolicy
 from app.modules.flow_nft import FlowNFTModule
 from app.parallel import FSDP2Strategy
 from app.sampling.flow import flow_sigmas
 from app.settings import FlowSamplingSettings, GRPOSettings, LoRASettings, NFTSettings, OptimizerSettings
-from app.types import SampledImages, VisualSample
+from app.types import SampledImages
 
 K = 4
 T = 4
-
-
-def prompts(n: int = 2) -> list[VisualSample]:
-    return [VisualSample(images=[], question=f"a red square, number {i}", task="red") for i in range(n)]
-
-
-def loader(n: int = 4, batch_size: int = 2) -> DataLoader:
-    return DataLoader(prompts(n), batch_size=batch_size, collate_fn=list)
 
 
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(FlowSamplingSettings)} - {"group_size", "num_steps"}
@@ -136,7 +128,7 @@ def test_the_kl_reference_pass_leaves_fsdp2_reducing_float32_gradients(tmp_path,
         enable_model_summary=False,
     )
     try:
-        trainer.fit(module, loader(2))
+        trainer.fit(module, prompt_loader(2))
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -185,7 +177,7 @@ def test_rollouts_are_drawn_by_the_sampling_policy_not_the_trained_weights():
 def test_a_fit_moves_the_weights_and_the_sampling_policy_follows_by_its_schedule(fit):
     module = nft_module(old_decay_rate=0.25, old_decay_max=0.5)
     before = [p.detach().clone() for p in module.policy.trainable_parameters()]
-    trainer, recorder = fit(module, loader(), max_steps=2)
+    trainer, recorder = fit(module, prompt_loader(), max_steps=2)
     assert trainer.global_step == 2
     after = module.policy.trainable_parameters()
     assert all(not torch.equal(b, p) for b, p in zip(before, after, strict=True))
@@ -211,15 +203,15 @@ def test_the_update_trains_at_the_chosen_share_of_the_schedule_s_noise_levels(fi
         return velocity(latents, sigma, conditioning)
 
     module.policy.velocity = spy
-    fit(module, loader(2), max_steps=1)
+    fit(module, prompt_loader(2), max_steps=1)
     schedule = [float(s) for s in flow_sigmas(T, shift=3.0)[:-1]]
     assert len(seen) == 2 and set(seen) <= set(schedule)
 
 
 def test_micro_batches_reproduce_the_full_batch_update(fit):
     full, micro = nft_module(seed=5, beta=0.05), nft_module(seed=5, beta=0.05, micro_batch_size=3)
-    _, full_log = fit(full, loader(2), max_steps=1)
-    _, micro_log = fit(micro, loader(2), max_steps=1)
+    _, full_log = fit(full, prompt_loader(2), max_steps=1)
+    _, micro_log = fit(micro, prompt_loader(2), max_steps=1)
     for key in ("train/loss/policy", "train/kl", "train/grad_norm"):
         assert micro_log.metric(key) == pytest.approx(full_log.metric(key), rel=1e-5, abs=1e-7), key
     for a, b in zip(full.policy.trainable_parameters(), micro.policy.trainable_parameters(), strict=True):
@@ -256,7 +248,7 @@ def test_while_v_old_is_the_trained_weights_the_update_is_flow_matching_weighted
 
 def test_checkpoints_carry_the_sampling_policy(fit, tmp_path):
     module = nft_module()
-    trainer, _ = fit(module, loader(), max_steps=2)
+    trainer, _ = fit(module, prompt_loader(), max_steps=2)
     path = tmp_path / "nft.ckpt"
     trainer.save_checkpoint(path)
     state = torch.load(path, weights_only=True)["state_dict"]
@@ -278,7 +270,7 @@ def test_tiny_sd3_fit_moves_the_lora_weights(fit):
     policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8))
     module = nft_module(policy, learning_rate=1e-3, timestep_fraction=0.5)
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
-    trainer, recorder = fit(module, loader(2, batch_size=1), max_steps=2)
+    trainer, recorder = fit(module, prompt_loader(2, batch_size=1), max_steps=2)
     after = {n: p.detach() for n, p in policy.named_parameters() if p.requires_grad}
     assert trainer.global_step == 2
     # as in flow-GRPO's test: the last block's context query projection never reaches the velocity

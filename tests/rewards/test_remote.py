@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from jsonargparse import ArgumentParser
+from prompt_samples import prompts
 
 from app.rewards import AccuracyReward, FormatReward, RemoteReward, RewardComponent, RewardError, WeightedReward
 from app.rewards.base import PartialScores
@@ -32,10 +33,9 @@ COMPLETIONS = [
 ]
 
 
-def prompts():
+def scored_samples():
     """Three prompts, each repeated K times (as the trainer hands them to rewards)."""
-    distinct = [VisualSample([], f"Is {i} even?", "demo", answer=a) for i, a in enumerate(["yes", "no", "yes"])]
-    return [s for s in distinct for _ in range(K)]
+    return [s for s in prompts(3, "Is {i} even?", ("demo",), answers=("yes", "no")) for _ in range(K)]
 
 
 class PixelMean(RewardComponent):
@@ -158,9 +158,9 @@ def remote(url, reward="accuracy", **options):
 
 # ------------------------------------------------------------------------------------------- the same values
 def test_a_remote_reward_gives_the_values_of_the_reward_in_process(served):
-    local = WeightedReward([AccuracyReward(), FormatReward(weight=0.5)])(COMPLETIONS, prompts(), group_size=K)
+    local = WeightedReward([AccuracyReward(), FormatReward(weight=0.5)])(COMPLETIONS, scored_samples(), group_size=K)
     rewards = WeightedReward([remote(served.url), remote(served.url, "format", weight=0.5)])
-    out = rewards.gather(rewards.submit(COMPLETIONS, prompts(), group_size=K))
+    out = rewards.gather(rewards.submit(COMPLETIONS, scored_samples(), group_size=K))
     assert torch.equal(out.total, local.total) and out.unscored is None
     assert all(torch.equal(out.components[n], local.components[n]) for n in ("accuracy", "format"))
     assert rewards.names == ["accuracy", "format"]  # logged under the served rewards' names
@@ -178,12 +178,12 @@ def test_renderings_reach_the_server_bit_for_bit(served):
 def test_batches_go_as_requests_of_whole_groups_and_group_rewards_in_one(scripted):
     reward = remote(scripted.url, max_batch=3)  # 3 rows round down to one group of K = 2 per request
     assert torch.equal(
-        reward.checked_score(COMPLETIONS, prompts(), K)[0], AccuracyReward().score(COMPLETIONS, prompts())
+        reward.checked_score(COMPLETIONS, scored_samples(), K)[0], AccuracyReward().score(COMPLETIONS, scored_samples())
     )
     assert scripted.requests == 3 and reward.num_requests == 3
     spread = remote(scripted.url, "group_spread", max_batch=2)
     assert torch.equal(
-        spread.checked_score(COMPLETIONS, prompts(), K)[0], GroupSpread().score(COMPLETIONS, prompts(), K)
+        spread.checked_score(COMPLETIONS, scored_samples(), K)[0], GroupSpread().score(COMPLETIONS, scored_samples(), K)
     )
     assert scripted.requests == 4  # group rewards see the whole batch at once
 
@@ -192,11 +192,11 @@ def test_score_returns_a_future_before_the_server_answers(scripted):
     reward = remote(scripted.url)
     reward.served_reward()  # asked once, before the first batch
     scripted.faults = ["hold"]
-    future = reward.score_async(COMPLETIONS, prompts(), K)
+    future = reward.score_async(COMPLETIONS, scored_samples(), K)
     time.sleep(0.05)
     assert not future.done()  # the server is still holding the request
     scripted.release.set()
-    assert torch.equal(future.result(timeout=10), AccuracyReward().score(COMPLETIONS, prompts()))
+    assert torch.equal(future.result(timeout=10), AccuracyReward().score(COMPLETIONS, scored_samples()))
 
 
 def test_a_remote_reward_takes_the_served_reward_s_scope_and_range(served):
@@ -236,8 +236,8 @@ def test_a_failed_attempt_is_retried_and_the_next_one_scores(scripted, fault):
     scripted.slow_s = 0.6
     reward = remote(scripted.url, **OPTIONS)
     scripted.faults = [fault]
-    values, _ = reward.checked_score(COMPLETIONS, prompts(), K)
-    assert torch.equal(values, AccuracyReward().score(COMPLETIONS, prompts()))
+    values, _ = reward.checked_score(COMPLETIONS, scored_samples(), K)
+    assert torch.equal(values, AccuracyReward().score(COMPLETIONS, scored_samples()))
     assert reward.num_retries == 1 and reward.num_failed_requests == 0
 
 
@@ -247,7 +247,7 @@ def test_a_fault_that_persists_fails_the_step_naming_the_reward_the_server_and_t
     rewards = WeightedReward([remote(scripted.url, **OPTIONS)])
     scripted.faults = [fault] * 3
     with pytest.raises(RewardError) as error:
-        rewards.gather(rewards.submit(COMPLETIONS, prompts(), group_size=K))
+        rewards.gather(rewards.submit(COMPLETIONS, scored_samples(), group_size=K))
     message = str(error.value)
     assert message.startswith(f"reward 'accuracy': POST {scripted.url}/score failed 3 time(s); last: "), message
     assert CAUSES[fault] in message and "\n" not in message
@@ -262,7 +262,7 @@ def test_a_server_that_is_down_fails_after_its_retries(scripted):
     with pytest.raises(
         RewardError, match=r"GET http://127\.0\.0\.1:\d+/info failed 3 time\(s\); last: ConnectionRefused"
     ):
-        remote(scripted.url).checked_score(COMPLETIONS, prompts(), K)
+        remote(scripted.url).checked_score(COMPLETIONS, scored_samples(), K)
 
 
 def test_backoff_doubles_between_attempts(scripted, monkeypatch):
@@ -270,15 +270,17 @@ def test_backoff_doubles_between_attempts(scripted, monkeypatch):
     monkeypatch.setattr("app.rewards.remote.time.sleep", waits.append)
     scripted.faults = ["500"] * 4
     with pytest.raises(RewardError):
-        RemoteReward(scripted.url, "accuracy", retries=3, backoff_s=0.25).checked_score(COMPLETIONS, prompts(), K)
+        RemoteReward(scripted.url, "accuracy", retries=3, backoff_s=0.25).checked_score(
+            COMPLETIONS, scored_samples(), K
+        )
     assert waits == [0.25, 0.5, 1.0]
 
 
 def test_a_refusal_is_not_retried_and_names_what_the_server_said(served):
     with pytest.raises(RemoteRefusedError, match=r"does not serve 'acuracy'; it serves \['accuracy', "):
-        remote(served.url, "acuracy").checked_score(COMPLETIONS, prompts(), K)
+        remote(served.url, "acuracy").checked_score(COMPLETIONS, scored_samples(), K)
     with pytest.raises(RemoteRefusedError, match=r"serves \['accuracy', .*\]: name one as reward"):
-        remote(served.url, None).checked_score(COMPLETIONS, prompts(), K)
+        remote(served.url, None).checked_score(COMPLETIONS, scored_samples(), K)
 
 
 def test_on_failure_skip_marks_the_failed_request_s_rows_unscored_and_never_scores_them_0(scripted):
@@ -286,21 +288,21 @@ def test_on_failure_skip_marks_the_failed_request_s_rows_unscored_and_never_scor
     reward.served_reward()
     scripted.faults = [None, "500"]  # rows 0-3 are scored, rows 4-5 fail
     rewards = WeightedReward([reward, FormatReward()])
-    out = rewards.gather(rewards.submit(COMPLETIONS, prompts(), group_size=K))
+    out = rewards.gather(rewards.submit(COMPLETIONS, scored_samples(), group_size=K))
     assert out.unscored.tolist() == [False] * 4 + [True] * 2
-    assert torch.equal(out.components["accuracy"][:4], AccuracyReward().score(COMPLETIONS[:4], prompts()[:4]))
+    assert torch.equal(out.components["accuracy"][:4], AccuracyReward().score(COMPLETIONS[:4], scored_samples()[:4]))
     assert reward.num_unscored == 2 and rewards.num_nonfinite == 0
 
 
 def test_on_failure_skip_leaves_everything_unscored_when_the_server_is_down(scripted):
     scripted.close()
-    raw = remote(scripted.url, on_failure="skip", retries=0).score(COMPLETIONS, prompts(), K).result()
+    raw = remote(scripted.url, on_failure="skip", retries=0).score(COMPLETIONS, scored_samples(), K).result()
     assert isinstance(raw, PartialScores) and raw.unscored.all()
 
 
 def test_on_failure_skip_still_fails_on_a_refusal_that_every_batch_would_meet(served):
     with pytest.raises(RemoteRefusedError, match="does not serve 'nothing'"):
-        remote(served.url, "nothing", on_failure="skip").checked_score(COMPLETIONS, prompts(), K)
+        remote(served.url, "nothing", on_failure="skip").checked_score(COMPLETIONS, scored_samples(), K)
 
 
 def test_headers_come_from_the_environment_at_each_request(monkeypatch):
@@ -308,13 +310,14 @@ def test_headers_come_from_the_environment_at_each_request(monkeypatch):
         reward = RemoteReward(server.url, headers_from_env={"Authorization": "REWARD_AUTH"}, retries=0)
         monkeypatch.delenv("REWARD_AUTH", raising=False)
         with pytest.raises(RemoteRefusedError, match="the environment variable REWARD_AUTH .* is not set"):
-            reward.checked_score(COMPLETIONS, prompts(), K)
+            reward.checked_score(COMPLETIONS, scored_samples(), K)
         monkeypatch.setenv("REWARD_AUTH", "Bearer wrong")
         with pytest.raises(RemoteRefusedError, match="HTTP 401: missing or wrong token"):
-            reward.checked_score(COMPLETIONS, prompts(), K)
+            reward.checked_score(COMPLETIONS, scored_samples(), K)
         monkeypatch.setenv("REWARD_AUTH", "Bearer s3cret")
         assert torch.equal(
-            reward.checked_score(COMPLETIONS, prompts(), K)[0], AccuracyReward().score(COMPLETIONS, prompts())
+            reward.checked_score(COMPLETIONS, scored_samples(), K)[0],
+            AccuracyReward().score(COMPLETIONS, scored_samples()),
         )
 
 
@@ -344,10 +347,10 @@ def test_a_batch_over_the_server_s_body_limit_is_refused_before_it_is_sent():
 def test_a_kept_alive_connection_the_server_closed_while_idle_is_replaced_without_a_retry():
     with RewardServer([AccuracyReward()], timeout_s=0.2) as server:
         reward = remote(server.url)
-        reward.checked_score(COMPLETIONS, prompts(), K)
+        reward.checked_score(COMPLETIONS, scored_samples(), K)
         time.sleep(0.5)  # the server closes the idle connection
-        values, _ = reward.checked_score(COMPLETIONS, prompts(), K)
-    assert torch.equal(values, AccuracyReward().score(COMPLETIONS, prompts()))
+        values, _ = reward.checked_score(COMPLETIONS, scored_samples(), K)
+    assert torch.equal(values, AccuracyReward().score(COMPLETIONS, scored_samples()))
     assert reward.num_retries == 0 and reward.num_requests == 2
 
 
@@ -384,8 +387,9 @@ def test_bad_options_are_refused_when_the_reward_is_built(options, message):
 
 def test_a_remote_reward_pickles_before_and_after_scoring_and_the_copy_scores(served):
     reward = remote(served.url)
-    reward.checked_score(COMPLETIONS, prompts(), K)
+    reward.checked_score(COMPLETIONS, scored_samples(), K)
     copy = pickle.loads(pickle.dumps(reward))
     assert copy.num_requests == 1 and torch.equal(
-        copy.checked_score(COMPLETIONS, prompts(), K)[0], reward.checked_score(COMPLETIONS, prompts(), K)[0]
+        copy.checked_score(COMPLETIONS, scored_samples(), K)[0],
+        reward.checked_score(COMPLETIONS, scored_samples(), K)[0],
     )

@@ -9,7 +9,7 @@ from app.types import PromptInputs
 D = 2  # values per image patch
 
 
-def prompts(rows, images=None, **extra):
+def prompt_inputs(rows, images=None, **extra):
     """PromptInputs of the token rows ``rows``; row r has the images ``images[r]``, each a (grid, patches) pair."""
     ids = torch.tensor(rows)
     tensors = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **extra}
@@ -38,7 +38,7 @@ TEXT = [[1, 2, 3], [4, 5, 6]]  # two prompts of 3 tokens
 def text_groups(k):
     """Each prompt of TEXT repeated k times, with (all-text) token types."""
     rows = [row for row in TEXT for _ in range(k)]
-    return prompts(rows, mm_token_type_ids=torch.zeros(len(rows), 3, dtype=torch.long))
+    return prompt_inputs(rows, mm_token_type_ids=torch.zeros(len(rows), 3, dtype=torch.long))
 
 
 # Three prompts with 2, 1 and 2 images of 4 + 2, 4 and 2 + 6 patches (each image's patches distinct).
@@ -57,21 +57,21 @@ def image_groups(images=None):
     """Each prompt of IMAGE_PROMPTS twice (rows 0-1, 2-3, 4-5) with its images (fresh tensors), unless ``images``."""
     images = images or [layout(b) for b in range(3) for _ in range(2)]
     mm = torch.tensor([[0, 1, 0]] * 6)  # an image token inside the prompt, a text token last
-    return prompts([row for row in IMAGE_PROMPTS for _ in range(2)], images, mm_token_type_ids=mm)
+    return prompt_inputs([row for row in IMAGE_PROMPTS for _ in range(2)], images, mm_token_type_ids=mm)
 
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_text_groups_give_their_first_rows(k):
-    want = prompts(TEXT, mm_token_type_ids=torch.zeros(2, 3, dtype=torch.long))
+    want = prompt_inputs(TEXT, mm_token_type_ids=torch.zeros(2, 3, dtype=torch.long))
     assert_same(group_heads(text_groups(k), k), want)
 
 
 def test_two_token_prompts_are_shareable():
-    assert_same(group_heads(prompts([[5, 6], [5, 6], [7, 8], [7, 8]]), 2), prompts([[5, 6], [7, 8]]))
+    assert_same(group_heads(prompt_inputs([[5, 6], [5, 6], [7, 8], [7, 8]]), 2), prompt_inputs([[5, 6], [7, 8]]))
 
 
 def test_image_groups_give_their_first_rows_with_only_their_images():
-    want = prompts(IMAGE_PROMPTS, [layout(b) for b in range(3)], mm_token_type_ids=torch.tensor([[0, 1, 0]] * 3))
+    want = prompt_inputs(IMAGE_PROMPTS, [layout(b) for b in range(3)], mm_token_type_ids=torch.tensor([[0, 1, 0]] * 3))
     assert_same(group_heads(image_groups(), 2), want)
 
 
@@ -85,11 +85,11 @@ def test_rows_not_divisible_into_groups_give_none():
 
 
 def test_one_token_prompts_give_none():
-    assert group_heads(prompts([[5], [5]]), 2) is None
+    assert group_heads(prompt_inputs([[5], [5]]), 2) is None
 
 
 def test_unknown_inputs_give_none():
-    assert group_heads(prompts([[5, 6], [5, 6]], pixel_values_videos=torch.zeros(2, 3)), 2) is None
+    assert group_heads(prompt_inputs([[5, 6], [5, 6]], pixel_values_videos=torch.zeros(2, 3)), 2) is None
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_image_slices_give_each_rows_images_and_patches():
 
 
 def test_image_slices_of_rows_without_images_are_empty():
-    inputs = prompts([[1], [2], [3]], [[], [image(1, 1, 3, 0), image(1, 2, 1, 10)], []])
+    inputs = prompt_inputs([[1], [2], [3]], [[], [image(1, 1, 3, 0), image(1, 2, 1, 10)], []])
     assert _image_slices(inputs) == ([slice(0, 0), slice(0, 2), slice(2, 2)], [slice(0, 0), slice(0, 5), slice(5, 5)])
 
 
