@@ -46,6 +46,29 @@ def test_convert_round_trips_file_to_shards_to_samples(tmp_path, capsys):
     assert "wrote 7 samples to 3 shards" in out and "7 good rows, 0 skipped" in out
 
 
+def test_the_byte_limit_closes_a_shard_once_it_holds_that_many_bytes(tmp_path, capsys):
+    from app.data.shards import encode_sample
+
+    path = write_rows(tmp_path, 7)
+    samples = [FileDataset(7, 0, 64, str(path))[i] for i in range(7)]
+    payload = [sum(len(v) for k, v in encode_sample(s, "k").items() if k != "__key__") for s in samples]
+    limit = payload[0] + payload[1]  # the files' bytes the writer counts (tar headers not included)
+
+    main(["convert", str(path), str(tmp_path / "shards"), "--max-shard-bytes", str(limit)])
+
+    shards = sorted((tmp_path / "shards").glob("*.tar"))
+    counts = [len(list(read_samples([str(p)]))) for p in shards]
+    assert counts[0] == 2 and sum(counts) == 7 and len(shards) >= 3  # shard 0 closes once its two samples fill it
+    assert f"wrote 7 samples to {len(shards)} shards" in capsys.readouterr().out
+
+
+def test_pair_rows_are_not_converted_to_single_prompt_shards(tmp_path):
+    row = {"question": "q?", "images": [], "twin": {"question": "q'?", "images": [], "relation": "identity"}}
+    (tmp_path / "pairs.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(SystemExit, match="reads each row as a prompt pair"):
+        main(["convert", str(tmp_path / "pairs.jsonl"), str(tmp_path / "shards"), "--format", "ot_grpo"])
+
+
 def test_convert_is_deterministic(tmp_path):
     path = write_rows(tmp_path, 4)
     main(["convert", str(path), str(tmp_path / "a")])

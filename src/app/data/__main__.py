@@ -12,7 +12,8 @@ import re
 import sys
 from pathlib import Path
 
-from app.data.files import PRESETS, BadRowError, RowCheck, RowReader
+from app.data.files import BadRowError, RowCheck, RowReader
+from app.data.row_fields import PRESETS
 from app.data.shards import write_samples
 from app.data.tables import TableRows, load_table
 
@@ -26,7 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("out", help="output folder for the .tar shards")
     convert.add_argument("--format", default="default", choices=sorted(PRESETS), help="field layout (preset)")
     convert.add_argument("--prefix", default=None, help="shard and key prefix (default: the input's name)")
-    convert.add_argument("--max-per-shard", type=int, default=1000, help="samples per shard (the shard size limit)")
+    convert.add_argument("--max-per-shard", type=int, default=1000, help="samples per shard")
+    convert.add_argument(
+        "--max-shard-bytes",
+        type=int,
+        default=None,
+        help="close a shard once its files hold this many bytes (default: no limit)",
+    )
     convert.add_argument("--image-dir", default=None, help="folder of relative image paths (default: the input's)")
     convert.add_argument("--allow-outside-image-dir", action="store_true")
     convert.add_argument("--max-image-pixels", type=int, default=4096 * 4096)
@@ -55,6 +62,11 @@ def convert(args: argparse.Namespace) -> tuple[list[Path], RowCheck]:
         on_bad_row=args.on_bad_row,
         **fields,
     )
+    if reader.fields.twin is not None:
+        raise SystemExit(
+            f"error: the {args.format!r} layout reads each row as a prompt pair, and shards hold single prompts; "
+            "train on the file itself (app.data.files.FileDataset)"
+        )
     rows = TableRows(load_table(args.input))
     check = RowCheck(reader, args.input)
     samples = (sample for index, row in rows.iter() if (sample := check(row, index, decode=True)) is not None)
@@ -63,6 +75,7 @@ def convert(args: argparse.Namespace) -> tuple[list[Path], RowCheck]:
         args.out,
         args.prefix or _prefix(args.input),
         max_per_shard=args.max_per_shard,
+        max_shard_bytes=args.max_shard_bytes,
         strip_labels=args.strip_labels,
         progress=True,
         total=len(rows),

@@ -218,6 +218,7 @@ def write_samples(
     strip_labels: bool = False,
     progress: bool = False,
     total: int | None = None,
+    max_shard_bytes: int | None = None,
 ) -> list[Path]:
     """Write ``samples`` to ``{out_dir}/{prefix}-000000.tar``, ... and return the shard paths, in order.
 
@@ -229,6 +230,8 @@ def write_samples(
         out_dir: created if missing.
         prefix: shard and key prefix: letters, digits, ``_`` and ``-`` only.
         max_per_shard: samples per shard.
+        max_shard_bytes: a shard is closed once its files hold this many bytes (so it may pass them by one sample;
+            tar headers, 512 bytes a file, come on top); None: no byte limit.
         strip_labels: write label-free shards (see :func:`without_labels`).
         progress: show a tqdm progress bar.
         total: number of samples, for the progress bar.
@@ -237,6 +240,8 @@ def write_samples(
         raise ValueError(f"prefix must hold only letters, digits, '_' and '-', got {prefix!r}")
     if max_per_shard < 1:
         raise ValueError(f"max_per_shard must be >= 1, got {max_per_shard}")
+    if max_shard_bytes is not None and max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes must be >= 1, got {max_shard_bytes}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if progress:
@@ -245,12 +250,20 @@ def write_samples(
         samples = tqdm(samples, total=total, desc=prefix, unit="sample")
     writer = None
     count = 0
+    written: list[Path] = []
     try:
         for sample in samples:
             if writer is None:  # opened lazily, so that no samples means no (empty) shard
                 pattern = str(out_dir / f"{prefix}-%06d.tar")
                 # A fixed mtime makes shards byte-identical across rebuilds of the same samples.
-                writer = wds.ShardWriter(pattern, maxcount=max_per_shard, verbose=0, mtime=0.0)
+                writer = wds.ShardWriter(
+                    pattern,
+                    maxcount=max_per_shard,
+                    maxsize=max_shard_bytes or float("inf"),
+                    post=lambda name: written.append(Path(name)),
+                    verbose=0,
+                    mtime=0.0,
+                )
             if strip_labels:
                 sample = without_labels(sample)
             writer.write(encode_sample(sample, f"{prefix}-{count:09d}"))
@@ -258,8 +271,6 @@ def write_samples(
     finally:
         if writer is not None:
             writer.close()
-    num_shards = -(-count // max_per_shard)
-    written = [out_dir / f"{prefix}-{i:06d}.tar" for i in range(num_shards)]
     for stale in sorted(set(out_dir.glob(f"{prefix}-[0-9][0-9][0-9][0-9][0-9][0-9].tar")) - set(written)):
         log.info("removing stale shard %s from an earlier run", stale)
         stale.unlink()
