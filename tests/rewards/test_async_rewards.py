@@ -9,7 +9,8 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 import pytest
 import torch
 
-from app.rewards import RewardComponent, RewardError, WeightedReward
+from app.rewards import RemoteReward, RewardComponent, RewardError, WeightedReward
+from app.rewards.serve import RewardServer
 from app.tasks.vbvr import VBVRScorerReward
 from app.types import VisualSample
 
@@ -224,3 +225,48 @@ def test_the_vbvr_reward_runs_in_an_injected_executor_with_the_values_it_has_inl
     with ProcessPoolExecutor(1) as executor:
         out = rewards.gather(rewards.submit(renderings, samples, executor=executor))
     assert out.total.tolist() == expected.tolist() == [1.0, 0.0, 1.0]
+
+
+class OwnWorkersReward(FutureReward):
+    """Scores on a thread of its own (``FutureReward``'s), whatever executor the trainer has."""
+
+    def start_on_own_workers(self, completions, samples, group_size=None):
+        return self.score(completions, samples)
+
+
+def closed_executor():
+    """An executor that refuses every submission (RuntimeError): a reward that reaches it was handed to it."""
+    executor = ThreadPoolExecutor(1)
+    executor.shutdown()
+    return executor
+
+
+def test_a_reward_with_workers_of_its_own_is_never_handed_to_the_trainer_s_executor():
+    completions, samples = batch()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        LengthReward().score_async(completions, samples, executor=closed_executor())
+    future = OwnWorkersReward().score_async(completions, samples, executor=closed_executor())
+    assert future.result(timeout=10) == [2.0 * len(c) for c in completions]
+
+
+def test_the_vbvr_reward_with_workers_scores_in_its_own_pool_whatever_executor_is_given():
+    renderings, samples = vbvr_batch()
+    reward = VBVRScorerReward(num_workers=1)
+    try:
+        future = reward.score_async(renderings, samples, executor=closed_executor())
+        assert future.result(timeout=60).tolist() == [1.0, 0.0, 1.0]
+    finally:
+        reward.close()
+    with pytest.raises(RuntimeError, match="after shutdown"):  # without workers: the executor given
+        VBVRScorerReward().score_async(renderings, samples, executor=closed_executor())
+
+
+def test_a_remote_reward_sends_its_requests_from_its_own_threads_whatever_executor_is_given():
+    completions, samples = batch()
+    with RewardServer([LengthReward()]) as server:
+        reward = RemoteReward(server.url, timeout_s=10.0)
+        try:
+            future = reward.score_async(completions, samples, executor=closed_executor())
+            assert torch.equal(future.result(timeout=30), LengthReward().score(completions, samples))
+        finally:
+            reward.close()

@@ -280,12 +280,16 @@ class RewardComponent(Metric):
     ) -> Future:
         """Start scoring and return a ``Future`` of the raw values (checked by :meth:`check_values` when collected).
 
-        By default :meth:`score` runs in ``executor`` (a thread pool, or a process pool: then the reward and its inputs
-        are pickled to the worker), or at once in this thread without one; a ``score`` that itself returns a future is
-        passed through. A reward with workers of its own (:class:`~app.tasks.vbvr.VBVRScorerReward`) overrides this.
-        From a process the future gives a :class:`WorkerResult` carrying the copy's :attr:`side_state` increments:
-        pass what the future gives to :meth:`collect` (:meth:`~app.rewards.WeightedReward.gather` does).
+        A reward with workers of its own (:meth:`start_on_own_workers` gives a future) scores there. Otherwise
+        :meth:`score` runs in ``executor`` (a thread pool, or a process pool: then the reward and its inputs are
+        pickled to the worker), or at once in this thread without one; a ``score`` that itself returns a future is
+        passed through. From a process the future gives a :class:`WorkerResult` carrying the copy's
+        :attr:`side_state` increments: pass what the future gives to :meth:`collect`
+        (:meth:`~app.rewards.WeightedReward.gather` does).
         """
+        own = self.start_on_own_workers(completions, samples, group_size)
+        if own is not None:
+            return own
         grouping = self._grouping(group_size)
         if executor is not None:
             return executor.submit(_score_in_worker, _Shipment(self), completions, samples, grouping)
@@ -299,6 +303,13 @@ class RewardComponent(Metric):
             return values
         future.set_result(values)
         return future
+
+    def start_on_own_workers(
+        self, completions: Sequence[Any], samples: Sequence[VisualSample], group_size: int | None = None
+    ) -> Future | None:
+        """A future of the raw values when this reward scores on workers of its own (its own threads or process pool,
+        whatever ``executor`` :meth:`score_async` is given), or None: the default, it has none."""
+        return None
 
     def checked_score(
         self, completions: Sequence[str], samples: Sequence[VisualSample], group_size: int | None = None

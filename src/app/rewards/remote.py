@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -195,14 +195,10 @@ class RemoteReward(RewardComponent):
             self._batches = ThreadPoolExecutor(1, thread_name_prefix=f"remote-{self.name}")
         return self._batches.submit(self._score_batch, list(completions), list(samples), group_size)
 
-    def score_async(
-        self,
-        completions: Sequence[Any],
-        samples: Sequence[VisualSample],
-        group_size: int | None = None,
-        executor: Executor | None = None,
+    def start_on_own_workers(
+        self, completions: Sequence[Any], samples: Sequence[VisualSample], group_size: int | None = None
     ) -> Future:
-        """:meth:`score`: the requests run on this reward's own threads, whatever ``executor`` the trainer has."""
+        """:meth:`score`: the requests run on this reward's own threads, whatever executor the trainer has."""
         return self.score(completions, samples, group_size)
 
     def close(self) -> None:

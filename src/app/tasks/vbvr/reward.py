@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from functools import lru_cache
 from typing import Any
 
@@ -129,18 +129,12 @@ class VBVRScorerReward(RewardComponent):
             return self._values([_score_or_error(j) if j else None for j in self._jobs(completions, samples)])
         return self._pool_scores(completions, samples).result()
 
-    def score_async(
-        self,
-        completions: Sequence[Any],
-        samples: Sequence[VisualSample],
-        group_size: int | None = None,
-        executor: Executor | None = None,
-    ) -> Future:
-        """Start scoring and return a future of the ``[N]`` scores: in this reward's own process pool when
-        ``num_workers > 0``, else as any reward does (in ``executor``, or resolved at once without one)."""
-        if self.num_workers <= 0:
-            return super().score_async(completions, samples, group_size, executor)
-        return self._pool_scores(completions, samples)
+    def start_on_own_workers(
+        self, completions: Sequence[Any], samples: Sequence[VisualSample], group_size: int | None = None
+    ) -> Future | None:
+        """A future of the ``[N]`` scores from this reward's own process pool when ``num_workers > 0``; else None, and
+        :meth:`score_async` scores as any reward does (in its ``executor``, or at once without one)."""
+        return self._pool_scores(completions, samples) if self.num_workers > 0 else None
 
     def _pool_scores(self, completions: Sequence[Any], samples: Sequence[VisualSample]) -> Future:
         jobs = self._jobs(completions, samples)
