@@ -3,7 +3,6 @@ RewardError naming the reward, and a dead worker process or a stuck reward never
 
 import os
 import threading
-import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
@@ -13,6 +12,10 @@ from app.rewards import RemoteReward, RewardComponent, RewardError, WeightedRewa
 from app.rewards.serve import RewardServer
 from app.tasks.vbvr import VBVRScorerReward
 from app.types import VisualSample
+
+HANG_GUARD_S = 60
+"""How long a test waits for what should happen at once before it fails as a hang (pytest-timeout's 180 s would
+otherwise end the whole test without naming what hung). Never a bound on how long anything takes."""
 
 
 class LengthReward(RewardComponent):
@@ -53,9 +56,33 @@ class CrashingReward(RewardComponent):
 
 
 class StuckReward(RewardComponent):
+    """Scores only once ``release`` is set (or the hang guard runs out)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.release = threading.Event()
+
     def score(self, completions, samples):
-        time.sleep(1)
+        self.release.wait(HANG_GUARD_S)
         return torch.zeros(len(completions))
+
+
+def outcome_within(seconds, call, *args):
+    """What ``call(*args)`` returns or raises, called on a thread of its own; fails the test if the call has neither
+    returned nor raised after ``seconds`` (a guard against a hang, not a measure of time)."""
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(call(*args))
+        except Exception as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"{call.__qualname__} hung: neither a result nor an error after {seconds} s"
+    return outcome[0]
 
 
 def batch(n=3):
@@ -75,20 +102,25 @@ def test_a_reward_that_returns_a_future_is_awaited_in_forward_and_in_submit():
     torch.testing.assert_close(gathered.total, direct.total)
 
 
-def test_submit_returns_before_a_slow_reward_finishes_and_gather_gives_the_synchronous_values():
+def test_submit_returns_while_a_reward_is_still_scoring_and_gather_gives_the_synchronous_values():
     completions, samples = batch()
+    started, release = threading.Event(), threading.Event()
 
-    class SlowLength(LengthReward):
+    class HeldLength(LengthReward):
+        """Finishes only once the test releases it, which the test does after ``submit`` has returned."""
+
         def score(self, completions, samples):
-            time.sleep(0.3)
+            started.set()
+            assert release.wait(HANG_GUARD_S), "never released: submit waited for the reward to finish"
             return super().score(completions, samples)
 
-    rewards = WeightedReward([SlowLength(name="slow"), LengthReward(weight=2.0)])
+    rewards = WeightedReward([HeldLength(name="slow"), LengthReward(weight=2.0)])
     with ThreadPoolExecutor(2) as executor:
-        started = time.perf_counter()
         pending = rewards.submit(completions, samples, executor=executor)
-        assert time.perf_counter() - started < 0.2 and not pending.done()
-        out = rewards.gather(pending)
+        assert not pending.done(), "submit returned only after every reward had finished"
+        assert started.wait(HANG_GUARD_S), "the held reward never started in the executor"
+        release.set()
+        out = rewards.gather(pending, timeout=HANG_GUARD_S)
     expected = rewards(completions, samples)
     torch.testing.assert_close(out.total, expected.total)
     assert out.components.keys() == {"slow", "length"}
@@ -151,22 +183,27 @@ def test_a_dead_worker_process_fails_the_gather_instead_of_hanging():
     completions, samples = batch()
     rewards = WeightedReward([CrashingReward()])
     executor = ProcessPoolExecutor(1)
-    started = time.perf_counter()
-    with pytest.raises(RewardError, match="reward 'crashing' failed: BrokenProcessPool"):
-        rewards.gather(rewards.submit(completions, samples, executor=executor))
-    assert time.perf_counter() - started < 30
-    with pytest.raises(RewardError, match="reward 'crashing' failed: BrokenProcessPool"):  # the pool stays broken
-        rewards.gather(rewards.submit(completions, samples, executor=executor))
-    executor.shutdown()
+    try:
+        for _ in range(2):  # the second batch: the pool stays broken and refuses it, also without hanging
+            pending = rewards.submit(completions, samples, executor=executor)
+            error = outcome_within(HANG_GUARD_S, rewards.gather, pending)
+            assert isinstance(error, RewardError), error
+            assert str(error).startswith("reward 'crashing' failed: BrokenProcessPool"), str(error)
+    finally:
+        executor.shutdown()
 
 
 def test_a_reward_past_the_timeout_fails_with_its_name():
     completions, samples = batch()
-    rewards = WeightedReward([StuckReward()])
+    stuck = StuckReward()
+    rewards = WeightedReward([stuck])
     executor = ThreadPoolExecutor(1)
-    with pytest.raises(RewardError, match=r"reward 'stuck' gave no result within 0.2 s"):
-        rewards.gather(rewards.submit(completions, samples, executor=executor), timeout=0.2)
-    executor.shutdown(wait=False)
+    try:
+        with pytest.raises(RewardError, match=r"reward 'stuck' gave no result within 0.2 s"):
+            rewards.gather(rewards.submit(completions, samples, executor=executor), timeout=0.2)
+    finally:
+        stuck.release.set()
+        executor.shutdown()
 
 
 def test_non_finite_values_of_a_gathered_batch_are_zeroed_and_counted():
