@@ -172,6 +172,24 @@ def new_samples():
     return dots_samples
 
 
+@pytest.fixture
+def print_config(capsys):
+    """``print_config(args) -> dict``: ``fit *args --print_config`` run in process (parse and validate, print, exit 0;
+    nothing is instantiated), the printed config read back."""
+    import yaml
+
+    from app.command_line.commands import AppCLI
+
+    def run(args: list[str]) -> dict:
+        with pytest.raises(SystemExit) as exit_info:
+            AppCLI(args=["fit", *args, "--print_config"])
+        captured = capsys.readouterr()
+        assert exit_info.value.code in (0, None), captured.err[-2000:]
+        return yaml.safe_load(captured.out)
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def app_env():
     """Factory of subprocess environments: ``app_env(**extra)``."""

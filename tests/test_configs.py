@@ -4,7 +4,6 @@ cannot be downloaded here), and the tiny test fixtures instantiate into the obje
 from pathlib import Path
 
 import pytest
-import yaml
 
 from app.cli import AppCLI
 
@@ -13,22 +12,13 @@ RECIPES = sorted((ROOT / "configs").rglob("*.yaml"))
 FIXTURE_CONFIGS = [ROOT / "tests" / "fixtures" / "tiny_grpo.yaml", ROOT / "tests" / "fixtures" / "tiny_sft.yaml"]
 
 
-def print_config(args: list[str], capsys) -> dict:
-    """Run ``fit ... --print_config`` in process: parse and validate, print, exit 0; never instantiate."""
-    with pytest.raises(SystemExit) as exit_info:
-        AppCLI(args=["fit", *args, "--print_config"])
-    captured = capsys.readouterr()
-    assert exit_info.value.code in (0, None), captured.err[-2000:]
-    return yaml.safe_load(captured.out)
-
-
 def test_there_are_recipes():
     assert RECIPES, "configs/ holds no YAML recipe"
 
 
 @pytest.mark.parametrize("path", RECIPES + FIXTURE_CONFIGS, ids=lambda p: p.name)
-def test_config_parses_against_its_classes(path, capsys):
-    config = print_config(["--config", str(path)], capsys)
+def test_config_parses_against_its_classes(path, print_config):
+    config = print_config(["--config", str(path)])
     assert config["model"]["class_path"].startswith("app.modules.")
     assert config["data"]["class_path"].startswith("app.data.")
     assert config["model"]["init_args"]["policy"]["class_path"] in ("app.models.VLMPolicy", "app.models.FlowPolicy")
@@ -83,7 +73,7 @@ def load_repro(name: str, monkeypatch):
     return importlib.import_module(name)
 
 
-def test_objectives_arms_parse_as_their_settings(monkeypatch, capsys):
+def test_objectives_arms_parse_as_their_settings(monkeypatch, print_config):
     """Every arm of benchmarks/repro/objectives.py is a valid quickstart GRPO run: its overrides parse, land in the
     settings they name, and build a valid ``GRPOSettings``."""
     from app.settings import GRPOSettings
@@ -95,7 +85,7 @@ def test_objectives_arms_parse_as_their_settings(monkeypatch, capsys):
         for item in objectives.arm_overrides(arm, objectives.MASK_KL):
             key, _, value = item.partition("=")
             args += [f"--{key}", value]
-        module = print_config(args, capsys)["model"]["init_args"]
+        module = print_config(args)["model"]["init_args"]
         grpo = module["grpo"] or {}  # null: the defaults
         GRPOSettings(**grpo)  # runs the settings' own checks (CISPO with a sequence ratio is refused, ...)
         assert (module["pipeline"] or {"delay": 0})["delay"] == (0 if arm == "grpo_delay0" else 1), arm
@@ -108,7 +98,7 @@ def test_objectives_arms_parse_as_their_settings(monkeypatch, capsys):
     assert objectives.arm_overrides("masked", 0.5)[-1] == f"{objectives.G}off_policy_max_kl=0.5"
 
 
-def test_flow_grpo_arms_parse_as_their_sampling_settings(monkeypatch, capsys):
+def test_flow_grpo_arms_parse_as_their_sampling_settings(monkeypatch, print_config):
     """Every arm of benchmarks/repro/flow_grpo.py that overrides its task's recipe parses and builds valid
     ``FlowSamplingSettings`` (a moving window needs its first position, ...)."""
     from app.settings import FlowSamplingSettings
@@ -122,7 +112,7 @@ def test_flow_grpo_arms_parse_as_their_sampling_settings(monkeypatch, capsys):
             for item in arm.overrides_for(task):
                 key, _, value = item.partition("=")
                 args += [f"--{key}", value]
-            config = print_config(args, capsys)
+            config = print_config(args)
             settings = FlowSamplingSettings(**config["model"]["init_args"]["sampling"])
             if name.startswith("mixgrpo"):  # the window takes the same five positions over each recipe's steps
                 steps, every = config["trainer"]["max_steps"], settings.window_every_n_steps
@@ -131,7 +121,7 @@ def test_flow_grpo_arms_parse_as_their_sampling_settings(monkeypatch, capsys):
                 assert settings.ode_tail == "unipc"
 
 
-def test_flow_grpo_diffusionnft_arms_parse_with_their_own_recipe(monkeypatch, capsys):
+def test_flow_grpo_diffusionnft_arms_parse_with_their_own_recipe(monkeypatch, print_config):
     """The DiffusionNFT arms of benchmarks/repro/flow_grpo.py name an existing recipe of FlowNFTModule per task, and
     the equal-time arm's step count lands in the trainer."""
     flow_grpo = load_repro("flow_grpo", monkeypatch)
@@ -142,7 +132,7 @@ def test_flow_grpo_diffusionnft_arms_parse_with_their_own_recipe(monkeypatch, ca
             for item in arm.overrides_for(task):
                 key, _, value = item.partition("=")
                 args += [f"--{key}", value]
-            config = print_config(args, capsys)
+            config = print_config(args)
             assert config["model"]["class_path"] == "app.modules.FlowNFTModule"
             if name == "nft_time":
                 assert config["trainer"]["max_steps"] == flow_grpo.EQUAL_TIME_STEPS[task]

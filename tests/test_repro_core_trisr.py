@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from jsonargparse import ArgumentParser
-from test_configs import print_config  # tests/ is on sys.path (pytest's rootdir import)
 
 from app.rewards import RewardComponent
 
@@ -26,7 +25,7 @@ def build(spec: dict) -> RewardComponent:
     return parser.instantiate(parser.parse_object({"reward": spec})).reward
 
 
-def test_arms_parse_and_build_their_rewards(core_trisr, capsys):
+def test_arms_parse_and_build_their_rewards(core_trisr, print_config):
     expected = {
         "task_only": (["triplet_task", "format"], None),
         "trisr": (["tri_sr", "format"], "paper"),
@@ -38,7 +37,7 @@ def test_arms_parse_and_build_their_rewards(core_trisr, capsys):
         for item in core_trisr.arm_overrides(arm, "runs/start/policy", 7):
             key, _, value = item.partition("=")
             args += [f"--{key}", value]
-        config = print_config(args, capsys)
+        config = print_config(args)
         module = config["model"]["init_args"]
         assert config["trainer"]["max_steps"] == 7 and module["policy"]["init_args"]["model"] == "runs/start/policy"
         assert module["grpo"]["beta"] == 0.01
@@ -50,9 +49,9 @@ def test_arms_parse_and_build_their_rewards(core_trisr, capsys):
         assert {f"{m}" for m in core_trisr.METRICS if m not in core_trisr.DERIVED} <= eval_names
 
 
-def test_the_sft_start_reports_every_metric_the_grpo_stage_does(capsys):
+def test_the_sft_start_reports_every_metric_the_grpo_stage_does(print_config):
     """The start's own summary names the triplet metrics the report reads (except those only GRPO's eval lists)."""
-    sft = print_config(["--config", str(ROOT / "configs" / "repro/trisr_dots_sft.yaml")], capsys)
+    sft = print_config(["--config", str(ROOT / "configs" / "repro/trisr_dots_sft.yaml")])
     names = {build(spec).name for spec in sft["model"]["init_args"]["eval_rewards"]}
     assert {"triplet_order_accuracy", "triplet_cycle_rate", "triplet_attribute_accuracy"} <= names
     dataset = sft["data"]["init_args"]["dataset"]["init_args"]

@@ -85,7 +85,7 @@ def test_dora_layers_and_models_without_lora_are_left_as_they_are():
 
 @pytest.mark.parametrize("vision", [False, True], ids=["language-model", "vision-too"])
 def test_vlm_rollout_with_merged_adapters_draws_the_unmerged_completions(new_policy, new_samples, vision):
-    from tests.models.test_vlm_policy import perturb, vision_lora_policy
+    from policy_helpers import perturb, vision_lora_policy
 
     policy = vision_lora_policy("tiny-qwen2-vl") if vision else new_policy("tiny-qwen2-vl", lora_r=4)
     perturb([p for n, p in policy.model.named_parameters() if "lora_B" in n], scale=0.2)  # an adapter that matters

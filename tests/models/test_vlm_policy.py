@@ -6,11 +6,12 @@ from contextlib import contextmanager
 import pytest
 import torch
 from PIL import Image
+from policy_helpers import perturb, vision_lora_policy, vision_split
 from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, entropy_atol, logprob_atol
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from app.models import VLMPolicy
-from app.settings import LANGUAGE_MODEL_PROJECTIONS, LoRASettings, OptimizerSettings, SamplingSettings
+from app.settings import LoRASettings, OptimizerSettings, SamplingSettings
 from app.tiny.models import resolve_pretrained
 from app.types import VisualSample
 
@@ -308,13 +309,6 @@ def test_lora_and_sampling_settings_reject_bad_values():
 
 
 # --------------------------------------------------------------------------------------------------- reference
-def perturb(parameters, scale=0.05, seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in parameters:
-            p.add_(torch.randn(p.shape, generator=generator) * scale)
-
-
 def test_lora_reference_is_the_untrained_policy_and_differs_after_an_update(new_policy, new_samples):
     policy = new_policy("tiny-qwen2-vl", lora_r=4)
     prompts = policy.encode_prompts(new_samples(2), group_size=2)
@@ -410,21 +404,6 @@ def test_full_fine_tuning_export_has_no_adapter(new_policy, new_samples, tmp_pat
 
 
 # ------------------------------------------------------------------------------------------- vision-tower LoRA
-VISION_BLOCKS = r".*visual\.blocks\.\d+\.(attn\.(qkv|proj)|mlp\.(fc1|fc2|gate_proj|up_proj|down_proj))"
-"""The attention and MLP linears of every block of the tiny Qwen2- and Qwen2.5-VL vision towers (not the merger)."""
-
-
-def vision_lora_policy(model: str = "tiny-qwen2.5-vl", **kwargs) -> VLMPolicy:
-    """LoRA r 4 (no dropout) on the language model's projections and on the vision blocks' linears."""
-    targets = f"{LANGUAGE_MODEL_PROJECTIONS}|{VISION_BLOCKS}"
-    return VLMPolicy(model, lora=LoRASettings(r=4, alpha=8, dropout=0.0, target_modules=targets), **kwargs)
-
-
-def vision_split(policy: VLMPolicy) -> tuple[dict, dict]:
-    """The vision tower's parameters by name: its LoRA adapters, and its base weights."""
-    vision = {id(p) for p in policy.vision_parameters()}
-    named = [(n, p) for n, p in policy.model.named_parameters() if id(p) in vision]
-    return {n: p for n, p in named if "lora_" in n}, {n: p for n, p in named if "lora_" not in n}
 
 
 @pytest.mark.parametrize("freeze_vision", [True, False])

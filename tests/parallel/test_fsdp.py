@@ -287,12 +287,12 @@ def test_vision_adapters_shard_with_the_vision_tower_and_train_in_their_own_grou
     optimizer's vision group holds them, and one SFT step moves them and leaves the tower's base weights alone."""
     from types import SimpleNamespace
 
+    from policy_helpers import vision_lora_policy, vision_split
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
     from app.modules import VLMSFTModule
     from app.parallel.fsdp import MESH_DIMS
-    from tests.models.test_vlm_policy import vision_lora_policy, vision_split
 
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     try:

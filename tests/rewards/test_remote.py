@@ -13,6 +13,7 @@ import pytest
 import torch
 from jsonargparse import ArgumentParser
 from prompt_samples import prompts
+from served_rewards import CountingReward
 
 from app.rewards import AccuracyReward, FormatReward, RemoteReward, RewardComponent, RewardError, WeightedReward
 from app.rewards.base import PartialScores
@@ -207,8 +208,6 @@ def test_a_remote_reward_takes_the_served_reward_s_scope_and_range(served):
 
 
 def test_the_served_reward_s_side_state_comes_back_into_the_client_s_counters():
-    from test_serve import CountingReward  # noqa: PLC0415 - the same test reward on both sides
-
     with RewardServer([CountingReward()]) as server:
         reward = RemoteReward(server.url, max_batch=2)
         reward.checked_score(["1", "x", "y", "2", "z"], [VisualSample([], "?", "demo")] * 5)

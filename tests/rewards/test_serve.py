@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from served_rewards import CountingReward
 
 from app.rewards import AccuracyReward, FormatReward, RewardComponent
 from app.rewards.serve import RewardServer, ServerProcess
@@ -17,22 +18,6 @@ from app.rewards.wire import encode_request
 from app.types import VisualSample
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class CountingReward(RewardComponent):
-    """1 for completions that are digits; counts the others in its side state, and raises on the text ``boom``."""
-
-    side_state = ("num_malformed",)
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.num_malformed = 0
-
-    def score(self, completions, samples):
-        if "boom" in completions:
-            raise RuntimeError("the scorer fell over")
-        self.num_malformed += sum(not c.isdigit() for c in completions)
-        return torch.tensor([1.0 if c.isdigit() else float("nan") if c == "nan" else 0.0 for c in completions])
 
 
 def prompt(answer="yes"):
