@@ -202,7 +202,7 @@ class StepTimer(L.Callback):
 
 def run_recipe(config: str, overrides: list[str]) -> dict:
     """``AppCLI`` on ``config`` with ``overrides``, a :class:`StepTimer` added; returns the figures."""
-    from app.cli import AppCLI
+    from app.command_line.commands import AppCLI
 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()

@@ -28,7 +28,7 @@ from jsonargparse import ArgumentParser
 from jsonargparse._optionals import parse_docstring
 from jsonargparse._parameter_resolvers import ParamData, get_signature_parameters
 
-from app.cli import AppCLI
+from app.command_line.commands import AppCLI
 
 ROOT = Path(__file__).resolve().parents[1]
 YAMLS = sorted([*(ROOT / "configs").rglob("*.yaml"), *(ROOT / "tests" / "fixtures").glob("*.yaml")])

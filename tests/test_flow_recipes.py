@@ -3,7 +3,7 @@
 import math
 from pathlib import Path
 
-from app.cli import AppCLI
+from app.command_line.commands import AppCLI
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SMALL = [

@@ -36,8 +36,17 @@ LAYER_RULES = {
     "app.tasks.vbvr.prompts": (*_NO_TRAINING_STACK, "app.tasks.vbvr.reward", "app.tasks.vbvr.cli"),
     "app.formats": ("app",),
     "app.cv": ("app",),
+    "app.errors": ("app",),
 }
 """Package (or module) -> what none of its modules may import (a package forbids its submodules too)."""
+
+FRONT = "app.command_line"
+"""The command line, the top layer: the commands, their error messages, config search, start-up checks, console."""
+
+FRONT_USERS = ("app.__main__", "app.rehearsal", "app.export", "app.rewards.serve")
+"""The modules outside :data:`FRONT` that may import it: the entry point and the other commands (``rehearse``;
+``export``, whose checkpoint reading and writing is the front's; the reward server's command line, which shortens its
+jsonargparse errors with the front's messages). Every other module imports only :class:`app.errors.ConfigError`."""
 
 
 def _modules() -> dict[str, Path]:
@@ -170,6 +179,31 @@ def test_the_vbvr_scoring_rule_catches_scoring_importing_rewards(tmp_path, monke
     monkeypatch.setitem(globals(), "SRC", tmp_path)
     with pytest.raises(AssertionError, match="app.tasks.vbvr.scoring imports app.rewards.base"):
         test_layers_import_downwards("app.tasks.vbvr.scoring")
+
+
+def test_only_the_commands_import_the_command_line():
+    modules = _modules()
+    assert any(_within(name, FRONT) for name in modules), f"no module {FRONT}"
+    violations = [
+        f"{name} imports {base}"
+        for name, path in modules.items()
+        if not any(_within(name, p) for p in (FRONT, *FRONT_USERS))
+        for base, _ in _imports(name, path)
+        if _within(base, FRONT)
+    ]
+    assert not violations, f"only {', '.join(FRONT_USERS)} may import {FRONT}:\n" + "\n".join(violations)
+
+
+def test_the_command_line_rule_catches_a_module_importing_it(tmp_path, monkeypatch):
+    """The data layer formatting an error with the front's messages is reported."""
+    module = tmp_path / "app/data/files.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("from app.command_line.error_messages import describe_parse_error\n")
+    (tmp_path / "app/command_line").mkdir()
+    (tmp_path / "app/command_line/error_messages.py").write_text("")
+    monkeypatch.setitem(globals(), "SRC", tmp_path)
+    with pytest.raises(AssertionError, match="app.data.files imports app.command_line.error_messages"):
+        test_only_the_commands_import_the_command_line()
 
 
 @pytest.mark.parametrize("layer", sorted(LAYER_RULES))

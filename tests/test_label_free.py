@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import AppCLI
+from app.command_line.commands import AppCLI
 from app.data.shards import LABEL_META_KEYS
 from app.rewards.consistency import ConsistencyReward
 from app.tasks.__main__ import main as data_main

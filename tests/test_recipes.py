@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import AppCLI
+from app.command_line.commands import AppCLI
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

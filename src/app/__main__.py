@@ -9,6 +9,6 @@ if __name__ == "__main__":
 
         rehearse(sys.argv[2:])
     else:
-        from app.cli import main
+        from app.command_line.commands import main
 
         main()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import lightning as L
 
+from app.command_line.faults import check_writable, checkpoint_mismatch, load_checkpoint_file, unreadable_checkpoint
 from app.errors import ConfigError
-from app.faults import check_writable, checkpoint_mismatch, load_checkpoint_file, unreadable_checkpoint
 from app.parallel.fsdp import FSDP2Strategy, is_sharded_checkpoint, read_sharded_checkpoint
 
 log = logging.getLogger(__name__)

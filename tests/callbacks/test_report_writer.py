@@ -29,7 +29,7 @@ def test_report_after_fit_and_after_validate(tmp_path, stand_in, make_trainer):
 
 
 def test_the_run_summary_names_the_report_and_the_sample_grids(tmp_path, stand_in, make_trainer):
-    from app.console import artefact_summary
+    from app.command_line.console import artefact_summary
     from callbacks.sample_grid import SampleGridLogger
 
     trainer = make_trainer(tmp_path, [ReportWriter(), SampleGridLogger(every_n_steps=1)], max_steps=1)

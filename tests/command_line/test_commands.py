@@ -15,9 +15,9 @@ import torch
 import yaml
 from export_checks import assert_export_matches_policy
 
-from app.cli import AppCLI, main
+from app.command_line.commands import AppCLI, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 TINY_GRPO = FIXTURES / "tiny_grpo.yaml"
 TINY_SFT = FIXTURES / "tiny_sft.yaml"

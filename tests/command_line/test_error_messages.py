@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.cli import main
-from app.console import quiet_known_noise, step_progress_bar
-from app.errors import ConfigError, describe_parse_error
+from app.command_line.commands import main
+from app.command_line.console import quiet_known_noise, step_progress_bar
+from app.command_line.error_messages import describe_parse_error, moved_class_path
+from app.errors import ConfigError
 from app.export import find_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 TINY_GRPO = FIXTURES / "tiny_grpo.yaml"
 MAX_LINES = 10
@@ -406,3 +407,33 @@ def test_nested_help_after_the_class_prints_the_block(capsys):
     code, output = run_main(["fit", "--model.help", "app.modules.VLMGRPOModule", "--model.sampling.help"], capsys)
     assert code == 0
     assert "--model.sampling.temperature TEMPERATURE" in output
+
+
+def test_a_class_path_of_a_moved_module_is_told_its_new_path(tmp_path, capsys):
+    """app.faults moved into app.command_line: a YAML written before names the class by its old path."""
+    config = yaml.safe_load(TINY_GRPO.read_text())
+    config["trainer"]["callbacks"] = [{"class_path": "app.faults.PreemptionCheckpoint"}]
+    path = tmp_path / "old_paths.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code, output = run_main(["fit", "--config", str(path)], capsys)
+    assert code == 2
+    heads = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert heads == [
+        "error: trainer.callbacks: unknown class_path 'app.faults.PreemptionCheckpoint': module 'app' has no attribute "
+        "'faults'; it moved to 'app.command_line.faults.PreemptionCheckpoint'"
+    ], output
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("app.faults.AtomicCheckpointIO", "app.command_line.faults.AtomicCheckpointIO"),
+        ("app.cli.AppTrainer", "app.command_line.commands.AppTrainer"),
+        ("app.embedded.models.TinyVLMSpec", "app.tiny.models.TinyVLMSpec"),
+        ("app.report.RunHistory", "app.run_report.RunHistory"),
+        ("app.faultsy.X", None),
+        ("app.modules.VLMGRPOModule", None),
+    ],
+)
+def test_moved_class_paths_map_to_the_new_module(old, new):
+    assert moved_class_path(old) == new

@@ -10,7 +10,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from app.faults import PREEMPTED_FILENAME, AtomicCheckpointIO, PreemptionCheckpoint, atomic_torch_save
+from app.command_line.faults import PREEMPTED_FILENAME, AtomicCheckpointIO, PreemptionCheckpoint, atomic_torch_save
 from app.modules import NonFiniteTrainingError, VLMGRPOModule
 from app.modules.policy_module import NONFINITE_GRADIENT, UNDONE
 from app.rewards import RewardComponent
@@ -158,10 +158,10 @@ def test_max_nonfinite_steps_must_be_positive(new_policy):
 def test_the_cli_trainer_checkpoints_on_preemption_and_writes_atomically(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from app.cli import AppCLI
+    from app.command_line.commands import AppCLI
 
     monkeypatch.chdir(tmp_path)
-    config = Path(__file__).parent / "fixtures" / "tiny_grpo.yaml"
+    config = Path(__file__).parents[1] / "fixtures" / "tiny_grpo.yaml"
     cli = AppCLI(args=["--config", str(config)], run=False)
     assert sum(isinstance(c, PreemptionCheckpoint) for c in cli.trainer.callbacks) == 1
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)

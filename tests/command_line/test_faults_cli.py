@@ -17,10 +17,10 @@ import torch
 import yaml
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from app.cli import main
-from app.faults import AtomicCheckpointIO, atomic_torch_save
+from app.command_line.commands import main
+from app.command_line.faults import AtomicCheckpointIO, atomic_torch_save
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 TINY_GRPO = FIXTURES / "tiny_grpo.yaml"
 MAX_LINES = 12
@@ -282,7 +282,7 @@ def test_a_stale_temp_file_is_removed_by_the_next_save_in_its_folder(tmp_path, c
     fresh.write_bytes(b"")
     future = time.time() + 3600
     os.utime(fresh, (future, future))
-    with caplog.at_level(logging.WARNING, logger="app.faults"):
+    with caplog.at_level(logging.WARNING, logger="app.command_line.faults"):
         AtomicCheckpointIO().save_checkpoint({"step": 1}, tmp_path / "epoch=0-step=1.ckpt")
     assert not stale.exists() and fresh.exists()
     assert any(stale.name in message for message in caplog.messages), caplog.messages
@@ -290,7 +290,7 @@ def test_a_stale_temp_file_is_removed_by_the_next_save_in_its_folder(tmp_path, c
 
 def test_a_stale_temp_file_is_removed_when_the_next_run_starts_in_its_folder(tmp_path, capsys, caplog):
     stale = stale_temp_file(tmp_path / "run" / "checkpoints")
-    with caplog.at_level(logging.WARNING, logger="app.faults"):
+    with caplog.at_level(logging.WARNING, logger="app.command_line.faults"):
         main(tiny_fit(tmp_path / "run"))
     capsys.readouterr()
     assert not stale.exists()

@@ -80,7 +80,7 @@ def test_flow_grpo_refuses_the_vlm_only_objectives_naming_them(option, named):
 
 def test_a_config_selects_the_objectives_from_yaml(tmp_path, capsys):
     """The ``grpo:`` block of a YAML config parses into the new fields (and a misspelt value fails parsing)."""
-    from app.cli import AppCLI
+    from app.command_line.commands import AppCLI
 
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_grpo.yaml"
     text = fixture.read_text()

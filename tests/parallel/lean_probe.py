@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from app.cli import AppCLI
+from app.command_line.commands import AppCLI
 from app.models import FlowPolicy, VLMPolicy
 from app.parallel import shard_policy
 from app.parallel.fsdp import MESH_DIMS

@@ -21,7 +21,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from app.cli import AppCLI, fsdp2_processes
+from app.command_line.commands import AppCLI, fsdp2_processes
 from app.modules.policy_module import PolicyModule
 from app.parallel import FSDP2Strategy
 from app.parallel.fsdp import MESH_DIMS

@@ -3,7 +3,7 @@
 import math
 from pathlib import Path
 
-from app.cli import AppCLI
+from app.command_line.commands import AppCLI
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart/consistency_dots.yaml"
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.cli import AppCLI
+from app.command_line.commands import AppCLI
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart/trisr_dots.yaml"
 

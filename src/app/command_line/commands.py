@@ -1,10 +1,10 @@
 """The command line: ``python -m app fit|validate|test|predict|export --config X.yaml`` (``python -m app --help``).
 
 Errors in a config or on the command line are reported in a few lines naming the field, the bad value and a close
-match (:mod:`app.errors`), every bad field of the config at once; so are the other errors a user can cause: a
-checkpoint that cannot be read or belongs to another model, missing data, an output folder that cannot be written
-(probed before the first step), training stopped by non-finite values. ``APP_DEBUG=1`` or ``--debug`` shows the full
-traceback instead.
+match (:mod:`app.command_line.error_messages`), every bad field of the config at once; so are the other errors a user
+can cause: a checkpoint that cannot be read or belongs to another model, missing data, an output folder that cannot be
+written (probed before the first step), training stopped by non-finite values. ``APP_DEBUG=1`` or ``--debug`` shows
+the full traceback instead.
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from lightning.pytorch.cli import LightningCLI
 
 import app.data  # noqa: F401  (imported so that `fit --help` lists the package's data modules as known subclasses)
 import app.modules  # noqa: F401  (and its LightningModules)
-from app.config_search import further_parse_errors
-from app.console import artefact_summary, quiet_known_noise, step_progress_bar
-from app.errors import (
+from app.command_line.config_search import further_parse_errors
+from app.command_line.console import artefact_summary, quiet_known_noise, step_progress_bar
+from app.command_line.error_messages import (
     DEBUG_ENV,
     DEBUG_HINT,
-    ConfigError,
     debug_enabled,
     describe_instantiation_error,
     describe_parse_errors,
@@ -39,15 +38,16 @@ from app.errors import (
     root_cause,
     settings_errors,
 )
-from app.faults import AtomicCheckpointIO, CheckpointConnector, PreemptionCheckpoint, unreadable_checkpoint
+from app.command_line.faults import AtomicCheckpointIO, CheckpointConnector, PreemptionCheckpoint, unreadable_checkpoint
+from app.command_line.output_folders import probe_output_folders
+from app.errors import ConfigError
 from app.modules import NonFiniteTrainingError
-from app.output_folders import probe_output_folders
 from app.parallel.loading import lean_loading
 from app.rewards import RewardError
 
 PROG = "python -m app"
 LEAN_LOADING_COMMANDS = ("fit", "validate", "test", "predict")  # the commands that shard the policy under FSDP2
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/app/command_line/commands.py
 
 
 class AppTrainer(Trainer):
@@ -258,9 +258,9 @@ class AppCLI(LightningCLI):
         return []
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The configured trainer, with a progress bar that counts steps (:func:`app.console.step_progress_bar`)
-        unless the config disables the bar or brings its own, a checkpoint on preemption signals and atomic
-        checkpoint files (:mod:`app.faults`)."""
+        """The configured trainer, with a progress bar that counts steps
+        (:func:`app.command_line.console.step_progress_bar`) unless the config disables the bar or brings its own, a
+        checkpoint on preemption signals and atomic checkpoint files (:mod:`app.command_line.faults`)."""
         config = self._get(self.config_init, "trainer", default={})
         callbacks = kwargs.pop("callbacks", None) or config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]

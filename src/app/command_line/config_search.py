@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from app.errors import parse_error_fields
+from app.command_line.error_messages import parse_error_fields
 
 
 def further_parse_errors(parser: Any, given: list[str], message: str, limit: int = 4) -> list[str]:

@@ -4,7 +4,8 @@ what is accepted and a close match, in a few lines; ``APP_DEBUG=1`` (or ``--debu
 jsonargparse reports a bad config as a nested text (``Parser key "model": Does not validate against any of the Union
 subtypes ... Errors: - Problem with given class_path ...``), and an exception raised by a constructor arrives wrapped
 the same way. :func:`describe_parse_error` and :func:`describe_instantiation_error` reduce these to the innermost
-message and the dotted config path that leads to it.
+message and the dotted config path that leads to it. The exception a layer raises for a user's mistake,
+:class:`~app.errors.ConfigError`, is defined apart (:mod:`app.errors`), so that those layers need none of this.
 """
 
 from __future__ import annotations
@@ -24,10 +25,6 @@ from jsonargparse import Namespace
 
 DEBUG_ENV = "APP_DEBUG"
 DEBUG_HINT = f"{DEBUG_ENV}=1 (or --debug) shows the full error"
-
-
-class ConfigError(ValueError):
-    """A configuration or input a run cannot use. ``python -m app`` prints its message alone and exits 1."""
 
 
 def debug_enabled() -> bool:
@@ -123,6 +120,30 @@ def _leaves(message: str) -> list[_Leaf]:
         if not _NOISE.match(stripped):
             leaves.append(_Leaf(stripped, [(kind, value) for _, kind, value in stack]))
     return leaves
+
+
+MOVED_MODULES = {
+    "app.cli": "app.command_line.commands",
+    "app.config_search": "app.command_line.config_search",
+    "app.console": "app.command_line.console",
+    "app.faults": "app.command_line.faults",
+    "app.output_folders": "app.command_line.output_folders",
+    "app.embedded": "app.tiny",
+    "app.report": "app.run_report",
+}
+"""Modules that moved (old dotted path -> new), so that a config naming a class by its old path is told the new one."""
+
+
+def moved_class_path(class_path: str) -> str | None:
+    """``class_path`` with its module's new path, for a module of :data:`MOVED_MODULES` (or one inside it); else None.
+
+    >>> moved_class_path("app.faults.PreemptionCheckpoint")
+    'app.command_line.faults.PreemptionCheckpoint'
+    """
+    for old, new in MOVED_MODULES.items():
+        if class_path.startswith(old + "."):
+            return new + class_path[len(old) :]
+    return None
 
 
 def closest_class(name: str, names: Iterable[str]) -> str | None:
@@ -274,6 +295,9 @@ def _describe_leaf(leaf: _Leaf) -> list[str]:
             names = []
         match = closest_class(name, names)
         hint = f"; did you mean '{module}.{match}'?" if match else ""
+        moved = moved_class_path(owner)
+        if moved is not None:
+            hint = f"; it moved to {moved!r}"
         return [f"error: {_field(leaf.context[:-1])}: unknown class_path {owner!r}: {message}{hint}"]
 
     subclass = re.match(r"^Import path does not correspond to a subclass of (\w+)$", message)

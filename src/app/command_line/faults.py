@@ -6,16 +6,16 @@
   or saves into, that folder removes it (:func:`remove_stale_temp_files`, with a warning listing them). Checkpoint
   files get the permissions the umask gives any new file (0644 under umask 022), so a group can share them.
 - :func:`check_writable` fails a run at start-up when an output folder cannot be written (not after training).
-- :class:`CheckpointConnector` (the trainer's, in :class:`app.cli.AppCLI`) turns a checkpoint that cannot be read
-  (truncated, not a checkpoint) or that does not fit the model (another model's) into a
+- :class:`CheckpointConnector` (the trainer's, in :class:`~app.command_line.commands.AppCLI`) turns a checkpoint that
+  cannot be read (truncated, not a checkpoint) or that does not fit the model (another model's) into a
   :class:`~app.errors.ConfigError` naming the file; :func:`load_checkpoint_file` does the same for a plain read.
 - :class:`PreemptionCheckpoint` saves a resumable checkpoint when the run receives SIGTERM (what schedulers send before
   preemption) or SIGUSR1, then exits with ``128 + signal`` so the scheduler can tell the run from a finished one.
   Lightning notices SIGTERM itself and stops after the current batch; SIGUSR1 is handled here the same way. Resume with
   ``python -m app fit --config X.yaml --ckpt_path <dir>/preempted.ckpt``.
 
-:class:`app.cli.AppCLI` installs the checkpoint IO, the connector and the callback by default, and probes the output
-folders (:func:`check_writable`) before the first step.
+:class:`app.command_line.commands.AppCLI` installs the checkpoint IO, the connector and the callback by default, and
+probes the output folders (:func:`check_writable`) before the first step.
 """
 
 from __future__ import annotations
@@ -240,8 +240,8 @@ _ADVICE = "is it a checkpoint of this config? pass a checkpoint of this run, or 
 class CheckpointConnector(_CheckpointConnector):
     """Lightning's checkpoint connector, whose errors name the checkpoint: a file that cannot be read (truncated, not
     a checkpoint) and one that does not fit the model or the training state (another model's, another optimizer's)
-    are each a :class:`~app.errors.ConfigError` naming the file and what did not fit. :class:`app.cli.AppCLI` gives
-    its trainer one."""
+    are each a :class:`~app.errors.ConfigError` naming the file and what did not fit.
+    :class:`app.command_line.commands.AppCLI` gives its trainer one."""
 
     def resume_start(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
         try:

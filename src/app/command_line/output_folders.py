@@ -12,7 +12,7 @@ from lightning import Trainer
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import Checkpoint
 
-from app.faults import PreemptionCheckpoint, check_writable, remove_stale_temp_files
+from app.command_line.faults import PreemptionCheckpoint, check_writable, remove_stale_temp_files
 
 
 class OutputFolder(NamedTuple):

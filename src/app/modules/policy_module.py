@@ -160,8 +160,8 @@ class PolicyModule(L.LightningModule):
     def on_train_start(self) -> None:
         """Say in which dtypes the fit stores and computes (:mod:`app.modules.precision`, a warning when trainable
         weights are 16-bit), and warn about trainable modules in eval mode. Lightning's warning counts every module in
-        eval mode, including the frozen VAE, encoders and reference kept there on purpose, so ``app.console`` filters
-        it for this one."""
+        eval mode, including the frozen VAE, encoders and reference kept there on purpose, so
+        ``app.command_line.console`` filters it for this one."""
         if self._trainer is not None:  # tests call the hook on a bare module
             report_precision(self, fit_optimizers(self), self._trainer)
         stray = [name for name, module in self.named_modules() if not module.training and _trains_own_weights(module)]

@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from app.console import quiet_known_noise
+from app.command_line.console import quiet_known_noise
 from app.errors import ConfigError
 from app.rehearsal.recipe import Change, RehearsalPlan, float32_variant, gpu_recipes, plan_rehearsal
 
@@ -132,7 +132,7 @@ def run_fits(stages: list[Stage], timeout: float | None = None) -> None:
 
 def export(stage: Stage, output_dir: Path) -> str | None:
     """Export the policy of ``stage``'s last checkpoint; None when it worked, else the error."""
-    from app.cli import main as app_main
+    from app.command_line.commands import main as app_main
 
     args = ["export", "--config", str(stage.config), "--output_dir", str(output_dir)]
     argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it is given args beside a command line

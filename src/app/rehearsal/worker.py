@@ -7,8 +7,8 @@ import os
 import sys
 import time
 
-from app.cli import AppCLI, _destroy_process_group
-from app.console import quiet_known_noise
+from app.command_line.commands import AppCLI, _destroy_process_group
+from app.command_line.console import quiet_known_noise
 
 
 def main(configs: list[str]) -> None:

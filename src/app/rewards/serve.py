@@ -291,7 +291,7 @@ def _parser():
 
 
 def main(argv: list[str] | None = None) -> None:
-    from app.errors import describe_parse_error
+    from app.command_line.error_messages import describe_parse_error
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = _parser()

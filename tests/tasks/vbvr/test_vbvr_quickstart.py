@@ -5,7 +5,7 @@ grids; validation reports every split, task and regime."""
 import math
 from pathlib import Path
 
-from app.cli import AppCLI
+from app.command_line.commands import AppCLI
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 SMALL = [
