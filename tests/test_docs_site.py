@@ -5,6 +5,7 @@ data set cannot ship without an API entry."""
 
 import importlib
 import inspect
+import os
 import re
 from pathlib import Path
 
@@ -108,4 +109,43 @@ def test_every_page_is_in_the_nav():
 
     listed = pages(config["nav"])
     on_disk = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
-    assert on_disk == listed
+    notebooks = {p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.ipynb")}  # docs_notebooks.py
+    assert listed == on_disk | notebooks
+
+
+# a matplotlib figure as nbconvert writes it into the page: an <img> with the PNG inline (tens of kB of base64)
+PLOT = re.compile(r'<img [^>]*src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}')
+SHOWN = "ot_grpo"  # executed here; the cheapest notebook with a plot (about 8 s in tests/test_notebooks.py)
+
+
+@pytest.mark.slow
+def test_a_built_notebook_page_shows_its_plot(tmp_path, monkeypatch):
+    """The site's notebook pages show their outputs, not code only: a strict build with mkdocs.yml's hooks and
+    plugins, the Markdown pages left out and every notebook but one rendered without executing it, to keep the
+    suite's time (tests/test_notebooks.py runs them all)."""
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    monkeypatch.delenv("APP_DOCS_EXECUTE_NOTEBOOKS", raising=False)  # .ci/run sets it for its own build
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS", "PYTHONWARNINGS"):
+        # tools/docs_notebooks.py sets them for the kernels; monkeypatch puts the old values back afterwards
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])
+        else:
+            monkeypatch.delenv(name, raising=False)
+    docs, site = tmp_path / "docs", tmp_path / "site"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Notebooks\n")
+    notebooks = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.ipynb"))
+    config = load_config(
+        str(ROOT / "mkdocs.yml"), docs_dir=str(docs), site_dir=str(site), nav=["index.md", *notebooks], strict=True
+    )
+    jupyter = config.plugins["mkdocs-jupyter"].config
+    jupyter["execute_ignore"] = [f"*/{p}" for p in notebooks if not p.endswith(f"/{SHOWN}.ipynb")]
+    build(config)
+
+    pages = {p.parent.name: p.read_text() for p in (site / "notebooks").glob("*/index.html")}
+    assert set(pages) == {Path(p).stem for p in notebooks}
+    assert PLOT.search(pages[SHOWN]), f"notebooks/{SHOWN}/index.html shows no plot: is execute on in mkdocs.yml?"
+    # the pages rendered without executing show code only: what the assertion above tells apart
+    assert not [name for name, html in pages.items() if name != SHOWN and PLOT.search(html)]
