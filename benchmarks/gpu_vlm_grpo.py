@@ -10,8 +10,9 @@ No checkpoint can be downloaded where this runs: the policy is the real Qwen2.5-
 hidden 2048, 151,936-token vocabulary, the 32-block vision tower) with random bfloat16 weights and the embedded
 tokenizer (whose ids are a subset of the vocabulary), saved once to ``--workdir`` and loaded through ``VLMPolicy``. The
 processor keeps 448x448 images whole (256 image tokens), as the real one does. Geometry of
-configs/vlm/grpo_qwen2_5_vl_3b.yaml: B = 4 prompts x K = 8 completions, ``--new-tokens`` (the recipe's 1024 by default) new tokens, micro-batches of 8,
-gradient checkpointing. Random weights almost never sample the end token, so completions run to the full length.
+configs/vlm/grpo_qwen2_5_vl_3b.yaml: B = 4 prompts x K = 8 completions, ``--new-tokens`` (the recipe's 1024 by default)
+new tokens, micro-batches of 8, gradient checkpointing. Random weights almost never sample the end token, so completions
+run to the full length.
 
 Per variant: the rollout (``encode_prompts`` + ``generate``) in tokens/s of generated tokens; the training phase (one
 forward + backward of the GRPO loss per micro-batch over prompt + completion, then an AdamW step) in tokens/s of
@@ -334,7 +335,8 @@ def main() -> None:
                 mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "-"
                 print(
                     f"| {variant} | {mode} | {shared} | {row['rollout_tokens_per_s']:.0f} "
-                    f"| {row['train_tokens_per_s']:.0f} | {mfu} | {row['rollout_peak_gib']:.1f} | {row['train_peak_gib']:.1f} |"
+                    f"| {row['train_tokens_per_s']:.0f} | {mfu} | {row['rollout_peak_gib']:.1f} "
+                    f"| {row['train_peak_gib']:.1f} |"
                 )
     if args.flow:
         print("\n| flow transformer | attention backend | fwd+bwd step (s) | peak GiB |\n|---|---|---|---|")

@@ -104,7 +104,8 @@ def main() -> None:
             f"shards, {megabytes:.1f} MiB, written in {written:.1f} s; {os.cpu_count()} CPUs, load {load:.2f}"
         )
         print(
-            f"{'workers':>8}{'first batch (s)':>17}{'samples/s':>12}{'prompts/s':>12}{'CPU ms/sample: main':>22}{'workers':>9}"
+            f"{'workers':>8}{'first batch (s)':>17}{'samples/s':>12}{'prompts/s':>12}"
+            f"{'CPU ms/sample: main':>22}{'workers':>9}"
         )
         rates = {}
         for workers in args.workers:

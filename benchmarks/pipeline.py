@@ -40,7 +40,8 @@ WARMUP = 2
 
 
 class CostlyReward(RewardComponent):
-    """Costs ``seconds`` per batch (a sleep: the caller's thread is free meanwhile); the value varies with the output."""
+    """Costs ``seconds`` per batch (a sleep: the caller's thread is free meanwhile); the value varies with the
+    output."""
 
     value_range = (0.0, float("inf"))
 

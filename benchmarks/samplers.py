@@ -7,8 +7,8 @@
 A step is what a rollout pays: one transformer forward (``SD3Transformer2DModel``, random weights, batch 1, under
 ``inference_mode``) plus the sampler's math, which for SDE and CPS includes drawing the noise and the step's log-prob.
 Two models: the embedded tiny SD3 config (4 x 32 x 32 latents), and an SD3-medium-wide stack cut to
-``--layers`` joint blocks (head dim 64 x 24 heads = hidden 1536, joint_attention_dim 4096, 16 x 32 x 32 latents, 333 text
-tokens as with CLIP + T5). Each repeat runs one step of every sampler, in a rotating order, so load from other
+``--layers`` joint blocks (head dim 64 x 24 heads = hidden 1536, joint_attention_dim 4096, 16 x 32 x 32 latents, 333
+text tokens as with CLIP + T5). Each repeat runs one step of every sampler, in a rotating order, so load from other
 processes on a shared machine falls on all three alike; the table shows medians. "math only" times the sampler step
 alone (median of ``--math-calls`` calls), the part the samplers actually differ in; "math extra / ODE step" is that
 difference as a share of the ODE step, which is what the "vs ODE" ratio would show without timing noise (on a shared

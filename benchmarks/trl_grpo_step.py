@@ -8,8 +8,8 @@ Same model (the embedded tiny-qwen2.5-vl folder, random weights), same prompts (
 reasoning instruction), 4 prompts x K = 8 completions x up to 32 new tokens at temperature 1, float32 on the CPU, the
 same accuracy + 0.5 x format rewards (this package's reward classes called from TRL's reward functions), one update per
 rollout, no KL, learning rate 1e-5 (LoRA r 8 / alpha 16 on the same projections in LoRA mode). A step is one
-``Trainer`` step (generation, rewards, update), timed by a callback; the table shows medians after ``--warmup`` steps, of
-the wall time and of the process's CPU time (with one thread, the work itself, whatever other processes' load).
+``Trainer`` step (generation, rewards, update), timed by a callback; the table shows medians after ``--warmup`` steps,
+of the wall time and of the process's CPU time (with one thread, the work itself, whatever other processes' load).
 TRL's GRPOConfig turns gradient checkpointing on by default; ``--no-gradient-checkpointing`` turns it off, as this
 package's default is (``VLMPolicy(gradient_checkpointing=False)``).
 """

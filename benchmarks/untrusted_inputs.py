@@ -43,7 +43,10 @@ NORMAL_TEXT = (
     "<think>" + "The red dot is left of the blue one, so the answer is yes. " * 5 + "</think><answer>yes</answer>"
 )
 NORMAL_NUMBER = "<think>" + "Two plus ten is twelve. " * 10 + "</think><answer>12</answer>"
-NORMAL_STEPS = "<think>First the colour, then the size.</think><answer>change_color(obj_1, red), change_size(obj_2, small)</answer>"
+NORMAL_STEPS = (
+    "<think>First the colour, then the size.</think>"
+    "<answer>change_color(obj_1, red), change_size(obj_2, small)</answer>"
+)
 
 
 def load_test_module(name: str):

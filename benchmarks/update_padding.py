@@ -196,7 +196,8 @@ def main() -> None:
             difference = f"{float((saved['logprobs'] - reference['logprobs'])[mask].abs().max()):.1e}"
         peak = max(results[name]["peak_mib"])
         print(
-            f"{name:<10} {median:>9.2f} {min(seconds):>7.2f} {max(seconds):>7.2f} {ratio:>9} {peak:>9.0f} {difference:>12}"
+            f"{name:<10} {median:>9.2f} {min(seconds):>7.2f} {max(seconds):>7.2f} {ratio:>9} {peak:>9.0f} "
+            f"{difference:>12}"
         )
     print("\n" + "\n".join(f"  {name}: {LAYOUTS[name]}" for name in args.layouts))
 

@@ -1,5 +1,6 @@
-"""benchmarks/repro/core_trisr.py: every GRPO arm is a valid run of configs/repro/trisr_dots_grpo.yaml with the reward it
-names, and the report renders its tables, verdicts and the reward-hacking note from per-seed metrics (no training)."""
+"""benchmarks/repro/core_trisr.py: every GRPO arm is a valid run of configs/repro/trisr_dots_grpo.yaml with the reward
+it names, and the report renders its tables, verdicts and the reward-hacking note from per-seed metrics (no
+training)."""
 
 import importlib
 import random

@@ -27,8 +27,8 @@ _MUTMUT_LOOKUP = pytest.StashKey[Callable[[], str]]()
 FULL_DURATIONS = Path("mutmut-full-durations.json")
 _full_durations: dict[str, float] = {}
 
-# Which test caught each mutant: a line per caught mutant, in a file per mutated function under KILLS in mutmut's working
-# directory (``tools/mutation_summary.py --killers`` reads them).
+# Which test caught each mutant: a line per caught mutant, in a file per mutated function under KILLS in mutmut's
+# working directory (``tools/mutation_summary.py --killers`` reads them).
 KILLS = Path("mutmut-kills")
 _kill_recorded = False
 
@@ -68,12 +68,13 @@ def pytest_unconfigure(config):
 
 
 def pytest_configure(config):
-    """In a mutant run (and mutmut's statistics run): fix the active mutant for the session (:func:`_fix_active_mutant`).
-    In a mutant run also: freeze the inherited heap out of the garbage collector (its full passes over it cost about a
-    second of collection per mutant), reset what multiprocessing resets in a process it forks, stop property tests at
-    their first failing example, and collect the named tests' files whole, keeping the named tests afterwards:
-    pytest matches each id on the command line against its file separately, which cost more than collecting the
-    files (measured with cProfile on a 760-test mutant run; ``tools/pytest_overhead.py`` times sessions)."""
+    """In a mutant run (and mutmut's statistics run): fix the active mutant for the session
+    (:func:`_fix_active_mutant`). In a mutant run also: freeze the inherited heap out of the garbage collector (its full
+    passes over it cost about a second of collection per mutant), reset what multiprocessing resets in a process it
+    forks, stop property tests at their first failing example, and collect the named tests' files whole, keeping the
+    named tests afterwards: pytest matches each id on the command line against its file separately, which cost more than
+    collecting the files (measured with cProfile on a 760-test mutant run; ``tools/pytest_overhead.py`` times
+    sessions)."""
     if _in_mutant_run() or _in_stats_run():
         _fix_active_mutant(config)
     if not _in_mutant_run():
@@ -91,8 +92,8 @@ def pytest_configure(config):
     from multiprocessing import util as multiprocessing_util
 
     multiprocessing_util._run_after_forkers()
-    # a failing property test stops at its first failing example: shrinking it and explaining it (a traced rerun of every
-    # line) show a person the smallest case, and mutmut reads only the exit code
+    # a failing property test stops at its first failing example: shrinking it and explaining it (a traced rerun of
+    # every line) show a person the smallest case, and mutmut reads only the exit code
     hypothesis_settings.register_profile("mutant-run", phases=(Phase.explicit, Phase.reuse, Phase.generate))
     hypothesis_settings.load_profile("mutant-run")
     if config.args and all("::" in arg for arg in config.args):

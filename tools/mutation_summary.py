@@ -1,4 +1,5 @@
-"""Summarise a mutmut run: mutants, caught, survived, equivalent and timed out per mutated file, and the time mutants took.
+"""Summarise a mutmut run: mutants, caught, survived, equivalent and timed out per mutated file, and the time mutants
+took.
 
 Run from the folder holding ``mutants/`` after ``mutmut run`` (see docs/development.md#mutation-testing):
 
@@ -11,17 +12,17 @@ Run from the folder holding ``mutants/`` after ``mutmut run`` (see docs/developm
 
 "Caught" counts mutmut's "killed" (a test failed) and "caught by type check". A timeout (the mutant made the code hang)
 and a crash (the test process died of a signal, e.g. a native library handed None) are reported on their own: caught in
-effect, but not a test's verdict, so they stay out of the caught rate's numerator. Mutants not checked yet (an interrupted
-run) are counted apart and left out of the rate.
+effect, but not a test's verdict, so they stay out of the caught rate's numerator. Mutants not checked yet (an
+interrupted run) are counted apart and left out of the rate.
 
-Equivalent mutants (no input tells them apart from the original) are listed, reviewed, in ``tools/equivalent_mutants.toml``
-rather than marked in the source: one table per mutant, named by mutmut's mutant name, with the line it changes and
-that line mutated, as ``mutmut show NAME`` shows them (``original``, ``mutated``: the removed and the added lines of its
-diff, stripped), and why no input tells it apart (``reason``). A listed mutant that survived counts as "equivalent", not
-"survived", and the caught rate is caught / (mutants - equivalent - not checked). An entry is stale when its mutant no
-longer exists, when the mutant's lines differ from the entry's (the mutants of a function are numbered in order, so a
-changed function renumbers them) or when a test caught it; stale entries are listed after the table and count for
-nothing.
+Equivalent mutants (no input tells them apart from the original) are listed, reviewed, in
+``tools/equivalent_mutants.toml`` rather than marked in the source: one table per mutant, named by mutmut's mutant name,
+with the line it changes and that line mutated, as ``mutmut show NAME`` shows them (``original``, ``mutated``: the
+removed and the added lines of its diff, stripped), and why no input tells it apart (``reason``). A listed mutant that
+survived counts as "equivalent", not "survived", and the caught rate is caught / (mutants - equivalent - not checked).
+An entry is stale when its mutant no longer exists, when the mutant's lines differ from the entry's (the mutants of a
+function are numbered in order, so a changed function renumbers them) or when a test caught it; stale entries are listed
+after the table and count for nothing.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def load_equivalents(path: Path) -> dict[str, dict[str, str]]:
 
 def mutant_change(mutants_dir: Path, source: str, mutant: str) -> tuple[str, str]:
     """The lines the mutant changes and what it makes of them, as ``mutmut show`` shows them: the removed and the added
-    lines of its diff, each stripped, joined by newlines. ``source`` is the mutated file's path inside ``mutants_dir``."""
+    lines of its diff, each stripped, joined by newlines. ``source`` is the mutated file's path inside
+    ``mutants_dir``."""
     from mutmut.mutation.diff_apply import get_diff_for_mutant
 
     # mutmut reads its files relative to the folder that holds mutants/

@@ -3,11 +3,11 @@ and write a claim's section of ``docs/results.md``.
 
 Seeds are independent: ``for_seeds`` starts them all at once and lets at most ``--jobs`` stages run at a time (one per
 core by default; each stage on one thread unless ``OMP_NUM_THREADS`` says otherwise), so a stage waits only for a free
-core and three seeds on 2 cores take about one and a half seeds' time. Each stage runs ``python -m app fit`` in a subprocess inside the seed's own folder, so the recipes' relative
-``runs/...`` paths (and the stage-2 recipes' ``model: runs/<stage1>/policy`` starts) land in that folder. The
-recipe's ``seed_everything``, module seed and data seed are all set to the seed; a stage whose ``summary.json`` is
-already there is reused when ``reuse`` is true (rerunning a script after an interruption skips finished work); its wall
-time is read from ``<log name>.seconds`` beside its log.
+core and three seeds on 2 cores take about one and a half seeds' time. Each stage runs ``python -m app fit`` in a
+subprocess inside the seed's own folder, so the recipes' relative ``runs/...`` paths (and the stage-2 recipes' ``model:
+runs/<stage1>/policy`` starts) land in that folder. The recipe's ``seed_everything``, module seed and data seed are all
+set to the seed; a stage whose ``summary.json`` is already there is reused when ``reuse`` is true (rerunning a script
+after an interruption skips finished work); its wall time is read from ``<log name>.seconds`` beside its log.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def run_stage(
     ``summary=False`` is for a stage run with ``validate_before_and_after=false`` (one that only exports a start for
     the next): it writes no summary, so its result has no metrics and a finished run (its ``.seconds`` file) is reused.
 
-    ``overrides`` are ``KEY=VALUE`` CLI options (``model.init_args.optimizer.learning_rate=1e-4``). ``run_dir`` is the folder
-    (relative to ``folder``) holding ``summary.json`` -- the recipe's ``runs/<config stem>`` unless given.
+    ``overrides`` are ``KEY=VALUE`` CLI options (``model.init_args.optimizer.learning_rate=1e-4``). ``run_dir`` is the
+    folder (relative to ``folder``) holding ``summary.json`` -- the recipe's ``runs/<config stem>`` unless given.
     """
     stem = config.removesuffix(".yaml")
     log_name = log_name or stem

@@ -76,16 +76,16 @@ FIXED_ORDER = 1 / 6  # order (and overall) accuracy of an image-blind fixed rank
 TRUE_MIDDLE = 1 / 3  # how often image 2 is truly ranked in the middle
 RUN_READING = (
     "Reading of the 2026-12-06 run (seeds 0-4, the defaults): TriSR as the paper writes it does worse than the "
-    "task-accuracy reward here, and the ordering prior is why it can. Its arm shifts the answers towards the two orders "
-    "its R_tc rewards (image 2 in the middle on 0.44 of the answers, against 0.33 for the true orders and 0.27 for the "
-    "symmetric arm, higher than the symmetric arm on every seed), and its per-image count accuracy falls below the "
-    "start on every seed (-0.10 on average) while the task-only arm's rises (+0.05, on 4 seeds of 5): R_tc rose (+0.14) while order accuracy "
-    "fell (-0.04). With the symmetric rule the pull is gone and the counts hold (+0.02), and order accuracy sits between the "
-    "two (0.646 against 0.620 and 0.722), not significantly different from either at 5 seeds. The consistency "
-    "mechanism itself has nothing to act on: the greedy start is almost never intransitive (cycle rate 0.024; the "
-    "SFT targets are always transitive) and every arm ends near 0, so the cycle claim is not reproduced for want of "
-    "cycles, not for a failure of R_tc. No arm collapsed to an image-blind ranking (order accuracy 0.46-0.89 on every "
-    "arm and seed, against 1/6)."
+    "task-accuracy reward here, and the ordering prior is why it can. Its arm shifts the answers towards the two "
+    "orders its R_tc rewards (image 2 in the middle on 0.44 of the answers, against 0.33 for the true orders and 0.27 "
+    "for the symmetric arm, higher than the symmetric arm on every seed), and its per-image count accuracy falls below "
+    "the start on every seed (-0.10 on average) while the task-only arm's rises (+0.05, on 4 seeds of 5): R_tc rose "
+    "(+0.14) while order accuracy fell (-0.04). With the symmetric rule the pull is gone and the counts hold (+0.02), "
+    "and order accuracy sits between the two (0.646 against 0.620 and 0.722), not significantly different from either "
+    "at 5 seeds. The consistency mechanism itself has nothing to act on: the greedy start is almost never intransitive "
+    "(cycle rate 0.024; the SFT targets are always transitive) and every arm ends near 0, so the cycle claim is not "
+    "reproduced for want of cycles, not for a failure of R_tc. No arm collapsed to an image-blind ranking (order "
+    "accuracy 0.46-0.89 on every arm and seed, against 1/6)."
 )
 COUNTED_GAIN = 0.05  # 5 of 100 held-out triplets: about one binomial standard error of a single seed's accuracy
 
@@ -141,12 +141,13 @@ def report(results: dict[int, dict], sft_steps: int, grpo_steps: int, jobs: int,
         "",
         "Does the TriSR reward (R_task + 0.2 R_ag + 0.2 R_ja + 0.3 R_tc) beat the task-accuracy reward alone, and does "
         "its consistency term help through consistency or through an ordering prior? Dot triplets: three images of "
-        '1-4 dots (radius 8 px in 64 px; the three counts differ), three pairwise "which has more dots?" sub-questions. '
-        f"Per seed, one {sft_steps}-step CoT-SFT stage (`configs/repro/trisr_dots_sft.yaml`) teaches the structured response "
-        "and counting; from it, each GRPO arm takes "
-        f"{grpo_steps} steps (`configs/repro/trisr_dots_grpo.yaml`: group 4, KL β = 0.01 as in the paper, lr 1e-4) with the "
-        "same data and seed; only the reward differs (every arm + 0.5 format). Why this can show the mechanism: the "
-        "start counts above chance (per-image count accuracy "
+        '1-4 dots (radius 8 px in 64 px; the three counts differ), three pairwise "which has more dots?" '
+        "sub-questions. "
+        f"Per seed, one {sft_steps}-step CoT-SFT stage (`configs/repro/trisr_dots_sft.yaml`) teaches the structured "
+        "response and counting; from it, each GRPO arm takes "
+        f"{grpo_steps} steps (`configs/repro/trisr_dots_grpo.yaml`: group 4, KL β = 0.01 as in the paper, lr 1e-4) "
+        "with the same data and seed; only the reward differs (every arm + 0.5 format). Why this can show the "
+        "mechanism: the start counts above chance (per-image count accuracy "
         f"{fmt(count)}, chance 0.25), so the comparisons have something to build on; order accuracy (the answers "
         "determine one ranking of the three images and it is the true one) and cycle rate (the three answers are "
         "intransitive) separate correct structure from mere consistency; an image-blind fixed ranking scores order "
@@ -242,10 +243,10 @@ def reading(values, gaps) -> list[str]:
         "",
         "Why order accuracy, cycle rate and a symmetric-rule arm: with the paper's R_tc applied literally, an answer "
         "scores +1 only when image 2 is ranked in the middle, two of the six orders, so an image-blind fixed answer "
-        "1 > 2 > 3 scores R_tc = 1 on every triplet and a perfect answer 1/3 on average (R_task + 0.3 R_tc: 0.8 against "
-        "1.1). R_tc rising to 1.0 while overall / partial accuracy sit at a fixed ranking's 1/6 and 1/2 is that prior, "
-        "not consistency; only these measures tell the two apart. The start must also count: with dots of radius 5 "
-        "the SFT stage's per-image count accuracy stays at chance, hence radius 8.",
+        "1 > 2 > 3 scores R_tc = 1 on every triplet and a perfect answer 1/3 on average (R_task + 0.3 R_tc: 0.8 "
+        "against 1.1). R_tc rising to 1.0 while overall / partial accuracy sit at a fixed ranking's 1/6 and 1/2 is "
+        "that prior, not consistency; only these measures tell the two apart. The start must also count: with dots of "
+        "radius 5 the SFT stage's per-image count accuracy stays at chance, hence radius 8.",
     ]
 
 

@@ -3,9 +3,11 @@
     python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde    # 29.6 min on 2 cores
     python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps sde    # 25.5 min on 2 cores
     python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps sde cps_delay1 --reuse   # adds the delay arm
-    python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms window2 mixgrpo mixgrpo_flash --section flow-grpo-flow-flash
+    python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms window2 mixgrpo mixgrpo_flash \\
+        --section flow-grpo-flow-flash
     python benchmarks/repro/flow_grpo.py 0 1 2 --task flow --arms cps nft nft_time --section flow-grpo-flow-nft
-    python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps window2 mixgrpo nft --section flow-grpo-vbvr-objectives
+    python benchmarks/repro/flow_grpo.py 0 1 2 --task vbvr --arms cps window2 mixgrpo nft \\
+        --section flow-grpo-vbvr-objectives
 
 (times measured 2026-12-02 from empty output folders; ``--reuse`` keeps the stages already run.)
 
@@ -14,14 +16,14 @@ from that same model, at equal steps and data. Arms:
 
 - ``cps``: the quickstart recipe as it is (coefficients-preserving sampler, eta 0.7).
 - ``sde``: the same with Flow-GRPO's SDE sampler at the same eta (VBVR-Pro prefers CPS).
-- ``cps_delay1``: the one-step-delayed reward pipeline, scorers in a process pool (``configs/quickstart/vbvr_pipeline_cpu.yaml``;
-  VBVR only).
+- ``cps_delay1``: the one-step-delayed reward pipeline, scorers in a process pool
+  (``configs/quickstart/vbvr_pipeline_cpu.yaml``; VBVR only).
 - ``window2``: a fixed SDE window of the first 2 steps (Euler elsewhere), the baseline of MixGRPO's comparison.
 - ``mixgrpo``: MixGRPO: the same 2-step window moved one step later every ``WINDOW_EVERY[task]`` optimizer steps, UniPC
   after it (``window_stride``, ``ode_tail: unipc``).
 - ``mixgrpo_flash``: the same with the UniPC tail compressed to 2 steps (``ode_tail_steps: 2``).
-- ``nft``: DiffusionNFT (``configs/quickstart/quickstart_flow_nft.yaml``, ``configs/quickstart/quickstart_vbvr_nft.yaml``) on the same
-  model, rewards, data and steps: equal rollouts.
+- ``nft``: DiffusionNFT (``configs/quickstart/quickstart_flow_nft.yaml``,
+  ``configs/quickstart/quickstart_vbvr_nft.yaml``) on the same model, rewards, data and steps: equal rollouts.
 - ``nft_time``: the same with the step count that takes the ``cps`` arm's wall time (``EQUAL_TIME_STEPS``, from the
   two recipes' measured step times on 2 cores): equal wall time.
 
@@ -100,7 +102,8 @@ T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31
 WINDOW_EVERY = {"flow": 20, "vbvr": 40}
 NFT_CONFIGS = {"flow": "quickstart/quickstart_flow_nft.yaml", "vbvr": "quickstart/quickstart_vbvr_nft.yaml"}
 # DiffusionNFT steps in the cps recipe's wall time: on 2 cores, alone, a whole fit of 100 steps took 3 min 19 s with
-# configs/quickstart/quickstart_flow.yaml and 3 min 32 s with configs/quickstart/quickstart_flow_nft.yaml (2026-12-04): 100 x 199 / 212
+# configs/quickstart/quickstart_flow.yaml and 3 min 32 s with configs/quickstart/quickstart_flow_nft.yaml (2026-12-04):
+# 100 x 199 / 212
 # VBVR: in the 3-seed run of 2026-12-05 (two stages at a time on 2 cores) the cps arm's 200-step GRPO stages took
 # 5.3, 5.4, 5.4 min and the nft arm's 6.7, 6.3, 5.9 min: 200 x 5.37 / 6.30
 EQUAL_TIME_STEPS = {"flow": 94, "vbvr": 170}

@@ -2,8 +2,8 @@
 
     python benchmarks/repro/objectives.py 0 1 2 [--out runs/repro/objectives] [--steps 400] [--reuse]
 
-Per seed S, in ``<out>/seed<S>``: the quickstart CoT-SFT (``configs/quickstart/quickstart_sft.yaml``) once, then from that one
-policy one quickstart GRPO run (``configs/quickstart/quickstart.yaml``, accuracy + format rewards) per arm, in
+Per seed S, in ``<out>/seed<S>``: the quickstart CoT-SFT (``configs/quickstart/quickstart_sft.yaml``) once, then from
+that one policy one quickstart GRPO run (``configs/quickstart/quickstart.yaml``, accuracy + format rewards) per arm, in
 ``<out>/seed<S>/<arm>``, differing only in the overrides of ``ARMS``. Every arm but ``grpo_delay0`` runs the
 one-step-delayed pipeline (``pipeline.delay=1``): with one update per rollout and no delay the importance ratio is
 exactly 1 and GSPO, CISPO, the off-policy mask and PPO-clip give the same gradient (docs/algorithms.md, "One update per
@@ -96,7 +96,8 @@ class SeedResult:
 
 
 def arm_overrides(arm: str, max_kl: float) -> list[str]:
-    """The arm's overrides of ``configs/quickstart/quickstart.yaml``, with the masked arm's threshold set to ``max_kl``."""
+    """The arm's overrides of ``configs/quickstart/quickstart.yaml``, with the masked arm's threshold set to
+    ``max_kl``."""
     overrides = list(ARMS[arm])
     if arm == "masked":
         overrides[-1] = f"{G}off_policy_max_kl={max_kl}"
@@ -134,7 +135,8 @@ def run_seed(seed: int, args: argparse.Namespace) -> SeedResult:
         overrides = [
             f"model.init_args.policy.init_args.model={policy}",
             f"trainer.max_steps={args.steps}",
-            f"trainer.val_check_interval={args.steps}",  # validate once at the end (and before: validate_before_and_after)
+            # validate once at the end (and before: validate_before_and_after)
+            f"trainer.val_check_interval={args.steps}",
             *arm_overrides(arm, args.max_kl),
             *args.set,
         ]
@@ -212,7 +214,8 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
     seeds = [r.seed for r in results]
     starts = [r.start for r in results]
     rows = [
-        "| arm | overrides | held-out accuracy after | per seed | minus `grpo` (paired) | seeds above `grpo` | verdict |",
+        "| arm | overrides | held-out accuracy after | per seed | minus `grpo` (paired) | seeds above `grpo` "
+        "| verdict |",
         "|---|---|---|---|---|---|---|",
     ]
     verdicts = {}
@@ -255,12 +258,13 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
             f"{wall / 60:.1f} min{reused}; {machine()}, {datetime.date.today().isoformat()}, "
             f"commit {COMMIT}).",
             "",
-            f"Per seed, one quickstart CoT-SFT policy (`configs/quickstart/quickstart_sft.yaml`), then from it {args.steps} GRPO "
-            f"steps of `configs/quickstart/quickstart.yaml` (accuracy + format rewards, B = 8 prompts, K = 8, lr 2e-4, no KL) per "
-            f"arm, differing only in the overrides below. Every arm but `grpo_delay0` runs the one-step-delayed "
-            f"pipeline (`pipeline.delay=1`; its first step only primes the pipeline, so it takes {args.steps - 1} "
-            "updates): with one update per rollout and no delay the ratio is exactly 1 and GSPO, CISPO, the "
-            "off-policy mask and PPO-clip give the same gradient ([algorithms](algorithms.md#one-update-per-rollout)); "
+            f"Per seed, one quickstart CoT-SFT policy (`configs/quickstart/quickstart_sft.yaml`), then from it "
+            f"{args.steps} GRPO steps of `configs/quickstart/quickstart.yaml` (accuracy + format rewards, B = 8 "
+            f"prompts, K = 8, lr 2e-4, no KL) per arm, differing only in the overrides below. Every arm but "
+            f"`grpo_delay0` runs the one-step-delayed pipeline (`pipeline.delay=1`; its first step only primes the "
+            f"pipeline, so it takes {args.steps - 1} updates): with one update per rollout and no delay the ratio is "
+            "exactly 1 and GSPO, CISPO, the off-policy mask and PPO-clip give the same gradient "
+            "([algorithms](algorithms.md#one-update-per-rollout)); "
             "under the delay each rollout was sampled by the previous policy, so the ratio moves. `global_token_mean` "
             "is not an arm: on one process it is `token_mean` by construction. Greedy held-out accuracy (`val/acc`) "
             f"on the 200 validation prompts after GRPO; mean ± sample std over the seeds; differences from `grpo` "

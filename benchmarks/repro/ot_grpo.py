@@ -11,8 +11,9 @@ Per seed S, in ``<out>/seed<S>``:
 2. **Target domain**: smaller dots (``--target-radius``, 7 px), where that start is biased (it answers one way more
    often) but its preference moves the right way between the two views of a mirrored pair more often than not (the
    diagnosis's ``correct_sign``, measured per seed): the latent ability the paper's premise needs.
-3. From that one start, ``--steps`` GRPO steps per arm on the same target-domain pairs (``configs/quickstart/consistency_dots.yaml``:
-   4 pairs per step, K = 8, lr 2e-4, no KL), differing only in the reward:
+3. From that one start, ``--steps`` GRPO steps per arm on the same target-domain pairs
+   (``configs/quickstart/consistency_dots.yaml``: 4 pairs per step, K = 8, lr 2e-4, no KL), differing only in the
+   reward:
 
    - (a) ``accuracy``: accuracy + format (reads the labels: the reference);
    - (b) ``minimal``: label-free consistency with minimal (optimal-transport) pairing + format (OT-GRPO);
@@ -21,11 +22,11 @@ Per seed S, in ``<out>/seed<S>``:
 
 The twins mix an equivariant transform with invariant ones, as the paper does, each drawn independently with probability
 1/2: the image mirrored (negation), the scene translated to another placement, cropped around both dots and resized
-back (a zoomed-in view), colour-jittered (identity); a twin with no mirror is an identity twin. Under the mirror alone, any rule that flips with the mirror is
-perfectly consistent ("the dots' centroid is in the right half"; the truth XOR any mirror-symmetric feature), so
-consistency training could drift to a consistent-but-wrong rule; translation breaks the first kind and crops and
-jitter the second, and the zoomed-in views are where the start is more accurate, so minimal pairing can pull the small
-views towards them.
+back (a zoomed-in view), colour-jittered (identity); a twin with no mirror is an identity twin. Under the mirror alone,
+any rule that flips with the mirror is perfectly consistent ("the dots' centroid is in the right half"; the truth XOR
+any mirror-symmetric feature), so consistency training could drift to a consistent-but-wrong rule; translation breaks
+the first kind and crops and jitter the second, and the zoomed-in views are where the start is more accurate, so minimal
+pairing can pull the small views towards them.
 
 Reported per seed, besides held-out greedy accuracy on the target domain (``val/acc``: labels used for evaluation
 only): the start's ``correct_sign`` on mirrored target pairs, each arm's consistent-and-wrong fraction at the end (both
@@ -176,14 +177,16 @@ def per_seed_table(results: list[SeedResult]) -> list[str]:
     for r in results:
         accs = " | ".join(f"{r.acc[c]:.3f}" for c in CONDITIONS)
         rows.append(
-            f"| {r.seed} | {r.source_acc:.3f} | {r.diagnosis['none'].correct_sign:.3f} | {accs} | {recovered(r.acc):.2f} |"
+            f"| {r.seed} | {r.source_acc:.3f} | {r.diagnosis['none'].correct_sign:.3f} | {accs} "
+            f"| {recovered(r.acc):.2f} |"
         )
     return rows
 
 
 def summary_table(results: list[SeedResult]) -> list[str]:
     rows = [
-        "| condition | target acc. (val) | mirrored pairs: right on both | wrong on both | inconsistent | correct sign |",
+        "| condition | target acc. (val) | mirrored pairs: right on both | wrong on both | inconsistent "
+        "| correct sign |",
         "|---|---|---|---|---|---|",
     ]
     for c in CONDITIONS:
@@ -238,15 +241,15 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
             f"small dots (radius {args.target_radius}: the target domain), where it is biased but its preference "
             "moves the right way between a scene and its mirror image on most pairs (start correct sign, below). "
             f"Four arms from that start at equal steps ({args.steps} GRPO steps, 4 pairs x K = 8, lr 2e-4, no KL; "
-            f"`configs/quickstart/consistency_dots.yaml` on target-domain pairs): (a) accuracy reward, (b) consistency with "
-            "minimal (OT) pairing, (c) consistency with random pairing, (d) no RL. Each twin applies, each with "
+            f"`configs/quickstart/consistency_dots.yaml` on target-domain pairs): (a) accuracy reward, (b) consistency "
+            "with minimal (OT) pairing, (c) consistency with random pairing, (d) no RL. Each twin applies, each with "
             f"probability {args.transform_prob}, the mirror (equivariant: the answer flips) and three invariant "
             "views (the scene translated; cropped around both dots and resized back; colour-jittered), so mirrored "
             "and identity twins mix: under the mirror alone any rule that flips with the mirror is consistent, and "
-            "the invariant views make such rules inconsistent. Labels are read by arm (a) and by evaluation only. Held-out target accuracy is "
-            f"greedy `{KEY}` on {2 * args.val_pairs} prompts (originals and twins); the pair diagnosis "
-            f"(`benchmarks/repro/pair_diagnosis.py`) is greedy and teacher-forced on {args.diagnosis_pairs} "
-            f"held-out mirrored target pairs per seed.{overridden}",
+            "the invariant views make such rules inconsistent. Labels are read by arm (a) and by evaluation only. "
+            f"Held-out target accuracy is greedy `{KEY}` on {2 * args.val_pairs} prompts (originals and twins); the "
+            f"pair diagnosis (`benchmarks/repro/pair_diagnosis.py`) is greedy and teacher-forced on "
+            f"{args.diagnosis_pairs} held-out mirrored target pairs per seed.{overridden}",
             "",
             *summary_table(results),
             "",
@@ -261,9 +264,9 @@ def report(results: list[SeedResult], args: argparse.Namespace) -> str:
     )
 
 
-READING = """Why a shifted domain and mixed twins: the quickstart start on its own domain already has the correct sign on most
-pairs, which leaves less reachable gain than the seed-to-seed spread; and under the mirror alone a consistent but
-wrong rule is rewarded as much as a right one."""
+READING = """Why a shifted domain and mixed twins: the quickstart start on its own domain already has the correct sign
+on most pairs, which leaves less reachable gain than the seed-to-seed spread; and under the mirror alone a consistent
+but wrong rule is rewarded as much as a right one."""
 
 
 def main() -> None:

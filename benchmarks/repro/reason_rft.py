@@ -5,9 +5,9 @@ and forgets less, than SFT alone?
 
 Per seed S, in ``<out>/seed<S>``:
 
-0. **Generalist** (``configs/repro/reason_rft_skill_generalist.yaml``): CoT-SFT from random weights (drawn from S) on "Is the
-   red dot left of the blue dot?" over large dots, small dots and large dots with two distractors. It perceives every
-   domain the evaluation uses (target ``<think>red is left of blue</think><answer>yes</answer>``).
+0. **Generalist** (``configs/repro/reason_rft_skill_generalist.yaml``): CoT-SFT from random weights (drawn from S) on
+   "Is the red dot left of the blue dot?" over large dots, small dots and large dots with two distractors. It perceives
+   every domain the evaluation uses (target ``<think>red is left of blue</think><answer>yes</answer>``).
 1. **The new skill**: "Is the red dot right of the blue dot?", taught on large dots only. The perception the
    reasoning names is the one the generalist has; the answer maps it the other way. Arms from the generalist, each
    reading the same number of labelled prompts (``--labelled`` = 1,600):
@@ -214,13 +214,14 @@ READING = """Reading: the constant answer is an attractor for GRPO from the gene
 question with the old mapping (new skill in-domain about 0.1), so the few rewarded samples pull its answer away from
 its perception before they pull it to the new mapping, and every seed ends at one answer for every prompt (its groups
 then all score alike: no advantage left). A 10-step activation SFT can leave the policy at that point too (seed 0:
-0.50 on every set after it), yet GRPO from there learns the mapping. Every arm that learns the new skill forgets the old one (old question 0.02-0.05): the tiny
-model never needed to read the question's relation word, and none of the arms teaches it to."""
+0.50 on every set after it), yet GRPO from there learns the mapping. Every arm that learns the new skill forgets the
+old one (old question 0.02-0.05): the tiny model never needed to read the question's relation word, and none of the
+arms teaches it to."""
 
 
-OLD_DESIGN = """Why this design: with a stage 1 of thousands of CoT samples that already solves the task in-domain instead of an
-activation, an SFT-only arm that reads many times the labels of the GRPO arm, a GRPO-only arm that starts from a
-model whose samples rarely pass the format, and one task with exact in-distribution labels, a one-line chain of
+OLD_DESIGN = """Why this design: with a stage 1 of thousands of CoT samples that already solves the task in-domain
+instead of an activation, an SFT-only arm that reads many times the labels of the GRPO arm, a GRPO-only arm that starts
+from a model whose samples rarely pass the format, and one task with exact in-distribution labels, a one-line chain of
 thought and a purely perceptual shift, SFT would be the best teacher by construction."""
 
 

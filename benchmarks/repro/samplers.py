@@ -6,12 +6,12 @@
 
 Wall time: each section of docs/results.md states its summed stage minutes and the machine's load while it ran.
 
-The three parts share ``--out`` (default ``runs/repro/samplers``): stage 1 (``configs/quickstart/quickstart_flow_pretrain.yaml``)
-runs once per seed in ``<out>/seed<S>`` and the later parts reuse it; every GRPO arm starts from it (the arms are
-registered in ``flow_grpo.ARMS`` and run by ``flow_grpo.run_arm``), at ``GRPO_STEPS`` optimizer steps of the recipe
-``configs/quickstart/quickstart_flow.yaml`` (32 prompts x 8 samples). The recipe's 100 steps have their rise by step 50: the
-``window2`` and ``mixgrpo`` arms of the ``flow-grpo-flow-flash`` run logged at step 50 a held-out reward within 0.031
-of their step-100 figure on each of their 3 seeds, equal on the mean.
+The three parts share ``--out`` (default ``runs/repro/samplers``): stage 1
+(``configs/quickstart/quickstart_flow_pretrain.yaml``) runs once per seed in ``<out>/seed<S>`` and the later parts reuse
+it; every GRPO arm starts from it (the arms are registered in ``flow_grpo.ARMS`` and run by ``flow_grpo.run_arm``), at
+``GRPO_STEPS`` optimizer steps of the recipe ``configs/quickstart/quickstart_flow.yaml`` (32 prompts x 8 samples). The
+recipe's 100 steps have their rise by step 50: the ``window2`` and ``mixgrpo`` arms of the ``flow-grpo-flow-flash`` run
+logged at step 50 a held-out reward within 0.031 of their step-100 figure on each of their 3 seeds, equal on the mean.
 
 - ``separation`` (no training): from each seed's stage-1 model, rollouts on the first 64 held-out prompts (K = 8, one
   starting noise per group, as the recipe) drawn with CPS and with Flow-GRPO's SDE at the same eta and with the same
@@ -458,8 +458,8 @@ def separation_section(seeds: Sequence[int], stage1: list, measures: list[dict],
 
 def arm_table(arms: list[str], results: dict, evals: dict, seeds: Sequence[int]) -> list[str]:
     lines = [
-        "| arm | seeds | Euler before -> after | Euler rise | UniPC after | per seed Euler after | per seed UniPC after "
-        "| GRPO minutes |",
+        "| arm | seeds | Euler before -> after | Euler rise | UniPC after | per seed Euler after | per seed UniPC "
+        "after | GRPO minutes |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for arm in arms:
@@ -470,7 +470,8 @@ def arm_table(arms: list[str], results: dict, evals: dict, seeds: Sequence[int])
         rise = [a - b for a, b in zip(euler, before, strict=True)]
         lines.append(
             f"| {ARMS[arm].what} | {len(rows)} | {fmt(before)} -> {fmt(euler)} | {fmt(rise)} | {fmt(unipc)} | "
-            f"{per_seed(euler, seeds)} | {per_seed(unipc, seeds)} | {', '.join(f'{r.seconds / 60:.1f}' for r in rows)} |"
+            f"{per_seed(euler, seeds)} | {per_seed(unipc, seeds)} | "
+            f"{', '.join(f'{r.seconds / 60:.1f}' for r in rows)} |"
         )
     return lines
 
@@ -511,8 +512,9 @@ def eta_section(seeds, stage1, results, evals, start_evals, jobs, mismatch, out:
         "every step stochastic over 30 steps; the recipe's single step 0 is the quickstart's departure (with all "
         "steps stochastic the tiny model's reward did not rise).",
         "",
-        f"No-RL start: Euler {fmt([e['euler'] for e in start_evals])} ({per_seed([e['euler'] for e in start_evals], seeds)}), "
-        f"UniPC {fmt([e['unipc'] for e in start_evals])} ({per_seed([e['unipc'] for e in start_evals], seeds)}).",
+        f"No-RL start: Euler {fmt([e['euler'] for e in start_evals])} "
+        f"({per_seed([e['euler'] for e in start_evals], seeds)}), UniPC {fmt([e['unipc'] for e in start_evals])} "
+        f"({per_seed([e['unipc'] for e in start_evals], seeds)}).",
         "",
         *arm_table(PART_ARMS["eta"], results, evals, seeds),
         "",

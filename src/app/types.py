@@ -255,7 +255,8 @@ class Rollout(Generic[Sampled]):
 
     Attributes:
         samples: the B prompts.
-        sampled: the family's draw (:class:`SampledCompletions`, :class:`SampledTrajectories` or :class:`SampledImages`).
+        sampled: the family's draw (:class:`SampledCompletions`, :class:`SampledTrajectories` or
+            :class:`SampledImages`).
         rewards: the reward output used for the advantages.
         advantages: ``[N]`` float32 group-relative advantages.
         loss_mask: what enters the loss: ``[N, L]`` completion tokens (minus dropped groups and, if asked, truncated
@@ -278,9 +279,9 @@ class GroupShare:
     (``grpo.group_ranks``): outputs ``index * K / ranks`` up to ``(index + 1) * K / ranks`` of each prompt.
 
     Rows stay group-major: the whole groups of B prompts are ``B * K`` rows (row ``b * K + k``), and this rank holds
-    ``B * K / ranks`` of them (its row ``b * K / ranks + j`` is whole row ``b * K + index * K / ranks + j``). Noise drawn
-    through :meth:`randn` is what one process holding the whole groups draws, sliced to this rank's rows, so a spread
-    group is sampled exactly as one process would sample it.
+    ``B * K / ranks`` of them (its row ``b * K / ranks + j`` is whole row ``b * K + index * K / ranks + j``). Noise
+    drawn through :meth:`randn` is what one process holding the whole groups draws, sliced to this rank's rows, so a
+    spread group is sampled exactly as one process would sample it.
 
     Attributes:
         index: this rank's place among the ranks that share a group (``global_rank % ranks``).

@@ -1,6 +1,6 @@
-"""SD3's real text layout (CLIP-L + CLIP-G + T5) on tiny encoders: a pipeline folder saved by diffusers itself loads into
-FlowPolicy, encodes prompts exactly as ``StableDiffusion3Pipeline.encode_prompt`` does, trains, and exports back into a
-folder the diffusers pipeline opens and runs."""
+"""SD3's real text layout (CLIP-L + CLIP-G + T5) on tiny encoders: a pipeline folder saved by diffusers itself loads
+into FlowPolicy, encodes prompts exactly as ``StableDiffusion3Pipeline.encode_prompt`` does, trains, and exports back
+into a folder the diffusers pipeline opens and runs."""
 
 import pytest
 import torch

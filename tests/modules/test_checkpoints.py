@@ -483,9 +483,9 @@ def test_one_process_saves_its_states_as_the_only_ranks():
 
 def fresh_states_warning(saved: str, rank: int) -> str:
     return (
-        f"the checkpoint holds the random states of {saved}: rank {rank} has none of its own and does not take rank 0's; it draws from fresh "
-        "states seeded from the checkpoint and its rank instead (distinct from every other rank's), so the resumed run "
-        "samples differently from an uninterrupted one"
+        f"the checkpoint holds the random states of {saved}: rank {rank} has none of its own and does not take rank "
+        "0's; it draws from fresh states seeded from the checkpoint and its rank instead (distinct from every other "
+        "rank's), so the resumed run samples differently from an uninterrupted one"
     )
 
 

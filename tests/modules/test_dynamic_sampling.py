@@ -138,7 +138,8 @@ class InOrder:
 
 class ToyDynamic(ToyPipelined):
     """The toy with dynamic sampling, outside a trainer: extra prompts come in order from ``dataset`` in loader
-    batches of ``batch_size`` (the queue's prompt sampler replaced by :class:`InOrder`); keeps the loss masks of the rollouts each update trained on and the logged metrics."""
+    batches of ``batch_size`` (the queue's prompt sampler replaced by :class:`InOrder`); keeps the loss masks of the
+    rollouts each update trained on and the logged metrics."""
 
     def __init__(self, dataset: list[VisualSample], batch_size: int, max_extra_rollouts: int):
         super().__init__(delay=0, dynamic_sampling=True, max_extra_rollouts=max_extra_rollouts)

@@ -186,7 +186,8 @@ def test_a_skipped_update_leaves_the_learning_rate_schedule_where_it_was():
         module.policy.weight.fill_(float("nan"))  # a non-finite loss and gradient
     stats = module._train_on([rollout])
     assert stats["skipped"] is True and module.skipped_updates == 1
-    # one step of the optimizer without gradients (idle_step: the trainer counts it, nothing moves), none of the schedule
+    # one step of the optimizer without gradients (idle_step: the trainer counts it, nothing moves), none of the
+    # schedule
     assert (optimizer.steps, scheduler.steps) == (1, 0)
 
 

@@ -4,9 +4,9 @@ HSDP, and writes what the multi-process tests compare.
     torchrun --nproc_per_node 2 tests/parallel/fsdp_probe.py OUT CASE [CASE ...]
 
 A case is ``<policy>-<strategy>[-same]``: policy ``vlm_lora``, ``vlm_full`` (full fine-tuning with a KL reference copy),
-``flow_lora`` (tiny SD3) or ``flowi2v_lora`` (tiny Wan image-to-video, conditioned on VBVR problem frames); strategy ``single``, ``ddp``, ``fsdp`` (all ranks shard), ``fsdpbf16`` (FSDP2's bf16 mixed precision) or ``hsdp``
-(2 x world/2); ``-gc`` turns on activation checkpointing; ``-delay1`` the one-step-delayed reward pipeline (rewards
-in a thread);
+``flow_lora`` (tiny SD3) or ``flowi2v_lora`` (tiny Wan image-to-video, conditioned on VBVR problem frames); strategy
+``single``, ``ddp``, ``fsdp`` (all ranks shard), ``fsdpbf16`` (FSDP2's bf16 mixed precision) or ``hsdp`` (2 x world/2);
+``-gc`` turns on activation checkpointing; ``-delay1`` the one-step-delayed reward pipeline (rewards in a thread);
 ``-ema`` keeps a moving average of the weights (decay 0.5; rank 0 also writes ``OUT/<case>.ema.pt``, the full average);
 ``-same`` gives every rank the same prompts and random draws, so the run equals one process on that batch.
 Rank 0 writes ``OUT/<case>.pt``: the full trainable weights after fit; every rank writes ``OUT/<case>.rank<r>.pt``:

@@ -1,5 +1,6 @@
 """Consistency verifiers and pairing (docs/algorithms.md, "Consistency verifiers and pairing") on fresh random inputs:
-minimal pairing against brute force and POT, unequal valid counts, negation, unparseable answers, and the reward class."""
+minimal pairing against brute force and POT, unequal valid counts, negation, unparseable answers, and the reward
+class."""
 
 import copy
 import itertools

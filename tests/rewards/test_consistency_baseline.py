@@ -1,4 +1,5 @@
-"""Monte Carlo check of the random-baseline expectations (docs/algorithms.md; docs/algorithms.md#papers, Proposition A.1).
+"""Monte Carlo check of the random-baseline expectations (docs/algorithms.md; docs/algorithms.md#papers, Proposition
+A.1).
 
 An uninformative model answers every prompt with an independent fair coin. Under the identity relation the expected
 per-completion reward is 1/2 for random and one-to-all pairing, and for minimal pairing exactly

@@ -127,8 +127,8 @@ def expected():
 
 def test_the_synchronous_reference_counts_what_the_batch_holds(expected):
     state, logged, total = expected
-    # vbvr (1, 0, 0: unreadable, 1) + colour region (1 where the one blue square is most of the picture's colour, 0 beside
-    # two red circles or among four squares, 0 unreadable) + tally (0)
+    # vbvr (1, 0, 0: unreadable, 1) + colour region (1 where the one blue square is most of the picture's colour, 0
+    # beside two red circles or among four squares, 0 unreadable) + tally (0)
     assert total == pytest.approx([2.0, 0.0, 0.0, 1.0])
     assert state["vbvr.num_malformed"] == 2 and state["color_region.num_malformed"] == 2  # one unreadable, twice
     failed = state["vbvr.failed_checks"]

@@ -1,4 +1,5 @@
-"""The structured triplet response: the documented format, the prompt instruction, lenient spellings, malformed parts."""
+"""The structured triplet response: the documented format, the prompt instruction, lenient spellings, malformed
+parts."""
 
 import random
 

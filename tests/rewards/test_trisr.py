@@ -165,7 +165,8 @@ def test_rewards_match_the_reference_formulas_on_random_triplets(seed):
 
 
 def test_reference_implication_table():
-    """The docs/algorithms.md rule, spelled out: same sign, or one 0 and the other decides; opposite signs imply nothing."""
+    """The docs/algorithms.md rule, spelled out: same sign, or one 0 and the other decides; opposite signs imply
+    nothing."""
     for s12, s23 in itertools.product((-1, 0, 1), repeat=2):
         rule = None if s12 * s23 < 0 else (s12 if s23 == 0 else s23)
         assert ref_implied_s13(s12, s23) == rule
@@ -466,8 +467,8 @@ SPECIAL = ["nan", "1e309", "-1e309", "-0", "inf", "1" * 100_000, CODE, "9" * 40]
 
 def assert_terms_well_behaved(completions):
     """Finite float32 values made of the terms as documented. Scores are clamped to ``value_range``, so the contract's
-    range check could not catch a wrong term; also: R_task in {0, 1/3, 2/3, 1}, R_ja a multiple of 1/6 in [0, 1], R_tc in {-1, 0, 1}, the
-    overall accuracy 1 exactly when R_task is, and each TriSR total the weighted sum of its terms."""
+    range check could not catch a wrong term; also: R_task in {0, 1/3, 2/3, 1}, R_ja a multiple of 1/6 in [0, 1], R_tc
+    in {-1, 0, 1}, the overall accuracy 1 exactly when R_task is, and each TriSR total the weighted sum of its terms."""
     for s in SAMPLES:
         values = []
         for reward in REWARDS:

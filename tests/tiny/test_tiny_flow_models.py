@@ -1,4 +1,5 @@
-"""Embedded tiny flow models: built offline, cached as a diffusers pipeline folder, loaded through ``from_pretrained``."""
+"""Embedded tiny flow models: built offline, cached as a diffusers pipeline folder, loaded through
+``from_pretrained``."""
 
 from pathlib import Path
 

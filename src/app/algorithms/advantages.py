@@ -14,7 +14,8 @@ from torch import Tensor
 
 AdvantageScale = Literal["group", "batch", "none"]
 """How :func:`group_advantages` divides; the modules' ``advantage_scale`` adds ``global`` (``batch`` with the std of
-every rank's rewards, :func:`moments_std`) and ``per_prompt`` (:class:`~app.algorithms.prompt_stats.PromptStatTracker`)."""
+every rank's rewards, :func:`moments_std`) and ``per_prompt``
+(:class:`~app.algorithms.prompt_stats.PromptStatTracker`)."""
 
 
 def _groups(rewards: Tensor, group_size: int) -> Tensor:

@@ -1,5 +1,6 @@
-"""Per-token statistics summed per group (e.g. per task) with their token counts, so the parts of a batch (micro-batches,
-rollouts) add up exactly and are divided once: the mean of the sum is the mean over every part's tokens."""
+"""Per-token statistics summed per group (e.g. per task) with their token counts, so the parts of a batch
+(micro-batches, rollouts) add up exactly and are divided once: the mean of the sum is the mean over every part's
+tokens."""
 
 from __future__ import annotations
 

@@ -315,8 +315,8 @@ class FlowPolicy(SwitchableReference, nn.Module):
             model_input = torch.cat([model_input, conditioning[conditioning_lib.CONDITION].to(dtype)], dim=1)
         elif model_input.shape[1] != self.transformer.config.in_channels:
             raise ValueError(
-                f"{self.model_name!r} is an image-to-video model ({self.transformer.config.in_channels} input channels): "
-                "its conditioning needs the problem frame's 'condition' (FlowPolicy.encode_conditions)"
+                f"{self.model_name!r} is an image-to-video model ({self.transformer.config.in_channels} input "
+                "channels): its conditioning needs the problem frame's 'condition' (FlowPolicy.encode_conditions)"
             )
         out = model(hidden_states=model_input, timestep=timestep, return_dict=False, **kwargs)[0].float()
         if first_frame is not None:
@@ -372,8 +372,8 @@ class FlowPolicy(SwitchableReference, nn.Module):
     @torch.no_grad()
     def encode(self, images: Tensor) -> Tensor:
         """Latents ``[B, *latent_shape]`` (float32) of images ``[B, 3, H, W]`` in [0, 1]: the VAE posterior's mean,
-        ``(z - shift) * scaling`` as in StableDiffusion3Pipeline and FluxPipeline, so ``decode(encode(x))`` reconstructs ``x``.
-        Images only (the video VAE is not supported)."""
+        ``(z - shift) * scaling`` as in StableDiffusion3Pipeline and FluxPipeline, so ``decode(encode(x))`` reconstructs
+        ``x``. Images only (the video VAE is not supported)."""
         if self.is_video:
             raise NotImplementedError("encode supports image VAEs only")
         config = self.vae.config

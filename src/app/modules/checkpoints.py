@@ -161,8 +161,8 @@ def saved_rank_state(checkpoint: dict, rank: int, world_size: int) -> tuple[dict
     processes = "process" if len(states) == 1 else "processes"
     log.warning(
         "the checkpoint holds the random states of %d %s, this run has %d: rank %d has none of its own and does not "
-        "take rank 0's; it draws from fresh states seeded from the checkpoint and its rank instead (distinct from every "
-        "other rank's), so the resumed run samples differently from an uninterrupted one",
+        "take rank 0's; it draws from fresh states seeded from the checkpoint and its rank instead (distinct from "
+        "every other rank's), so the resumed run samples differently from an uninterrupted one",
         len(states),
         processes,
         world_size,

@@ -3,12 +3,12 @@ or the optimizer state.
 
 The modules check the loss and the gradient norm before they step (cheap, and it avoids the step), but a NaN or an
 infinity can still appear after that check: a callback's ``on_before_optimizer_step`` (Lightning calls it inside
-``LightningOptimizer.step``), a fused optimizer kernel that overflows, a bad optimizer state (loaded, or gone wrong in an
-earlier step) that the update turns into NaN. :class:`FiniteStepGuard` keeps a copy of what a step may change, taken
+``LightningOptimizer.step``), a fused optimizer kernel that overflows, a bad optimizer state (loaded, or gone wrong in
+an earlier step) that the update turns into NaN. :class:`FiniteStepGuard` keeps a copy of what a step may change, taken
 right before it (after backward): every parameter the optimizer holds that is trainable or has a gradient, and that
 parameter's optimizer state (AdamW: ``exp_avg``, ``exp_avg_sq`` and the ``step`` counter). After the step,
-:meth:`FiniteStepGuard.nonfinite` counts the tensors among those that hold a NaN or inf; the module takes the decision on
-every rank together (one rank's NaN undoes the step on all of them, so the replicas stay equal) and
+:meth:`FiniteStepGuard.nonfinite` counts the tensors among those that hold a NaN or inf; the module takes the decision
+on every rank together (one rank's NaN undoes the step on all of them, so the replicas stay equal) and
 :meth:`FiniteStepGuard.restore` writes the copy back in place, bit for bit, so the step never happened (a parameter
 without state before the step is left without state again). Under FSDP2 each rank copies, checks and restores only its
 own shards (the DTensors' local tensors), and every copy stays on the device of the tensor it copies.

@@ -2,7 +2,8 @@
 
 Image-conditioned policies (:mod:`app.models.flow_conditioning`) see each sample's problem frame (``images[0]``).
 VBVR samples (``meta["vbvr"]``) are also scored per split, task and regime (:mod:`app.tasks.vbvr.regimes`), with the
-scorer's failed checks counted per task, so one ``validate`` run gives the in-domain and out-of-domain tables side by side.
+scorer's failed checks counted per task, so one ``validate`` run gives the in-domain and out-of-domain tables side by
+side.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 class PromptDrawer(Protocol):
     """Draws the extra prompts of dynamic sampling from the training data, and saves and restores where it stands.
 
-    :class:`IndexDrawer` draws from a map-style data set, :class:`StreamDrawer` from a shard stream; :func:`prompt_drawer`
-    picks the one for a data set, :func:`saved_drawer` the one a checkpoint saved.
+    :class:`IndexDrawer` draws from a map-style data set, :class:`StreamDrawer` from a shard stream;
+    :func:`prompt_drawer` picks the one for a data set, :func:`saved_drawer` the one a checkpoint saved.
     """
 
     def draw(self, dataset: Any, num_items: int, collate: Callable | None) -> list[VisualSample]: ...

@@ -6,8 +6,8 @@ takes the oldest rollout whose turn it is, collects its rewards and trains on it
 of this very batch (rollout -> rewards -> update). With ``delay: 1`` each step generates rollout k+1 and trains on
 rollout k (VBVR-Pro's "single-step lag"): rollout k was sampled by the policy before the previous update, so its
 behaviour log-probs are stored at generation time and the clipped ratio uses them
-(docs/algorithms.md#the-delayed-pipeline); the policy lag is at most one rollout. The first step of a delayed pipeline only primes it (no update); the
-rollout still pending when fit ends is dropped (counted in ``dropped``).
+(docs/algorithms.md#the-delayed-pipeline); the policy lag is at most one rollout. The first step of a delayed pipeline
+only primes it (no update); the rollout still pending when fit ends is dropped (counted in ``dropped``).
 
 The queue also holds the policy version counter that measures the lag, the reward workers, dynamic sampling's refill
 and its prompt sampler (DAPO: :meth:`RolloutQueue.refill`), and how all of that goes into a checkpoint and comes back.

@@ -7,10 +7,10 @@ parameter), ``shard_size = 1`` is replication (DDP-like), anything between is HS
 across them. Every rank draws its own prompts (both mesh dimensions are data parallel), so groups of K outputs and
 consistency pairs never leave the rank that drew them.
 
-The module's ``configure_model`` (see :class:`~app.modules.policy_module.PolicyModule`) calls :func:`shard_policy`, which
-applies ``fully_shard`` to the units the policy names in its :class:`~app.parallel.plan.ShardingPlan`. Lightning then
-builds the optimizer on the sharded parameters. Rollouts run inside :func:`gathered`: every unit is all-gathered once
-for the whole rollout (instead of once per generated token or denoising step) and resharded after it, before any
+The module's ``configure_model`` (see :class:`~app.modules.policy_module.PolicyModule`) calls :func:`shard_policy`,
+which applies ``fully_shard`` to the units the policy names in its :class:`~app.parallel.plan.ShardingPlan`. Lightning
+then builds the optimizer on the sharded parameters. Rollouts run inside :func:`gathered`: every unit is all-gathered
+once for the whole rollout (instead of once per generated token or denoising step) and resharded after it, before any
 optimizer step, so the optimizer never updates a copy that a later forward would not read.
 
 Checkpoints stay lean: the frozen base is left out of sharded (``torch.distributed.checkpoint``) and gathered ones

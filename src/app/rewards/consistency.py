@@ -55,8 +55,10 @@ def bool_verifier(y: bool, y_twin: bool, relation: str) -> float:
     """``1[y_twin == phi(y)]``: 1.0 when the twin's answer is the original's (``identity``) or its opposite
     (``negation``), else 0.0.
 
-    >>> bool_verifier(True, True, "identity"), bool_verifier(True, True, "negation"), bool_verifier(True, False, "negation")
-    (1.0, 0.0, 1.0)
+    >>> bool_verifier(True, True, "identity"), bool_verifier(True, True, "negation")
+    (1.0, 0.0)
+    >>> bool_verifier(True, False, "negation")
+    1.0
     """
     if relation == "identity":
         return float(y == y_twin)
@@ -299,7 +301,8 @@ def pair_rewards(
 
 
 def random_pairing(V, valid_x=None, valid_x2=None, generator=None) -> tuple[Tensor, Tensor]:
-    """:func:`pair_rewards` with ``pairing="random"``: ``r_i = V_{i, pi(i)}``, ``pi`` the identity without a generator."""
+    """:func:`pair_rewards` with ``pairing="random"``: ``r_i = V_{i, pi(i)}``, ``pi`` the identity without a
+    generator."""
     return pair_rewards(V, valid_x, valid_x2, "random", generator)
 
 
@@ -333,7 +336,8 @@ def consistency_rewards(
 
     >>> from app.types import VisualSample
     >>> x = VisualSample(images=[], question="Is red left of blue?", task="t", meta={"pair_id": 0})
-    >>> twin = VisualSample(images=[], question="Is blue left of red?", task="t", meta={"pair_id": 0, "relation": "negation"})
+    >>> negation = {"pair_id": 0, "relation": "negation"}
+    >>> twin = VisualSample(images=[], question="Is blue left of red?", task="t", meta=negation)
     >>> answers = ["<answer>yes</answer>", "<answer>no</answer>", "<answer>no</answer>", "<answer>no</answer>"]
     >>> consistency_rewards(answers, [x, x, twin, twin])  # the lone "yes" of x is matched with a "no": consistent
     tensor([1., 0., 1., 0.])

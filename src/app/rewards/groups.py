@@ -10,7 +10,8 @@ module's collate function lay batches out that way.
 
 >>> from app.types import VisualSample
 >>> x = VisualSample(images=[], question="Is red left of blue?", task="t", meta={"pair_id": 7})
->>> twin = VisualSample(images=[], question="Is blue left of red?", task="t", meta={"pair_id": 7, "relation": "negation"})
+>>> negation = {"pair_id": 7, "relation": "negation"}
+>>> twin = VisualSample(images=[], question="Is blue left of red?", task="t", meta=negation)
 >>> split_groups([x, x, twin, twin])
 [slice(0, 2, None), slice(2, 4, None)]
 >>> pair_groups([x, x, twin, twin])

@@ -15,8 +15,8 @@ Bounded work:
 - Non-string input (``None``, bytes, numbers) is malformed: parsers return ``None``, :func:`normalize_answer` ``""``.
 - Parsers of short answers (:func:`parse_number`, :func:`parse_option`) reject anything longer than a few hundred
   characters before looking at it. :func:`parse_number` is a small recursive descent over a whitelist grammar (numbers,
-  ``\\frac``, ``\\sqrt``, ``\\pi``, unary minus) with a depth limit, not an expression evaluator; digit strings longer than
-  30 are rejected before ``float`` sees them (``int`` is never called on text).
+  ``\\frac``, ``\\sqrt``, ``\\pi``, unary minus) with a depth limit, not an expression evaluator; digit strings longer
+  than 30 are rejected before ``float`` sees them (``int`` is never called on text).
 - :func:`parse_steps` reads at most :data:`MAX_STEPS` function steps with anchored, bounded regexes.
 """
 
@@ -119,7 +119,8 @@ def parse_bool(s: str) -> bool | None:
 
 _MAX_OPTION_CHARS = 64
 _OPTION = re.compile(
-    r"(?:(?:the )?(?:correct |final |right )?(?:answer|option|choice)(?: is)?:? )?(?:option |choice )?[(\[]?([a-z])[)\]]?"
+    r"(?:(?:the )?(?:correct |final |right )?(?:answer|option|choice)(?: is)?:? )?"  # "the correct answer is: "
+    r"(?:option |choice )?[(\[]?([a-z])[)\]]?"  # "option (b)", "[c]", "d"
 )
 
 
@@ -401,7 +402,8 @@ def parse_steps(s: str) -> list[FunctionStep] | None:
     argument, text between steps, an empty list, or more than :data:`MAX_STEPS` steps.
 
     >>> parse_steps("change_color(obj_2, Red); change_size(1, 'small')")
-    [FunctionStep(function='change_color', obj='obj_2', value='red'), FunctionStep(function='change_size', obj='1', value='small')]
+    [FunctionStep(function='change_color', obj='obj_2', value='red'),
+     FunctionStep(function='change_size', obj='1', value='small')]
     >>> parse_steps("change_color(obj_2)") is None, parse_steps("rm_rf(1, 2)") is None
     (True, True)
     """

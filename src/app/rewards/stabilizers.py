@@ -183,11 +183,13 @@ class CosineLengthReward(RewardComponent):
 def repetition_penalty(
     completions: Sequence[str], ngram_size: int = 3, max_penalty: float = -1.0, max_words: int = 50_000
 ) -> Tensor:
-    """``[N]`` n-gram repetition penalty (Demystifying long CoT; ms-swift ``RepetitionPenalty``) in ``[max_penalty, 0]``:
+    """``[N]`` n-gram repetition penalty (Demystifying long CoT; ms-swift ``RepetitionPenalty``) in
+    ``[max_penalty, 0]``:
 
     ``max_penalty * (1 - #distinct n-grams / #n-grams)`` over the lowercased whitespace-separated words; 0 for a
-    completion with fewer than ``ngram_size`` words (or a non-string). Only the first ``max_words`` words are read, which
-    bounds the work on huge inputs (a 1 MB completion costs milliseconds) and is far above a usual chain of thought.
+    completion with fewer than ``ngram_size`` words (or a non-string). Only the first ``max_words`` words are read,
+    which bounds the work on huge inputs (a 1 MB completion costs milliseconds) and is far above a usual chain of
+    thought.
 
     >>> repetition_penalty(["the cat sat on the mat", "go go go go go", "hi"], ngram_size=2)
     tensor([ 0.0000, -0.7500,  0.0000])

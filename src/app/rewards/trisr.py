@@ -1,6 +1,6 @@
 """TriSR reward classes (CoRe, docs/algorithms.md#trisr-rewards): one TorchMetrics component per term, the weighted
-total, and the triplet evaluation metrics (accuracies, cycle rate, order accuracy, attribute accuracy). The math, the ground-truth schema and the answer types are documented in
-:mod:`app.rewards.trisr_scores`.
+total, and the triplet evaluation metrics (accuracies, cycle rate, order accuracy, attribute accuracy). The math, the
+ground-truth schema and the answer types are documented in :mod:`app.rewards.trisr_scores`.
 """
 
 from __future__ import annotations
@@ -213,7 +213,8 @@ class TripletCycleRate(_TripletReward):
 
     Example:
         >>> sample = VisualSample(images=[], question="q", task="count")
-        >>> TripletCycleRate().score(["<answer>1-2: 1; 1-3: 3; 2-3: 2</answer>", "<answer>1-2: 1</answer>"], [sample] * 2)
+        >>> answers = ["<answer>1-2: 1; 1-3: 3; 2-3: 2</answer>", "<answer>1-2: 1</answer>"]
+        >>> TripletCycleRate().score(answers, [sample] * 2)
         tensor([1., 0.])
     """
 
@@ -239,7 +240,8 @@ class TripletOrderAccuracy(_TripletReward):
     Example:
         >>> meta = {"pair_answers": {"1-2": "2", "1-3": "1", "2-3": "2"}}  # 2 > 1 > 3
         >>> sample = VisualSample(images=[], question="q", task="count", meta=meta)
-        >>> TripletOrderAccuracy().score(["<answer>1-2: 2; 1-3: 1</answer>", "<answer>1-2: 2; 2-3: 2</answer>"], [sample] * 2)
+        >>> answers = ["<answer>1-2: 2; 1-3: 1</answer>", "<answer>1-2: 2; 2-3: 2</answer>"]
+        >>> TripletOrderAccuracy().score(answers, [sample] * 2)
         tensor([1., 0.])
     """
 

@@ -37,8 +37,8 @@ Triplet consistency ``tau``:
   imply 0) or when one of them is 0 (``s_13`` must be the other one). +1 if the predicted ``s_13`` is the implied sign,
   -1 if not; 0 when they point opposite ways (nothing implied) or when any of the three answers is missing.
 - interval (the paper's "composed interval ``Delta_12 + Delta_23`` compatible with ``Delta_13`` up to quantisation
-  tolerance"): ``v_1 - v_3 = Delta_12 + Delta_23``, so the composed range is ``[lo_12 + lo_23, hi_12 + hi_23]``; +1 if it
-  overlaps ``[lo_13 - tol, hi_13 + tol]``, -1 if not, 0 when any answer is missing. The difference may as well be
+  tolerance"): ``v_1 - v_3 = Delta_12 + Delta_23``, so the composed range is ``[lo_12 + lo_23, hi_12 + hi_23]``; +1 if
+  it overlaps ``[lo_13 - tol, hi_13 + tol]``, -1 if not, 0 when any answer is missing. The difference may as well be
   ``v_j - v_i`` throughout: the composition is the same.
 - categorical: 0 (no task-independent rule composes labels; the paper's spatial checks are task-specific).
 

@@ -8,8 +8,8 @@ Which steps are stochastic and which are trained (see docs/algorithms.md#trainin
 - Without ``sde_window`` every other step uses the sampler (``cps`` or ``sde``). With ``sde_window = (start, end)``
   (MixGRPO / "ODE prefix then a short SDE window") only steps ``start <= i < end`` do; the rest are ODE steps: Euler
   before the window, and after it Euler or, with ``ode_tail: unipc``, diffusers' UniPC (order 2) from the window's end
-  to the sample (on ``ode_tail_steps`` of the remaining steps, :func:`coarser`, when set). With ``window_stride`` the window moves later as training goes on
-  (:meth:`~app.settings.FlowSamplingSettings.window_at`).
+  to the sample (on ``ode_tail_steps`` of the remaining steps, :func:`coarser`, when set). With ``window_stride`` the
+  window moves later as training goes on (:meth:`~app.settings.FlowSamplingSettings.window_at`).
 - ``timestep_fraction`` trains on ``max(1, int(fraction * S))`` of those S stochastic steps (Flow-GRPO's rounding):
   a RANDOM subset, drawn anew every rollout from the rollout generator and shared by all N trajectories of the batch
   (one sigma per forward pass). With 1.0 (default) every stochastic step is trained.

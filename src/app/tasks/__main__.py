@@ -1,7 +1,7 @@
 """Task generators to shards: ``python -m app.tasks <generator> --out DIR --num N --seed S`` (deterministic for a seed).
 
-Each generator lives in its own module, which exposes ``register(commands)``: it adds one sub-parser to ``commands`` (the
-``argparse`` sub-parsers object) and sets its ``run`` default to a function of the parsed arguments. List a new
+Each generator lives in its own module, which exposes ``register(commands)``: it adds one sub-parser to ``commands``
+(the ``argparse`` sub-parsers object) and sets its ``run`` default to a function of the parsed arguments. List a new
 generator's module in :data:`GENERATOR_MODULES`.
 """
 

@@ -23,7 +23,8 @@ def check_tiny_name(name_or_path: str, known: dict, kind: str) -> bool:
 
     >>> check_tiny_name("tiny-qwen9-vl", {"tiny-qwen2-vl": 0, "tiny-sd3": 0}, "model")
     Traceback (most recent call last):
-    ValueError: unknown embedded model 'tiny-qwen9-vl'; did you mean 'tiny-qwen2-vl'? known: ['tiny-qwen2-vl', 'tiny-sd3']
+    ValueError: unknown embedded model 'tiny-qwen9-vl'; did you mean 'tiny-qwen2-vl'?
+    known: ['tiny-qwen2-vl', 'tiny-sd3']
     """
     if name_or_path in known:
         return True

@@ -1,8 +1,9 @@
 """A small byte-level BPE tokenizer in the Qwen layout, trained offline on synthetic text.
 
-It has Qwen's special tokens (``<|im_start|>``, ``<|image_pad|>``, ...) and the reasoning tags ``<think>``, ``</think>``,
-``<answer>``, ``</answer>`` as non-special added tokens, so they survive ``skip_special_tokens=True`` exactly as in the
-released Qwen-VL tokenizers. Byte-level BPE covers every string, so any model output can be encoded and decoded.
+It has Qwen's special tokens (``<|im_start|>``, ``<|image_pad|>``, ...) and the reasoning tags ``<think>``,
+``</think>``, ``<answer>``, ``</answer>`` as non-special added tokens, so they survive ``skip_special_tokens=True``
+exactly as in the released Qwen-VL tokenizers. Byte-level BPE covers every string, so any model output can be encoded
+and decoded.
 """
 
 from __future__ import annotations

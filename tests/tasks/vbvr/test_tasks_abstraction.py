@@ -1,5 +1,6 @@
 """Task-specific tests of colour mixing, symmetry completion, pattern continuation and rotation: the solvers on
-hand-made configurations, and the scorers on hand-drawn right and wrong answers (docs/algorithms.md#papers's violet-for-purple)."""
+hand-made configurations, and the scorers on hand-drawn right and wrong answers (docs/algorithms.md#papers's
+violet-for-purple)."""
 
 import itertools
 

@@ -4,8 +4,8 @@ For each completion the judge sees one user turn, built with the checkpoint's ch
 prompt opened (``add_generation_prompt=True``): the image(s), then ``question`` filled in. One forward pass, no
 sampling: the reward is ``p(yes) = softmax([logit(yes_token), logit(no_token)])[0]`` of the next-token logits at the
 last position, in [0, 1]. The question follows VQAScore (Lin et al., 2024: 'Does this figure show "{text}"? Please
-answer yes or no.'), which takes p(Yes) over the whole vocabulary; here the two answers are renormalised to each other, so probability the judge
-puts on other tokens (punctuation, a lower-case "yes") counts for neither.
+answer yes or no.'), which takes p(Yes) over the whole vocabulary; here the two answers are renormalised to each other,
+so probability the judge puts on other tokens (punctuation, a lower-case "yes") counts for neither.
 
 What is judged:
 

@@ -13,8 +13,9 @@ it draws a small 3D scene on a ground plane, ray-casts it (:mod:`app.tasks.core.
 
 Every scene also carries the dense depth map, the camera-frame 3D objects and the visible 2D boxes. Objects do not
 overlap in the picture (placement rejects overlapping projections), except people behind people with their heads
-clear, so every annotated point is visible and every cube or ball is whole. The camera's height and pitch vary a little between images. All randomness comes from the
-``random.Random`` passed in, so a scene is a function of that generator's state.
+clear, so every annotated point is visible and every cube or ball is whole. The camera's height and pitch vary a little
+between images. All randomness comes from the ``random.Random`` passed in, so a scene is a function of that generator's
+state.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--format",
         choices=("shards", "jsonl"),
         default="shards",
-        help="shards, or a JSONL of questions and answers with PNGs beside it (docs/your_data.md); jsonl names the file "
-        "after --prefix",
+        help="shards, or a JSONL of questions and answers with PNGs beside it (docs/your_data.md); jsonl names the "
+        "file after --prefix",
     )
     parser.set_defaults(run=run)
 

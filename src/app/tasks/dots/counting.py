@@ -1,7 +1,7 @@
 """A rendered counting task for numeric rewards (Reason-RFT's visual counting, cut down to a CPU recipe).
 
-Each image shows between ``min_count`` and ``max_count`` dots of one colour; the question asks how many; the answer is the
-integer count, so :class:`~app.rewards.NumericToleranceReward` (or exact match) scores it.
+Each image shows between ``min_count`` and ``max_count`` dots of one colour; the question asks how many; the answer is
+the integer count, so :class:`~app.rewards.NumericToleranceReward` (or exact match) scores it.
 
 >>> sample = CountingDataset(num_samples=2, seed=0)[0]
 >>> sample.task, sample.answer.isdigit()

@@ -16,9 +16,9 @@ inconsistent on some pairs:
 - ``jitter``: brightness, contrast and saturation scaled (:func:`app.tasks.spatial.augment.color_jitter`).
 
 Effects compose by parity: both negating transforms give ``identity``, as does neither (then ``x'`` is ``x`` asked
-again, or another view of it: a plain self-consistency check). ``x'.meta["relation"]`` holds the effect and ``meta["transforms"]`` the transforms; both prompts
-share ``meta["pair_id"]``. Labels (when ``labeled``) follow the relation, but consistency rewards never read them; they
-serve evaluation and SFT.
+again, or another view of it: a plain self-consistency check). ``x'.meta["relation"]`` holds the effect and
+``meta["transforms"]`` the transforms; both prompts share ``meta["pair_id"]``. Labels (when ``labeled``) follow the
+relation, but consistency rewards never read them; they serve evaluation and SFT.
 
 >>> x, twin = PairedDotsDataset(num_samples=4, seed=0, image_size=64)[0]
 >>> x.meta["pair_id"] == twin.meta["pair_id"], twin.meta["relation"] in ("identity", "negation")

@@ -3,9 +3,9 @@ to a CPU recipe).
 
 Each sample has two images: an initial scene of ``num_objects`` shapes on a 3x3 grid of cells (one object per cell) and
 the final scene after 1 to ``max_steps`` changes, each to a different object. An object has a shape (circle, square,
-triangle), a colour (red, blue, green, yellow), a size (small, large) and a cell (``"top left"`` ... ``"bottom right"``).
-Objects are named ``obj_1`` ... ``obj_n`` left to right in the initial image (top to bottom within a column); the
-question says so. The answer lists the changes, ordered by object, in the syntax of
+triangle), a colour (red, blue, green, yellow), a size (small, large) and a cell
+(``"top left"`` ... ``"bottom right"``). Objects are named ``obj_1`` ... ``obj_n`` left to right in the initial image
+(top to bottom within a column); the question says so. The answer lists the changes, ordered by object, in the syntax of
 :func:`~app.rewards.parsing.parse_steps`, e.g. ``change_color(obj_1, red), change_position(obj_3, top left)``; a moved
 object goes to a cell that no object holds in either scene, so every changed object differs in pixels.
 

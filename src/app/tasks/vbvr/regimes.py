@@ -10,7 +10,8 @@ An image (one frame) has only the Last-Frame regime. The sample's ``meta["vbvr"]
 configuration, and (for Key-Frame) ``key_frame_indices`` and ``num_frames`` of the instance's video.
 
 >>> import numpy as np
->>> regime_renderings(np.zeros((5, 8, 8, 3), np.uint8), key_frame_indices=[0, 4, 8], num_source_frames=9)["key_frame"].shape
+>>> frames = np.zeros((5, 8, 8, 3), np.uint8)
+>>> regime_renderings(frames, key_frame_indices=[0, 4, 8], num_source_frames=9)["key_frame"].shape
 (3, 8, 8, 3)
 >>> sorted(regime_renderings(np.zeros((1, 8, 8, 3), np.uint8)))
 ['last_frame']

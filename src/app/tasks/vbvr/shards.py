@@ -101,7 +101,8 @@ def write_shards(
 
 
 def read_shards(urls: str | Sequence[str]) -> Iterator[dict]:
-    """Decoded samples: ``prompt`` str, ``record`` dict, ``first``/``last`` uint8 images, ``keyframes``/``video`` arrays.
+    """Decoded samples: ``prompt`` str, ``record`` dict, ``first``/``last`` uint8 images, ``keyframes``/``video``
+    arrays.
 
     A damaged shard raises :class:`~app.data.shards.ShardDamageError` naming the file and what was lost (a plain tar
     reader would stop at a corrupt header as if the shard had ended).

@@ -7,7 +7,8 @@ dot lies near a segment between two others, which keeps every segment unambiguou
 Scorer (classical CV on the last frame): line pixels are the configuration's line colour (HSV mask, dilated by one pixel
 to absorb anti-aliasing and compression); each segment is sampled at points outside the dots at its ends.
 
-* ``all_pairs_connected`` (hard): every consecutive pair (i, i + 1) has at least 80% of its sample points on line pixels.
+* ``all_pairs_connected`` (hard): every consecutive pair (i, i + 1) has at least 80% of its sample points on line
+  pixels.
 * ``segments_covered`` (soft, weight 2): the mean fraction of covered sample points over the consecutive pairs.
 * ``no_extra_segments`` (soft, weight 1): no non-consecutive pair of dots is joined by a line (sample points away from
   the expected segments); each extra segment costs half of the value.

@@ -78,8 +78,8 @@ class ObjectTrackingTask(VisualTask):
 
     def prompt(self, config: dict[str, Any]) -> str:
         return (
-            f"The first {config['shown'] + 1} frames show a {config['color']} ball moving in a straight line at constant "
-            f"speed. Continue the motion and show the ball where it is after {config['steps']} steps."
+            f"The first {config['shown'] + 1} frames show a {config['color']} ball moving in a straight line at "
+            f"constant speed. Continue the motion and show the ball where it is after {config['steps']} steps."
         )
 
     def _draw(self, config: dict[str, Any], balls: list[tuple[tuple[float, float], str]]) -> np.ndarray:

@@ -3,7 +3,8 @@
 Problem: a target shape (circle, square or triangle) of a palette colour at the top, and an empty slot (a dark outlined
 box) at the bottom. Solution: the same shape, in the same colour and size, drawn inside the slot.
 
-Scorer (classical CV on the last frame): the slot's content is the largest coloured (saturated) blob inside the slot box.
+Scorer (classical CV on the last frame): the slot's content is the largest coloured (saturated) blob inside the slot
+box.
 
 * ``slot_shape_matches`` (hard): the blob's shape (fill ratio of its bounding box) is the target's shape, and the slot's
   paint stays clear of the box's outline: at most a quarter of the 2-pixel rim inside its left, right and bottom sides
