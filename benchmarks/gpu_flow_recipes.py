@@ -323,7 +323,8 @@ def main() -> None:
                 f"setup {result['setup_s']:5.1f}s  steps "
                 + " ".join(f"{s:6.1f}s" for s in steps)
                 + f"  peak {result['peak_gib']:6.1f} GiB  total {result['total_s']:6.1f}s  "
-                f"rewards {[round(r, 3) for r in result['rewards']]}  checkpoints {checkpoints:.2f} GiB  export {export:.2f} GiB"
+                f"rewards {[round(r, 3) for r in result['rewards']]}  checkpoints {checkpoints:.2f} GiB  "
+                f"export {export:.2f} GiB"
             )
             if name == "wan" and args.wan_probe_frames:
                 frames, side = (5, 64) if args.tiny else (args.wan_probe_frames, 512)

@@ -1,4 +1,5 @@
-"""configs/quickstart/consistency_dots.yaml trains end to end: two GRPO steps on paired prompts with the consistency reward."""
+"""configs/quickstart/consistency_dots.yaml trains end to end: two GRPO steps on paired prompts with the consistency
+reward."""
 
 import math
 from pathlib import Path

@@ -234,8 +234,8 @@ class PolicyModule(L.LightningModule):
             raise NonFiniteTrainingError(
                 f"the optimizer step left NaN or inf in the weights or the optimizer state ({where}) and {reason}; "
                 "stopping before anything trains on them or saves them (the weights in memory are not finite). Set "
-                "model.init_args.optimizer.restore_nonfinite_steps: true to undo and skip such a step, or lower the learning "
-                "rate and check the model's dtype"
+                "model.init_args.optimizer.restore_nonfinite_steps: true to undo and skip such a step, or lower the "
+                "learning rate and check the model's dtype"
             )
         guard.restore()
         log.warning(

@@ -1,4 +1,5 @@
-"""Rehearse GPU recipes on CPU: ``python -m app rehearse --config configs/vlm/X.yaml [--config Y.yaml ...] [--out DIR]``.
+"""Rehearse GPU recipes on CPU:
+``python -m app rehearse --config configs/vlm/X.yaml [--config Y.yaml ...] [--out DIR]``.
 
 For each recipe (:mod:`app.rehearsal.recipe` lists what changes): generate its data with the header's commands, then
 fit as written for one step with a checkpoint, resume from that checkpoint for one more, export the policy from the
@@ -177,7 +178,8 @@ def judge(recipe: str, stages: dict[str, Stage], export_error: str | None, expor
 
 
 def rehearse(recipes: list[Path], out: Path, timeout: float | None = None) -> list[Verdict]:
-    """Rehearse ``recipes`` under ``out``; prints each plan's changes and the verdicts, writes ``out/rehearsal.json``."""
+    """Rehearse ``recipes`` under ``out``; prints each plan's changes and the verdicts, writes
+    ``out/rehearsal.json``."""
     prepared = [prepare(recipe, out) for recipe in recipes]
     for plan, _, float32_changes in prepared:
         print(changes_table(plan, float32_changes), flush=True)
