@@ -102,7 +102,8 @@ DATASET_FINGERPRINTS = {
 
 
 def fingerprint(items) -> str:
-    """Hash of samples (pairs flattened): task, question, answer, reasoning, meta, and each image's mode, size, pixels."""
+    """Hash of samples (pairs flattened): task, question, answer, reasoning, meta, and each image's mode, size,
+    pixels."""
     digest = hashlib.sha256()
     for item in items:
         for s in item if isinstance(item, (tuple, list)) else (item,):

@@ -513,8 +513,8 @@ def test_rows_with_reasoning_train_the_sft_stage_two_steps(tmp_path, fit):
 
 
 def core_file(folder, rows=None):
-    """Four CoRe comparison triplets: three images, the question, the target answer and reasoning, the dimension and TriSR's
-    ground truth (``pair_answers``, ``attributes``, ``answer_type``)."""
+    """Four CoRe comparison triplets: three images, the question, the target answer and reasoning, the dimension and
+    TriSR's ground truth (``pair_answers``, ``attributes``, ``answer_type``)."""
     from app.formats import format_triplet_response
 
     for name, color in (("a", (200, 0, 0)), ("b", (0, 200, 0)), ("c", (0, 0, 200))):

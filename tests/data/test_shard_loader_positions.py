@@ -148,7 +148,8 @@ def _round_robin(stream: ShardStream, num_workers: int, monkeypatch):
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # its workers never start: the items are played
 def test_with_three_workers_a_resumed_pass_starts_with_the_worker_whose_turn_was_next(shards, monkeypatch):
     """Three workers over the garbage shard and samples 0-3 and 4-7, in batches of 2: each worker reads one shard.
-    Interrupted after batch 3 (worker 1's last), the pass resumes with worker 2, whose last batch is all that is left."""
+    Interrupted after batch 3 (worker 1's last), the pass resumes with worker 2, whose last batch is all that is
+    left."""
     full = ShardLoader(ShardStream(shards, batch_size=2), num_workers=3)
     full.loader = _round_robin(full.stream, 3, monkeypatch)
     assert _indices(full) == [[0, 1], [4, 5], [2, 3], [6, 7]]

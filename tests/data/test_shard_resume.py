@@ -491,7 +491,8 @@ def test_before_any_pass_the_position_is_the_start_of_the_next_pass(shards):
 
 def test_a_batch_count_with_no_position_gives_where_the_pass_started_with_a_warning(shards, caplog):
     """A pass of epoch 2 resumed after batch 1 yields batches 2 and 3; it has no position after batch 7 (nor after
-    batch 0, which came before its start): it answers with its start, so that a resumed run repeats but loses nothing."""
+    batch 0, which came before its start): it answers with its start, so that a resumed run repeats but loses
+    nothing."""
     urls = sorted(glob.glob(shards))
     first = ShardLoader(ShardStream(urls, batch_size=2), epoch_fn=lambda: 2)
     next(iter(first))

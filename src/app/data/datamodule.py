@@ -213,8 +213,8 @@ class VisualTaskDataModule(LightningDataModule):
         the same step, so the loop's epoch and batch index are the same on all of them, and the ranks have drawn the
         first ``samples_done`` indices of the ``(seed, epoch)`` permutation between them. A resumed run on any number
         of ranks shares the rest of it (see the sampler), and the loader draws from its own generator (seeded with
-        ``seed``): nothing of a rank's position is its own to save. (:class:`~app.data.shard_datamodule.ShardDataModule`,
-        whose positions do differ, gathers every rank's.)"""
+        ``seed``): nothing of a rank's position is its own to save.
+        (:class:`~app.data.shard_datamodule.ShardDataModule`, whose positions do differ, gathers every rank's.)"""
         trainer = self.trainer
         if trainer is None or trainer.state.fn != "fit":
             return {}

@@ -16,9 +16,9 @@ file larger than memory is never held in it), and each row becomes a sample thro
 
 Field names are dotted paths into a row (``reward_model.ground_truth``); presets name the anchors' and the papers'
 layouts (:data:`~app.data.row_fields.PRESETS`); under a layout with a ``twin`` field (OT-GRPO's pairs) a row becomes
-a prompt and its augmented twin. A bad row (see :class:`BadRow`) stops the run, naming the file, the row and the field, unless
-``on_bad_row="skip"``: then it is skipped, counted and logged. Nothing in a row is evaluated or unpickled, and a path
-may not leave ``image_dir`` unless ``allow_outside_image_dir``.
+a prompt and its augmented twin. A bad row (see :class:`BadRow`) stops the run, naming the file, the row and the
+field, unless ``on_bad_row="skip"``: then it is skipped, counted and logged. Nothing in a row is evaluated or
+unpickled, and a path may not leave ``image_dir`` unless ``allow_outside_image_dir``.
 
 >>> rows = RowReader(preset="easyr1")
 >>> sample = rows.sample({"problem": "How many dots?", "answer": 3, "images": [], "level": "easy"}, 0)

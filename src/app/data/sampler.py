@@ -1,4 +1,5 @@
-"""A shuffling sampler that can resume mid-epoch, so a resumed run sees exactly the batches an uninterrupted one would."""
+"""A shuffling sampler that can resume mid-epoch, so a resumed run sees exactly the batches an uninterrupted one
+would."""
 
 from __future__ import annotations
 

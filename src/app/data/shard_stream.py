@@ -17,8 +17,9 @@ items the workers yield (:class:`StreamBatch`), because worker processes share n
 adds them up.
 
 Training streams split between ranks by shard; evaluation streams by sample (``split_by_sample``), so that every
-sample is evaluated exactly once even with fewer shards than ranks. Node splitting takes the rank and world size given by the data module instead of reading ``torch.distributed`` inside
-the worker (where spawned workers have no process group), so it also works for fake ranks in tests.
+sample is evaluated exactly once even with fewer shards than ranks. Node splitting takes the rank and world size
+given by the data module instead of reading ``torch.distributed`` inside the worker (where spawned workers have no
+process group), so it also works for fake ranks in tests.
 """
 
 from __future__ import annotations

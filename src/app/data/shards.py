@@ -310,9 +310,9 @@ class _CheckedTarInfo(tarfile.TarInfo):
 
 
 class _CheckedTarFile(tarfile.TarFile):
-    """``tarfile`` reading with ``ignore_zeros``: it skips blocks that are no header, one at a time, up to the next valid
-    header (its resynchronisation for concatenated or damaged archives), while :class:`_CheckedTarInfo` records what
-    it skipped."""
+    """``tarfile`` reading with ``ignore_zeros``: it skips blocks that are no header, one at a time, up to the next
+    valid header (its resynchronisation for concatenated or damaged archives), while :class:`_CheckedTarInfo` records
+    what it skipped."""
 
     tarinfo = _CheckedTarInfo
     in_header = False

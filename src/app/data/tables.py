@@ -56,7 +56,8 @@ def load_table(path: str | Path):
 
 
 def _undecoded(feature: Any) -> Any:
-    """``feature`` with every ``Image`` in it left undecoded (``{"bytes", "path"}``): the reader checks headers first."""
+    """``feature`` with every ``Image`` in it left undecoded (``{"bytes", "path"}``): the reader checks headers
+    first."""
     import datasets
 
     if isinstance(feature, datasets.Image):

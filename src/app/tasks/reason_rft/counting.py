@@ -90,7 +90,8 @@ def _unrelated_query(rng: random.Random, target: Filter, shapes: tuple[str, ...]
 
 
 def _add_spec(rng: random.Random, shapes: tuple[str, ...], shape: str | None = None) -> Filter:
-    """What an ``add`` describes: 1-3 attributes of a random object, usually with its shape (always ``shape`` if set)."""
+    """What an ``add`` describes: 1-3 attributes of a random object, usually with its shape (always ``shape`` if
+    set)."""
     obj = random_object(rng, (shape,) if shape else shapes, SIZES)
     return _filter_of(rng, obj, need_shape=shape is not None or rng.random() < 0.8)
 

@@ -8,8 +8,8 @@ are drawn exactly as stated, draws it :data:`SUPERSAMPLE` times larger and downs
 where every point and text landed in pixels (tests and verifiers read them).
 
 Text placement, as a draughtsman would do it: a point's letter in the widest angular gap at the point, an angle's value
-on the bisector outside its arc, a length's value beside its segment's midpoint away from the figure's centre; each moves
-(turns, steps out, slides) only when a line, arc, mark or earlier text is in the way, and stays inside the image.
+on the bisector outside its arc, a length's value beside its segment's midpoint away from the figure's centre; each
+moves (turns, steps out, slides) only when a line, arc, mark or earlier text is in the way, and stays inside the image.
 
 >>> figure = Figure({"A": (0, 0), "B": (4, 0), "C": (0, 3)}, [Segment("A", "B"), Segment("B", "C"), Segment("C", "A")],
 ...                 lengths=[LengthMark("A", "B", "4")], angles=[AngleMark("A", "B", "C", right=True)])
@@ -236,7 +236,8 @@ class _Canvas:
 
     def clearance(self, text: str, centre: Point, along: tuple[Point, Point] | None = None) -> float:
         """Free space between the text (as its enclosing circle) at ``centre`` and the nearest line, circle, arc or
-        text already placed; negative when they overlap. Segments holding ``along`` (a length value's own) don't count."""
+        text already placed; negative when they overlap. Segments holding ``along`` (a length value's own) don't
+        count."""
         centre, eps = self.clamp(text, centre), 1e-6 * self.size
         lines = [(self.px[s.start], self.px[s.end]) for s in self.figure.segments]
         lines = [(a, b) for a, b in lines if not along or max(_to_segment(p, a, b) for p in along) > eps] + self.marks

@@ -351,7 +351,8 @@ def render(
 
 
 def in_frame(obj: SceneObject, camera: Camera, margin: float = 0.02) -> bool:
-    """Whether the corners of ``obj``'s bounding box project inside the picture, ``margin`` (a fraction) from its edges."""
+    """Whether the corners of ``obj``'s bounding box project inside the picture, ``margin`` (a fraction) from its
+    edges."""
     r, h = obj.radius, obj.height
     corners = np.array([[obj.x + dx, obj.y + dy, z] for dx in (-r, r) for dy in (-r, r) for z in (0.0, h)])
     uv = camera.project_many(corners, 1)

@@ -169,9 +169,10 @@ def build_problem(seed: int, split: str, index: int) -> StructureProblem:
 def render_problem(problem: StructureProblem, image_size: int = 256, labeled: bool = True) -> VisualSample:
     """Draw a problem's figure and package it as a sample (``answer`` and ``reasoning`` None when not ``labeled``).
 
-    ``meta``: family, split, style, answer_type, options (``[]`` for numeric), givens, asked (quantity name), solution (the
-    asked quantity as a number string, also for choices; labeled samples only), unit, relations, givens_in_text, points (labelled points in
-    pixels, x right and y down) and texts (every text drawn: text, kind, ref, box in pixels).
+    ``meta``: family, split, style, answer_type, options (``[]`` for numeric), givens, asked (quantity name), solution
+    (the asked quantity as a number string, also for choices; labeled samples only), unit, relations, givens_in_text,
+    points (labelled points in pixels, x right and y down) and texts (every text drawn: text, kind, ref, box in
+    pixels).
     """
     if image_size < MIN_IMAGE_SIZE:
         raise ValueError(f"image_size must be at least {MIN_IMAGE_SIZE} for readable figure text, got {image_size}")

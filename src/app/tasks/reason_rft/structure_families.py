@@ -4,7 +4,8 @@ function per family.
 A program draws its parameters from ``rng``, builds the figure (exact coordinates, so the drawing shows the stated
 angles and lengths to scale), and computes the asked quantity exactly (a ``Fraction``, an integer or a simple decimal).
 With ``mark_unknown`` the asked angle or length is labelled ``x`` on the figure (Geometry3K's "Find x." style).
-Quantities are named ``angle_ABC`` (the angle at B) and ``AB`` (a length); ``area_ABCD`` / ``perimeter_ABCD`` for shapes.
+Quantities are named ``angle_ABC`` (the angle at B) and ``AB`` (a length); ``area_ABCD`` / ``perimeter_ABCD`` for
+shapes.
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ _RELATIONS = {
 
 
 def parallel_lines(rng: random.Random, mark_unknown: bool) -> Program:
-    """AB ∥ CD (arrows) cut by EF at G and H: corresponding / alternate (equal) or co-interior (supplementary) angles."""
+    """AB ∥ CD (arrows) cut by EF at G and H: corresponding / alternate (equal) or co-interior (supplementary)
+    angles."""
     theta = rng.choice([*range(40, 76), *range(105, 141)])
     relation = rng.choice(tuple(_RELATIONS))
     side, other = rng.sample(("left", "right"), 2)
@@ -456,7 +458,10 @@ def parallelogram(rng: random.Random, mark_unknown: bool) -> Program:
         distractors = [b * s, b * h / 2, 2 * (b + s), (b + s) * h / 2]
     else:
         asked, answer, unit = "perimeter_ABCD", 2 * (b + s), "cm"
-        reasoning = f"Opposite sides of a parallelogram are equal, so its perimeter is 2 × ({num(b)} + {num(s)}) = {num(answer)}."
+        reasoning = (
+            f"Opposite sides of a parallelogram are equal, so its perimeter is 2 × ({num(b)} + {num(s)}) = "
+            f"{num(answer)}."
+        )
         distractors = [b + s, 2 * (b + h), b * h, 2 * b + s]
     return Program(
         figure=figure,

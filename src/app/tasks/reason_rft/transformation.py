@@ -86,7 +86,8 @@ def apply_step(obj: SceneObject, function: str, value: str) -> SceneObject:
     if function not in VALUES or value not in VALUES[function]:
         known = ", ".join(VALUES.get(function, FUNCTIONS))
         raise ValueError(
-            f"unknown transformation {function}({value!r}); known {'values' if function in VALUES else 'functions'}: {known}"
+            f"unknown transformation {function}({value!r}); "
+            f"known {'values' if function in VALUES else 'functions'}: {known}"
         )
     if function == "change_position":
         dx, dy = DIRECTIONS[value]
