@@ -6,15 +6,21 @@ L completion tokens.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import numpy as np
 import torch
 from PIL import Image
 
 IMAGE_TOKEN = "<image>"
 """A placeholder in ``VisualSample.question`` marking where one of the sample's images goes in a VLM prompt (one per
-image, in order); a question without placeholders has its images before its text."""
+image, in order); a question without placeholders has its images, then its videos, before its text."""
+
+VIDEO_TOKEN = "<video>"
+"""A placeholder in ``VisualSample.question`` marking where one of the sample's videos goes (one per video, in order),
+like :data:`IMAGE_TOKEN`; a question with placeholders has one for every image and every video."""
 
 PAIR_RELATIONS = ("identity", "negation")
 """How the answer of a prompt's augmented twin relates to the prompt's (``meta["relation"]`` of the twin):
@@ -22,11 +28,40 @@ PAIR_RELATIONS = ("identity", "negation")
 
 
 @dataclass
-class VisualSample:
-    """One prompt: its images, the question, and what rewards and SFT may read.
+class Video:
+    """A clip as a vision-language model reads it: its frames and their rate.
 
-    ``question`` may hold :data:`IMAGE_TOKEN` placeholders, one per image, where the images go.
-    ``answer`` is optional on purpose: label-free training runs on samples without it.
+    Attributes:
+        frames: ``[F, H, W, 3]`` uint8 RGB frames, F >= 1, in time order.
+        fps: frames per second of these frames (after any sampling): frame ``i`` is at ``i / fps`` seconds. Qwen2.5-VL
+            puts that time in its rotary positions and Qwen3-VL writes it in the prompt.
+    """
+
+    frames: np.ndarray
+    fps: float
+
+    def __post_init__(self):
+        shape = getattr(self.frames, "shape", None)
+        if not isinstance(self.frames, np.ndarray) or self.frames.dtype != np.uint8 or len(shape) != 4:
+            raise ValueError(
+                f"Video.frames must be a uint8 array [F, H, W, 3], got {type(self.frames).__name__} {shape}"
+            )
+        if shape[0] < 1 or shape[3] != 3:
+            raise ValueError(f"Video.frames must be [F >= 1, H, W, 3], got {tuple(shape)}")
+        if not self.fps > 0:
+            raise ValueError(f"Video.fps must be > 0, got {self.fps}")
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.frames.shape[0])
+
+
+@dataclass
+class VisualSample:
+    """One prompt: its images and videos, the question, and what rewards and SFT may read.
+
+    ``question`` may hold :data:`IMAGE_TOKEN` and :data:`VIDEO_TOKEN` placeholders, one per image and per video, where
+    they go. ``answer`` is optional on purpose: label-free training runs on samples without it.
     ``reasoning`` is the chain of thought used by supervised fine-tuning (Reason-RFT stage 1).
     """
 
@@ -36,6 +71,33 @@ class VisualSample:
     answer: str | None = None
     reasoning: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    videos: list[Video] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class VisualInputs:
+    """The processor outputs of one kind of visual input (images or videos) in :attr:`PromptInputs.tensors`.
+
+    Attributes:
+        patches: the key of ``[num_patches, D]``: the patches of all items (images or videos), in row order.
+        grid: the key of ``[num_items, 3]``: each item's (t, h, w) patch grid; its product is the item's patch count.
+        per_item: keys of ``[num_items]`` tensors with one value per item (Qwen2.5-VL's ``second_per_grid_ts``).
+    """
+
+    patches: str
+    grid: str
+    per_item: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.patches, self.grid, *self.per_item)
+
+
+IMAGE_INPUTS = VisualInputs("pixel_values", "image_grid_thw")
+VIDEO_INPUTS = VisualInputs("pixel_values_videos", "video_grid_thw", ("second_per_grid_ts",))
+VISUAL_INPUTS = (IMAGE_INPUTS, VIDEO_INPUTS)
+VISUAL_KEYS = frozenset(key for kind in VISUAL_INPUTS for key in kind.keys)
+"""The prompt tensors that are not per token: the images' and videos' patches, grids and per-video values."""
 
 
 @dataclass
@@ -44,35 +106,66 @@ class PromptInputs:
 
     Attributes:
         tensors: ``input_ids`` / ``attention_mask`` / ``mm_token_type_ids`` ``[N, P]``; ``pixel_values``
-            ``[num_patches, D]`` (the patches of all images, in row order) and ``image_grid_thw`` ``[num_images, 3]``.
+            ``[num_patches, D]`` (the patches of all images, in row order) and ``image_grid_thw`` ``[num_images, 3]``;
+            likewise ``pixel_values_videos`` and ``video_grid_thw`` for videos (and, for Qwen2.5-VL,
+            ``second_per_grid_ts`` ``[num_videos]``), see :data:`VISUAL_INPUTS`.
         images_per_row: number of images in each row.
         copies_of: for each row, the index of the distinct prompt it holds: rows with the same index hold the same
-            tokens and images (``encode_prompts(group_size=K)`` repeats each prompt K times), so what depends on the
-            prompt alone (image features, positions) can be computed once per index. None: every row is its own.
+            tokens, images and videos (``encode_prompts(group_size=K)`` repeats each prompt K times), so what depends
+            on the prompt alone (vision features, positions) can be computed once per index. None: every row is its own.
+        videos_per_row: number of videos in each row; None: no row has a video.
     """
 
     tensors: dict[str, torch.Tensor]
     images_per_row: list[int]
     copies_of: list[int] | None = None
+    videos_per_row: list[int] | None = None
 
     def __len__(self) -> int:
         return self.tensors["input_ids"].shape[0]
 
+    def per_row(self, kind: VisualInputs) -> list[int]:
+        """Number of items of ``kind`` (images or videos) in each row."""
+        if kind == IMAGE_INPUTS:
+            return self.images_per_row
+        return self.videos_per_row if self.videos_per_row is not None else [0] * len(self.images_per_row)
+
+    def visual_kinds(self) -> list[VisualInputs]:
+        """The kinds of visual input these rows hold (images, videos)."""
+        return [kind for kind in VISUAL_INPUTS if kind.grid in self.tensors]
+
+    def slices(self, kind: VisualInputs) -> tuple[list[slice], list[slice]]:
+        """For each row, the slice of its items of ``kind`` in the grid (and per-item tensors) and the slice of their
+        patches."""
+        patches = self.tensors[kind.grid].prod(dim=1).tolist()  # [num_items]
+        item_slices, patch_slices, item, patch = [], [], 0, 0
+        for count in self.per_row(kind):
+            size = sum(patches[item : item + count])
+            item_slices.append(slice(item, item + count))
+            patch_slices.append(slice(patch, patch + size))
+            item, patch = item + count, patch + size
+        return item_slices, patch_slices
+
     def select(self, rows: slice) -> PromptInputs:
-        """The rows ``rows`` (a contiguous slice), with their images' patches."""
+        """The rows ``rows`` (a contiguous slice), with their images' and videos' patches (a kind none of them holds
+        left out)."""
         start, stop, _ = rows.indices(len(self))
         if (start, stop) == (0, len(self)):
             return self
-        out = {k: v[start:stop] for k, v in self.tensors.items() if k not in ("pixel_values", "image_grid_thw")}
-        if "image_grid_thw" in self.tensors:
-            grid = self.tensors["image_grid_thw"]  # [num_images, 3]
-            first_image, last_image = sum(self.images_per_row[:start]), sum(self.images_per_row[:stop])
-            patches = grid.prod(dim=1)  # [num_images]
-            first_patch, last_patch = int(patches[:first_image].sum()), int(patches[:last_image].sum())
-            out["image_grid_thw"] = grid[first_image:last_image]
-            out["pixel_values"] = self.tensors["pixel_values"][first_patch:last_patch]
+        out = {k: v[start:stop] for k, v in self.tensors.items() if k not in VISUAL_KEYS}
+        for kind in self.visual_kinds():
+            item_slices, patch_slices = self.slices(kind)
+            if stop == start or item_slices[start].start == item_slices[stop - 1].stop:
+                continue
+            items = slice(item_slices[start].start, item_slices[stop - 1].stop)
+            patches = slice(patch_slices[start].start, patch_slices[stop - 1].stop)
+            out[kind.patches] = self.tensors[kind.patches][patches]
+            for key in (kind.grid, *kind.per_item):
+                if key in self.tensors:
+                    out[key] = self.tensors[key][items]
         copies_of = self.copies_of[start:stop] if self.copies_of is not None else None
-        return PromptInputs(out, self.images_per_row[start:stop], copies_of)
+        videos = self.videos_per_row[start:stop] if self.videos_per_row is not None else None
+        return PromptInputs(out, self.images_per_row[start:stop], copies_of, videos)
 
     def trimmed(self) -> PromptInputs:
         """These rows without the leading columns that are left padding in every row: the same prompts to the model
@@ -81,8 +174,8 @@ class PromptInputs:
         first = int(mask.any(dim=0).int().argmax()) if mask.numel() else 0  # the first column with a real token
         if first == 0:
             return self
-        out = {k: v if k in ("pixel_values", "image_grid_thw") else v[:, first:] for k, v in self.tensors.items()}
-        return PromptInputs(out, self.images_per_row, self.copies_of)
+        out = {k: v if k in VISUAL_KEYS else v[:, first:] for k, v in self.tensors.items()}
+        return dataclasses.replace(self, tensors=out)
 
 
 @dataclass

@@ -134,7 +134,7 @@ def test_placeholders_that_do_not_match_the_images_are_refused(tiny_policy, mixe
     import dataclasses
 
     sample = dataclasses.replace(mixed_samples[1], question="Only <image> here")
-    with pytest.raises(ValueError, match="1 <image> placeholders for 2 images"):
+    with pytest.raises(ValueError, match="1 <image> and 0 <video> placeholders for 2 images and 0 videos"):
         tiny_policy.prompt_text(sample)
 
 

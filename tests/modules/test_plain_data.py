@@ -5,6 +5,7 @@ package's containers is refused by name."""
 import io
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 from doubles import features_of, toy_draw
@@ -13,7 +14,7 @@ from app.modules import VLMGRPOModule
 from app.modules.plain_data import from_plain, to_device, to_plain
 from app.rewards import AccuracyReward
 from app.settings import OptimizerSettings, PipelineSettings, SamplingSettings
-from app.types import Generation, RewardOutput, SampledCompletions, VisualSample
+from app.types import Generation, PromptInputs, RewardOutput, SampledCompletions, Video, VisualSample
 
 K = 4
 
@@ -44,6 +45,16 @@ def test_a_pending_rollout_round_trips_through_plain_data(new_policy, samples):
     pixels = [g.sampled.prompt_inputs.tensors["pixel_values"] for g in (restored, generation)]
     assert torch.equal(*pixels)
     assert restored.rewards.total.tolist() == generation.rewards.total.tolist()
+
+
+def test_a_sample_with_a_video_and_prompt_rows_with_videos_round_trip():
+    frames = np.arange(2 * 4 * 6 * 3, dtype=np.uint8).reshape(2, 4, 6, 3)
+    sample = VisualSample(images=[], videos=[Video(frames, fps=1.5)], question="<video> moves?", task="t")
+    prompts = PromptInputs({"input_ids": torch.ones(2, 3, dtype=torch.long)}, [0, 0], [0, 0], videos_per_row=[1, 1])
+    restored_sample, restored_prompts = from_plain(through_a_file(to_plain([sample, prompts])))
+    video = restored_sample.videos[0]
+    assert isinstance(video, Video) and video.fps == 1.5 and np.array_equal(video.frames, frames)
+    assert restored_prompts.videos_per_row == [1, 1]
 
 
 def test_a_toy_draw_comes_back_with_its_features_and_moves_to_a_device():

@@ -1,10 +1,10 @@
-"""group_heads: the first row of each group when a group's rows are identical (tokens and images), else None."""
+"""group_heads: the first row of each group when a group's rows are identical (tokens, images and videos), else None."""
 
 import pytest
 import torch
 
-from app.sampling.shared_prefix import _image_slices, group_heads
-from app.types import PromptInputs
+from app.sampling.shared_prefix import group_heads
+from app.types import IMAGE_INPUTS, PromptInputs
 
 D = 2  # values per image patch
 
@@ -89,7 +89,34 @@ def test_one_token_prompts_give_none():
 
 
 def test_unknown_inputs_give_none():
-    assert group_heads(prompt_inputs([[5, 6], [5, 6]], pixel_values_videos=torch.zeros(2, 3)), 2) is None
+    assert group_heads(prompt_inputs([[5, 6], [5, 6]], input_features=torch.zeros(2, 3)), 2) is None  # audio
+
+
+def video_groups(seconds=(1.0, 1.0, 0.5, 0.5), second_patches=None):
+    """Two groups of two rows, one video each (grid (2, 2, 2), 8 patches): the first group's video, then the second's;
+    ``seconds``: each row's seconds per temporal patch (Qwen2.5-VL)."""
+    patches = [torch.arange(16, dtype=torch.float32).view(8, D), torch.arange(16, 32, dtype=torch.float32).view(8, D)]
+    rows = [patches[0], patches[0], patches[1], second_patches if second_patches is not None else patches[1]]
+    tensors = {
+        "input_ids": torch.tensor([[1, 2, 3]] * 2 + [[4, 5, 6]] * 2),
+        "attention_mask": torch.ones(4, 3, dtype=torch.long),
+        "video_grid_thw": torch.tensor([[2, 2, 2]] * 4),
+        "pixel_values_videos": torch.cat(rows),
+        "second_per_grid_ts": torch.tensor(seconds),
+    }
+    return PromptInputs(tensors, [0] * 4, videos_per_row=[1] * 4)
+
+
+def test_video_groups_give_their_first_rows_with_only_their_videos():
+    heads = group_heads(video_groups(), 2)
+    assert heads is not None and heads.videos_per_row == [1, 1]
+    assert torch.equal(heads.tensors["pixel_values_videos"], torch.arange(32, dtype=torch.float32).view(16, D))
+    assert heads.tensors["second_per_grid_ts"].tolist() == [1.0, 0.5]
+
+
+def test_a_video_that_differs_in_a_group_in_its_patches_or_its_time_gives_none():
+    assert group_heads(video_groups(second_patches=torch.zeros(8, D)), 2) is None
+    assert group_heads(video_groups(seconds=(1.0, 1.0, 0.5, 1.0)), 2) is None
 
 
 @pytest.mark.parametrize(
@@ -114,14 +141,17 @@ def test_a_last_prompt_token_that_is_an_image_token_gives_none():
 
 
 def test_image_slices_give_each_rows_images_and_patches():
-    images, patches = _image_slices(image_groups())  # 6 + 6, 4 + 4, 8 + 8 patches
+    images, patches = image_groups().slices(IMAGE_INPUTS)  # 6 + 6, 4 + 4, 8 + 8 patches
     assert images == [slice(0, 2), slice(2, 4), slice(4, 5), slice(5, 6), slice(6, 8), slice(8, 10)]
     assert patches == [slice(0, 6), slice(6, 12), slice(12, 16), slice(16, 20), slice(20, 28), slice(28, 36)]
 
 
 def test_image_slices_of_rows_without_images_are_empty():
     inputs = prompt_inputs([[1], [2], [3]], [[], [image(1, 1, 3, 0), image(1, 2, 1, 10)], []])
-    assert _image_slices(inputs) == ([slice(0, 0), slice(0, 2), slice(2, 2)], [slice(0, 0), slice(0, 5), slice(5, 5)])
+    assert inputs.slices(IMAGE_INPUTS) == (
+        [slice(0, 0), slice(0, 2), slice(2, 2)],
+        [slice(0, 0), slice(0, 5), slice(5, 5)],
+    )
 
 
 def test_a_different_patch_in_a_non_head_row_gives_none():

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from app.sampling.shared_prefix import position_inputs
+
 PACKED_ATTENTION = ("flash_attention_2", "flash_attention_3")
 """Attention implementations that run packed rows as variable-length attention (no ``[T, T]`` mask)."""
 
@@ -33,23 +35,15 @@ def packs(hf_model: nn.Module, padding_free: bool | None) -> bool:
 
 def packed_hidden_states(inner: nn.Module, inputs: dict, position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The last hidden states ``[N, S, H]`` of the padded rows ``inputs`` (``input_ids`` / ``attention_mask`` /
-    ``mm_token_type_ids`` ``[N, S]``, images as the processor gives them), computed in one packed row of the
+    ``mm_token_type_ids`` ``[N, S]``, images and videos as the processor gives them), computed in one packed row of the
     attention mask's tokens; zeros at the padded positions.
 
     ``position_ids``: the rows' 3-D rotary positions ``[3, N, S]`` if already known (see
     :func:`app.sampling.shared_prefix.shared_prompt_features`); else the backbone's ``compute_3d_position_ids`` finds
-    them, or, for prompts without images, each row's token count so far."""
+    them, or, for prompts without images or videos, each row's token count so far."""
     attention = inputs["attention_mask"].bool()  # [N, S]
     if position_ids is None:
-        position_ids = inner.compute_3d_position_ids(
-            input_ids=inputs["input_ids"],
-            inputs_embeds=None,
-            image_grid_thw=inputs.get("image_grid_thw"),
-            video_grid_thw=None,
-            attention_mask=inputs["attention_mask"],
-            cache=None,
-            mm_token_type_ids=inputs.get("mm_token_type_ids"),
-        )
+        position_ids = inner.compute_3d_position_ids(**position_inputs(inputs))
     text_positions = (attention.long().cumsum(dim=1) - 1).clamp(min=0)  # [N, S], 0 at each row's first real token
     if position_ids is None:  # no images: the rotary positions are the text positions
         position_ids = text_positions[None].expand(3, -1, -1)

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import functools
 import logging
+import re
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import LogitsProcessorList
+from transformers.video_utils import VideoMetadata
 
 from app.algorithms import GRPOLossOutput
 from app.algorithms.fused_linear import FusedLinearGRPOLoss
@@ -43,27 +45,37 @@ from app.sampling.shared_prefix import (
 from app.sampling.token_sampling import InverseCDFSampling
 from app.settings import LANGUAGE_MODEL_PROJECTIONS, LoRASettings, SamplingSettings, with_defaults
 from app.tiny.models import load_vlm
-from app.types import IMAGE_TOKEN, CompletionBatch, PromptInputs, VisualSample
+from app.types import IMAGE_TOKEN, VIDEO_TOKEN, VISUAL_INPUTS, CompletionBatch, PromptInputs, Video, VisualSample
 
 log = logging.getLogger(__name__)
 
 _VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 
 
-def prompt_content(text: str, num_images: int) -> list[dict[str, str]]:
-    """A user turn's chat content: each image where the text's ``<image>`` placeholders put it, or, in a text without
-    placeholders, every image before the text. ``ValueError`` when the placeholders are not one per image."""
-    pieces = text.split(IMAGE_TOKEN)
+_PLACEHOLDERS = {IMAGE_TOKEN: "image", VIDEO_TOKEN: "video"}
+_PLACEHOLDER_PATTERN = re.compile("(" + "|".join(re.escape(token) for token in _PLACEHOLDERS) + ")")
+
+
+def prompt_content(text: str, num_images: int, num_videos: int = 0) -> list[dict[str, str]]:
+    """A user turn's chat content: each image and video where the text's ``<image>`` and ``<video>`` placeholders put
+    it, or, in a text without placeholders, every image, then every video, before the text. ``ValueError`` when the
+    placeholders are not one per image and one per video."""
+    pieces = _PLACEHOLDER_PATTERN.split(text)  # text, placeholder, text, ...
     if len(pieces) == 1:
-        return [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": text}]
-    if len(pieces) - 1 != num_images:
-        raise ValueError(f"{len(pieces) - 1} {IMAGE_TOKEN} placeholders for {num_images} images in {text[:80]!r}")
+        media = [{"type": "image"}] * num_images + [{"type": "video"}] * num_videos
+        return [dict(item) for item in media] + [{"type": "text", "text": text}]
+    counts = {token: pieces[1::2].count(token) for token in _PLACEHOLDERS}
+    if counts[IMAGE_TOKEN] != num_images or counts[VIDEO_TOKEN] != num_videos:
+        raise ValueError(
+            f"{counts[IMAGE_TOKEN]} {IMAGE_TOKEN} and {counts[VIDEO_TOKEN]} {VIDEO_TOKEN} placeholders for "
+            f"{num_images} images and {num_videos} videos in {text[:80]!r}"
+        )
     content = []
     for i, piece in enumerate(pieces):
-        if piece:
+        if i % 2:
+            content.append({"type": _PLACEHOLDERS[piece]})
+        elif piece:
             content.append({"type": "text", "text": piece})
-        if i < num_images:
-            content.append({"type": "image"})
     return content
 
 
@@ -188,20 +200,28 @@ class VLMPolicy(SwitchableReference, nn.Module):
 
     # ----------------------------------------------------------------------------------------------------- prompts
     def prompt_text(self, sample: VisualSample) -> str:
-        content = prompt_content(sample.question + self.instruction, len(sample.images))
+        content = prompt_content(sample.question + self.instruction, len(sample.images), len(sample.videos))
         messages = [{"role": "user", "content": content}]
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode_prompts(self, samples: Sequence[VisualSample], group_size: int = 1) -> PromptInputs:
         """Processor inputs for the prompts, each row repeated ``group_size`` times (group-major), left-padded. Each
-        prompt goes through the processor once; its tensors are then repeated."""
+        prompt goes through the processor once; its tensors are then repeated.
+
+        Videos go through the processor's video path as the frames they hold (no further frame sampling), with their
+        rate as metadata: Qwen2.5-VL derives its time positions from it, Qwen3-VL the timestamps it writes."""
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         texts = [self.prompt_text(s) for s in samples]
         images = [list(s.images) for s in samples]
-        inputs = self.processor(text=texts, images=images if any(images) else None, return_tensors="pt", padding=True)
+        videos = [video for s in samples for video in s.videos]
+        kwargs = _video_kwargs(videos) if videos else {}
+        inputs = self.processor(
+            text=texts, images=images if any(images) else None, return_tensors="pt", padding=True, **kwargs
+        )
         tensors = {k: v.to(self.device) for k, v in inputs.items()}
-        prompts = PromptInputs(tensors, [len(row) for row in images])
+        videos_per_row = [len(s.videos) for s in samples] if videos else None
+        prompts = PromptInputs(tensors, [len(row) for row in images], videos_per_row=videos_per_row)
         return repeat_rows(prompts, group_size) if group_size > 1 else prompts
 
     # ------------------------------------------------------------------------------------------------- sampling
@@ -369,7 +389,8 @@ class VLMPolicy(SwitchableReference, nn.Module):
             )
         shared = shared_prompt_features(inner, prompt_inputs, completion_mask) if self.shared_prefix else None
         if shared is not None:  # the vision tower and the positions once per distinct prompt, not once per row
-            inputs.pop("pixel_values")
+            for kind in VISUAL_INPUTS:
+                inputs.pop(kind.patches, None)
             inputs.update(shared)
         if packed:  # the rows' real tokens in one row: no layer computes on padding
             hidden = packed_hidden_states(inner, inputs, inputs.pop("position_ids", None))  # [N, P+L, H]
@@ -438,6 +459,16 @@ class VLMPolicy(SwitchableReference, nn.Module):
             units += repeated_blocks(network, ("DecoderLayer",))
             units.append(_vision_tower(network))
         return ShardingPlan(units=units, roots=[self])
+
+
+def _video_kwargs(videos: Sequence[Video]) -> dict:
+    """The processor's video arguments for ``videos`` (in row order): their frames as they are, and metadata saying
+    frame ``i`` is at ``i / fps`` seconds."""
+    metadata = [
+        VideoMetadata(total_num_frames=v.num_frames, fps=v.fps, frames_indices=list(range(v.num_frames)))
+        for v in videos
+    ]
+    return {"videos": [v.frames for v in videos], "video_metadata": metadata, "do_sample_frames": False}
 
 
 def _not_a_view(tensor: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from app.types import (
     SampledCompletions,
     SampledImages,
     SampledTrajectories,
+    Video,
     VisualSample,
 )
 
@@ -26,6 +27,7 @@ _CONTAINERS = (
     CompletionBatch,
     RewardOutput,
     VisualSample,
+    Video,
     SampledCompletions,
     SampledTrajectories,
     SampledImages,

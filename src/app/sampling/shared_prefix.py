@@ -1,4 +1,4 @@
-"""Shared-prefix rollouts: the K completions of a prompt share its images and text, so the vision tower and the
+"""Shared-prefix rollouts: the K completions of a prompt share its images, videos and text, so the vision tower and the
 prefill of the prompt run once per prompt and the KV cache is expanded to the K rows before decoding; in the training
 forward, the image features and the 3-D positions of the prompt are likewise computed once per prompt
 (:func:`shared_prompt_features`), and, without gradient checkpointing, every layer runs on the prompt once and the
@@ -18,26 +18,31 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from app.types import PromptInputs
+from app.types import IMAGE_INPUTS, VIDEO_INPUTS, VISUAL_KEYS, PromptInputs, VisualInputs
 
-_IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 PER_TOKEN_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
 """Prompt tensors with one entry per token (``[N, P]``): the ones ``generate`` needs once the prefix is cached."""
 
 
 def take_rows(inputs: PromptInputs, rows: Sequence[int]) -> PromptInputs:
-    """The prompt rows ``rows`` (any order, repeats allowed), each with the patches of its own images."""
+    """The prompt rows ``rows`` (any order, repeats allowed), each with the patches of its own images and videos. A
+    kind of visual input that none of these rows holds is left out (the vision tower cannot run on no items)."""
     t = inputs.tensors
     index = _index(rows, t["input_ids"])
-    out = {k: v.index_select(0, index) for k, v in t.items() if k not in _IMAGE_KEYS}
-    if "image_grid_thw" in t:
-        image_slices, patch_slices = _image_slices(inputs)
-        images = [i for r in rows for i in range(image_slices[r].start, image_slices[r].stop)]
+    out = {k: v.index_select(0, index) for k, v in t.items() if k not in VISUAL_KEYS}
+    for kind in inputs.visual_kinds():
+        item_slices, patch_slices = inputs.slices(kind)
+        items = _index([i for r in rows for i in range(item_slices[r].start, item_slices[r].stop)], t[kind.grid])
+        if not len(items):
+            continue
         patches = [i for r in rows for i in range(patch_slices[r].start, patch_slices[r].stop)]
-        out["image_grid_thw"] = t["image_grid_thw"].index_select(0, _index(images, t["image_grid_thw"]))
-        out["pixel_values"] = t["pixel_values"].index_select(0, _index(patches, t["pixel_values"]))
+        out[kind.patches] = t[kind.patches].index_select(0, _index(patches, t[kind.patches]))
+        for key in (kind.grid, *kind.per_item):
+            if key in t:
+                out[key] = t[key].index_select(0, items)
     copies_of = [inputs.copies_of[r] if inputs.copies_of is not None else r for r in rows]
-    return PromptInputs(out, [inputs.images_per_row[r] for r in rows], copies_of)
+    videos = [inputs.videos_per_row[r] for r in rows] if inputs.videos_per_row is not None else None
+    return PromptInputs(out, [inputs.images_per_row[r] for r in rows], copies_of, videos)
 
 
 def _index(positions: Sequence[int], like: torch.Tensor) -> torch.Tensor:
@@ -52,39 +57,28 @@ def repeat_rows(inputs: PromptInputs, repeats: int) -> PromptInputs:
 
 def group_heads(inputs: PromptInputs, group_size: int) -> PromptInputs | None:
     """The first row of each group of ``group_size`` consecutive rows when the rows of every group are identical
-    (tokens and images) and the prompts end in a text token; None when the prefix cannot be shared."""
+    (tokens, images and videos) and the prompts end in a text token; None when the prefix cannot be shared."""
     t, n, k = inputs.tensors, len(inputs), group_size
-    if k < 2 or n % k or t["input_ids"].shape[1] < 2 or set(t) - set(PER_TOKEN_KEYS) - set(_IMAGE_KEYS):
-        return None  # nothing to share, or inputs (videos, ...) this module does not know how to split
+    if k < 2 or n % k or t["input_ids"].shape[1] < 2 or set(t) - set(PER_TOKEN_KEYS) - VISUAL_KEYS:
+        return None  # nothing to share, or inputs this module does not know how to split
     for key, value in t.items():
-        if key not in _IMAGE_KEYS:
+        if key not in VISUAL_KEYS:
             grouped = value.view(n // k, k, *value.shape[1:])  # [B, K, P]
             if not torch.equal(grouped, grouped[:, :1].expand_as(grouped)):
                 return None
     if "mm_token_type_ids" in t and bool(t["mm_token_type_ids"][:, -1].any()):
         return None  # generate processes the last prompt token without the images: it must be text
-    if "image_grid_thw" in t:
-        image_slices, patch_slices = _image_slices(inputs)
+    for kind in inputs.visual_kinds():
+        item_slices, patch_slices = inputs.slices(kind)
         for row in range(n):
             head = row - row % k
-            same_grid = torch.equal(t["image_grid_thw"][image_slices[row]], t["image_grid_thw"][image_slices[head]])
-            if not same_grid or not torch.equal(
-                t["pixel_values"][patch_slices[row]], t["pixel_values"][patch_slices[head]]
-            ):
+            items, head_items = item_slices[row], item_slices[head]
+            same = all(
+                torch.equal(t[key][items], t[key][head_items]) for key in (kind.grid, *kind.per_item) if key in t
+            )
+            if not same or not torch.equal(t[kind.patches][patch_slices[row]], t[kind.patches][patch_slices[head]]):
                 return None
     return take_rows(inputs, range(0, n, k))
-
-
-def _image_slices(inputs: PromptInputs) -> tuple[list[slice], list[slice]]:
-    """For each row, the slice of its images in ``image_grid_thw`` and of their patches in ``pixel_values``."""
-    patches = inputs.tensors["image_grid_thw"].prod(dim=1).tolist()  # [num_images]
-    image_slices, patch_slices, image, patch = [], [], 0, 0
-    for count in inputs.images_per_row:
-        size = sum(patches[image : image + count])
-        image_slices.append(slice(image, image + count))
-        patch_slices.append(slice(patch, patch + size))
-        image, patch = image + count, patch + size
-    return image_slices, patch_slices
 
 
 @torch.no_grad()
@@ -134,19 +128,16 @@ def shared_prompt_features(inner: nn.Module, inputs: PromptInputs, completion_ma
     distinct prompt, computed once and repeated to its rows, instead of the vision tower and the position search
     running on every row. The completion tokens continue the text positions after the prompt's last (text) token;
     padding after a completion gets position 0, as transformers gives masked tokens. None when no rows repeat or the
-    prompts hold no images (then the backbone computes everything per row, as usual)."""
-    found = distinct_rows(inputs) if "image_grid_thw" in inputs.tensors else None
+    prompts hold no images or videos (then the backbone computes everything per row, as usual). The caller drops the
+    patches (``pixel_values``, ``pixel_values_videos``) from the backbone's inputs."""
+    found = distinct_rows(inputs) if inputs.visual_kinds() else None
     if found is None:
         return None
     heads, prompt_of_row = found
+    encoded = {"image": _repeated_features(inner, heads, prompt_of_row, IMAGE_INPUTS)}
+    encoded["video"] = _repeated_features(inner, heads, prompt_of_row, VIDEO_INPUTS)
+    out = {"mm_encoder_outputs": {name: features for name, features in encoded.items() if features is not None}}
     t = heads.tensors
-    features = inner.get_image_features(t["pixel_values"], t["image_grid_thw"], return_dict=True)
-    image_slices, _ = _image_slices(heads)
-    images = [i for p in prompt_of_row for i in range(image_slices[p].start, image_slices[p].stop)]
-    features.pooler_output = tuple(features.pooler_output[i] for i in images)  # per image: [tokens, H]
-    if getattr(features, "deepstack_features", None) is not None:  # Qwen3-VL: per layer, per image
-        features.deepstack_features = [tuple(layer[i] for i in images) for layer in features.deepstack_features]
-    out = {"mm_encoder_outputs": {"image": features}}
     positions = _prompt_positions(inner, t)
     if positions is not None:  # [3, heads, P]
         positions = positions[:, _index(prompt_of_row, positions)]  # [3, N, P]
@@ -154,17 +145,46 @@ def shared_prompt_features(inner: nn.Module, inputs: PromptInputs, completion_ma
     return out
 
 
+def _repeated_features(
+    inner: nn.Module, heads: PromptInputs, prompt_of_row: list[int], kind: VisualInputs
+) -> object | None:
+    """The vision tower's output for the items of ``kind`` (images or videos) of the distinct prompts ``heads``,
+    repeated to the rows (``prompt_of_row``): per item, ``[tokens, H]`` features (and, for Qwen3-VL, per layer, the
+    deepstack features); None when the prompts hold none of them."""
+    t = heads.tensors
+    if kind.grid not in t:
+        return None
+    encode = inner.get_image_features if kind == IMAGE_INPUTS else inner.get_video_features
+    features = encode(t[kind.patches], t[kind.grid], return_dict=True)
+    item_slices, _ = heads.slices(kind)
+    items = [i for p in prompt_of_row for i in range(item_slices[p].start, item_slices[p].stop)]
+    features.pooler_output = tuple(features.pooler_output[i] for i in items)  # per item: [tokens, H]
+    if getattr(features, "deepstack_features", None) is not None:  # Qwen3-VL: per layer, per item
+        features.deepstack_features = [tuple(layer[i] for i in items) for layer in features.deepstack_features]
+    return features
+
+
 def _prompt_positions(inner: nn.Module, tensors: dict[str, torch.Tensor]) -> torch.Tensor | None:
     """``[3, heads, P]`` rotary positions of the distinct prompts ``tensors`` (Qwen-VL's 3-D positions), or None."""
-    return inner.compute_3d_position_ids(
+    return inner.compute_3d_position_ids(**position_inputs(tensors))
+
+
+def position_inputs(tensors: dict[str, torch.Tensor]) -> dict:
+    """Keyword arguments of a Qwen-VL backbone's ``compute_3d_position_ids`` for the prompt rows ``tensors``: their
+    tokens, image and video grids and, where the processor gave it (Qwen2.5-VL), each video's seconds per temporal
+    patch, which set the videos' time positions."""
+    kwargs = dict(
         input_ids=tensors["input_ids"],
         inputs_embeds=None,
-        image_grid_thw=tensors["image_grid_thw"],
-        video_grid_thw=None,
+        image_grid_thw=tensors.get("image_grid_thw"),
+        video_grid_thw=tensors.get("video_grid_thw"),
         attention_mask=tensors["attention_mask"],
         cache=None,
         mm_token_type_ids=tensors.get("mm_token_type_ids"),
     )
+    if "second_per_grid_ts" in tensors:
+        kwargs["second_per_grid_ts"] = tensors["second_per_grid_ts"]
+    return kwargs
 
 
 def _completion_positions(prompt_positions: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
@@ -186,9 +206,9 @@ def prefix_shared_hidden_states(
     A row's completion tokens attend to the same keys and values as in the forward over its prompt and completion, so
     the values are that forward's up to rounding; gradients reach the prompt's layers through the selection, summed
     over the rows of each prompt. The prompt's tokens, most of a row at short completions, are computed once per prompt
-    instead of once per row. None when no rows repeat, the prompts hold no images, or the backbone finds no 3-D
-    positions (then :func:`shared_prompt_features` and the per-row forward apply)."""
-    found = distinct_rows(inputs) if "image_grid_thw" in inputs.tensors else None
+    instead of once per row. None when no rows repeat, the prompts hold no images or videos, or the backbone finds no
+    3-D positions (then :func:`shared_prompt_features` and the per-row forward apply)."""
+    found = distinct_rows(inputs) if inputs.visual_kinds() else None
     if found is None:
         return None
     heads, prompt_of_row = found
