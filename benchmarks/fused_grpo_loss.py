@@ -1,5 +1,5 @@
 """CPU time and peak memory of the GRPO update's loss phase: liger-kernel's fused linear GRPO loss
-(``VLMGRPOModule(fused_linear_loss=True)``) against the chunked log-prob path, on the tiny model.
+(``VLMGRPOModule(loss=VLMLossSettings(fused_linear=True))``) against the chunked log-prob path, on the tiny model.
 
     python benchmarks/fused_grpo_loss.py                          # full and LoRA, the tiny head: about 2 minutes
     python benchmarks/fused_grpo_loss.py --head-vocab 151936      # a Qwen-sized output head on the tiny body
@@ -12,7 +12,7 @@ runs in its own subprocess (``--path``), alternating ``--repeats`` times, and re
 RSS above the RSS before its first step (RSS sampled every millisecond by a thread, so the figure is a lower bound of
 the true peak). ``--head-vocab`` widens the output head after the rollout (the first 1,024 rows are the tiny model's,
 the completions' ids stay below 1,024) to show the loss at a real vocabulary's size on a tiny body; it says nothing
-about a GPU. Liger's loss math runs uncompiled here (``fused_loss_compiled`` false: ``torch.compile`` on CPU would
+about a GPU. Liger's loss math runs uncompiled here (``loss.fused_compiled`` false: ``torch.compile`` on CPU would
 need a C++ toolchain and only pays off on GPU).
 """
 
@@ -68,7 +68,7 @@ def build(mode: str, fused: bool, tokens: int, micro_batch_size: int | None):
     from app.models import VLMPolicy
     from app.modules import VLMGRPOModule
     from app.rewards import FormatReward
-    from app.settings import GRPOSettings, LoRASettings, SamplingSettings
+    from app.settings import GRPOSettings, LoRASettings, SamplingSettings, VLMLossSettings
     from app.tasks.dots import DotsDataset
 
     torch.manual_seed(0)
@@ -79,8 +79,7 @@ def build(mode: str, fused: bool, tokens: int, micro_batch_size: int | None):
         policy,
         [FormatReward()],
         sampling,
-        fused_linear_loss=fused,
-        fused_loss_compiled=False,
+        loss=VLMLossSettings(fused_linear=fused, fused_compiled=False),
         grpo=GRPOSettings(micro_batch_size=micro_batch_size),
     )
     data = VisualTaskDataModule(

@@ -75,8 +75,8 @@ def load_repro(name: str, monkeypatch):
 
 def test_objectives_arms_parse_as_their_settings(monkeypatch, print_config):
     """Every arm of benchmarks/repro/objectives.py is a valid quickstart GRPO run: its overrides parse, land in the
-    settings they name, and build a valid ``GRPOSettings``."""
-    from app.settings import GRPOSettings
+    settings they name, and build a valid ``VLMLossSettings``."""
+    from app.settings import VLMLossSettings
 
     objectives = load_repro("objectives", monkeypatch)
     assert set(objectives.LABELS) == set(objectives.ARMS) and objectives.BASELINE in objectives.ARMS
@@ -86,8 +86,8 @@ def test_objectives_arms_parse_as_their_settings(monkeypatch, print_config):
             key, _, value = item.partition("=")
             args += [f"--{key}", value]
         module = print_config(args)["model"]["init_args"]
-        grpo = module["grpo"] or {}  # null: the defaults
-        GRPOSettings(**grpo)  # runs the settings' own checks (CISPO with a sequence ratio is refused, ...)
+        loss = module["loss"] or {}  # null: the defaults
+        VLMLossSettings(**loss)  # runs the settings' own checks (CISPO with a sequence ratio is refused, ...)
         assert (module["pipeline"] or {"delay": 0})["delay"] == (0 if arm == "grpo_delay0" else 1), arm
         for item in objectives.arm_overrides(arm, objectives.MASK_KL):
             key, _, value = item.partition("=")

@@ -197,7 +197,7 @@ def test_model_help_shows_each_argument_with_its_text(capsys):
         ("--model.policy POLICY", "the model to train."),
         ("--model.rewards [ITEM,...], --model.rewards+ [ITEM,...]", "reward components, each with its ``weight``"),
         ("--model.sampling SAMPLING", "group size K, temperature, top_p, max_new_tokens"),
-        ("--model.mask_truncated {true,false}", "leave completions that hit max_new_tokens without an end token"),
+        ("--model.loss LOSS", "every option of the loss: clip range (default 0.2 each way), aggregation"),
         ("--model.eval_max_new_tokens EVAL_MAX_NEW_TOKENS", "generation budget for greedy evaluation."),
     ]:
         assert f"{option} {help_text}" in text, f"{option}: expected its help '{help_text}'"

@@ -45,7 +45,7 @@ from common import (
 KEY = "val/acc"
 SFT, GRPO = "quickstart/quickstart_sft.yaml", "quickstart/quickstart.yaml"
 DELAY = "model.init_args.pipeline.delay=1"
-G = "model.init_args.grpo."
+G = "model.init_args.loss."
 MASK_KL = 1e-3  # off_policy_max_kl of the masked arm (--max-kl); how it was picked: MASK_PICK
 MASK_PICK = (
     "The masked arm's threshold was chosen on seed 0 from runs of the masked arm alone, 100 GRPO steps from the "
@@ -66,7 +66,7 @@ ARMS = {
         f"{G}importance_sampling_level=sequence",
         f"{G}eps_low=3e-4",
         f"{G}eps_high=4e-4",
-        "model.init_args.loss_aggregation=sequence_mean",
+        f"{G}aggregation=sequence_mean",
     ],
     "cispo": [DELAY, f"{G}objective=cispo", f"{G}eps_low=1.0", f"{G}eps_high=4.0"],
     "masked": [DELAY, f"{G}off_policy_max_kl={MASK_KL}"],

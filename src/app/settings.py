@@ -6,9 +6,12 @@ model loads, with a message naming the field. In a YAML config a block is a plai
 policy's) ``init_args``: ``sampling: {group_size: 8}``, ``grpo: {beta: 0.04}``, ``optimizer: {learning_rate: 1e-5}``.
 The group size K (outputs drawn per prompt) is ``group_size`` wherever it appears.
 
+A block holds what every module that takes it reads: ``grpo:`` (:class:`GRPOSettings`) what the GRPO skeleton uses in
+every family; each family's own loss options are in its own block (VLM GRPO's ``loss:``, flow-GRPO's ``loss:``,
+DiffusionNFT's ``nft:``), so no block carries a field one of its readers ignores.
+
 A field left ``None`` where the families differ takes the family's default, filled in by the module or policy that
-knows its family (:func:`with_defaults`): the clip range of GRPO (0.2 for a VLM's token log-probs, 1e-4 for a flow
-model's per-step mean log-densities), the learning rate, and LoRA's dropout and target modules.
+knows its family (:func:`with_defaults`): the learning rate, and LoRA's dropout and target modules.
 """
 
 from __future__ import annotations
@@ -180,16 +183,13 @@ class FlowSamplingSettings:
 # -------------------------------------------------------------------------------------------------- the update
 @dataclass
 class GRPOSettings:
-    """How GRPO turns a scored rollout into updates (docs/algorithms.md#grpo); shared by both families.
+    """How the GRPO skeleton turns a scored rollout into updates (docs/algorithms.md#grpo): what VLM GRPO, flow-GRPO
+    and DiffusionNFT all use. Each family's own loss options are in its own block: ``loss:``
+    (:class:`VLMLossSettings`, :class:`FlowGRPOLossSettings`) or ``nft:`` (:class:`NFTSettings`).
 
     Attributes:
-        eps_low: lower clip range of the ratio (1 - eps_low). None: the family's default, 0.2 for a VLM's token
-            log-probs, 1e-4 for a flow model's per-step mean log-densities (Flow-GRPO's range for that log-prob;
-            see :mod:`app.modules.flow_grpo`).
-        eps_high: upper clip range of the ratio (1 + eps_high); > eps_low is DAPO's clip-higher. None: the family's
-            default, as for ``eps_low``.
-        beta: weight of the k3 KL to the reference policy; 0 skips the reference passes (and, with full fine-tuning,
-            the reference copy).
+        beta: weight of the KL to the reference policy (k3 on log-probs in GRPO, DiffusionNFT's velocity distance);
+            0 skips the reference passes (and, with full fine-tuning, the reference copy).
         num_iterations: optimizer updates per rollout (mu in the GRPO paper). With 1 (and no delayed pipeline) the
             ratio is exactly 1 and the clip range has no effect.
         advantage_scale: ``group`` (std of the group), ``batch`` (std of this rank's batch), ``global`` (std of every
@@ -200,35 +200,14 @@ class GRPOSettings:
         group_ranks: consecutive ranks that share each group (DanceGRPO's groups across GPUs): they draw the same
             prompts, each rank K / group_ranks of every group's outputs (noise drawn as one process holding the whole
             group draws it), and their rewards are all-gathered, so advantages and dropped groups are those of the whole
-            group of K. 1: every group on one rank. Must divide K and the number of ranks; the flow family only, with
-            rewards of scope ``completion``.
+            group of K. 1: every group on one rank. Must divide K and the number of ranks; > 1 needs a sampler that
+            draws a rank's part of a group (the flow families') and rewards of scope ``completion``.
         drop_zero_std_groups: leave groups whose rewards are all equal out of the loss (they carry no signal).
         micro_batch_size: rows per forward/backward; gradients accumulate over the micro-batches of a rollout and
             reproduce the full-batch gradient. None: all N = B * K rows at once.
         gradient_clip_val: clip the global gradient norm to this value before each step (0 disables).
-        importance_sampling_level: ``token`` (GRPO: one ratio and clip per token) or ``sequence`` (GSPO: one ratio
-            per completion, the geometric mean of its token ratios, clipped per completion; each completion's loss is
-            put on every one of its tokens, then ``loss_aggregation`` applies as usual, so GSPO's own objective is
-            ``sequence_mean``). ``eps_low`` / ``eps_high`` then bound the sequence ratio, which moves far less than a
-            token's: the GSPO paper clips at 3e-4 below and 4e-4 above. VLM only.
-        objective: ``ppo_clip`` (the clipped surrogate) or ``cispo`` (MiniMax-M1: every token is trained with its
-            importance weight clipped to ``[1 - eps_low, 1 + eps_high]`` and detached, none is clipped away). MiniMax-M1
-            bounds the weight only above: set ``eps_low`` >= 1 for that (the fused loss requires it). ``cispo`` is
-            token-level only (``importance_sampling_level: sequence`` is refused). VLM only.
-        off_policy_max_log_ratio: leave out of the loss each completion whose mean log-ratio to the sampling policy
-            (``log s_i``, the log of GSPO's sequence ratio) exceeds this in absolute value; None: no such mask.
-        off_policy_max_kl: leave out of the loss each completion whose mean k3 estimate of KL(sampling policy ||
-            policy) over its tokens exceeds this; None: no such mask. Both masks act only when the rollout is stale
-            (``num_iterations > 1`` or a delayed pipeline); a masked completion adds nothing to the loss but stays in
-            its normaliser, and the masked fraction is logged as ``train/off_policy_masked``. VLM only.
-        top_entropy_quantile: train the policy term only on the tokens whose entropy is in the top fraction of a
-            micro-batch's loss tokens (Wang et al. 2025, "high-entropy minority tokens": 0.2; TRL's option of the same
-            name); the KL still covers every token and the normaliser is unchanged. 1: every token. VLM only, not with
-            the fused loss (it never sees the logits).
     """
 
-    eps_low: float | None = None
-    eps_high: float | None = None
     beta: float = 0.0
     num_iterations: int = 1
     advantage_scale: Literal["group", "batch", "global", "per_prompt", "none"] = "group"
@@ -237,18 +216,9 @@ class GRPOSettings:
     drop_zero_std_groups: bool = False
     micro_batch_size: int | None = None
     gradient_clip_val: float = 1.0
-    importance_sampling_level: Literal["token", "sequence"] = "token"
-    objective: Literal["ppo_clip", "cispo"] = "ppo_clip"
-    off_policy_max_log_ratio: float | None = None
-    off_policy_max_kl: float | None = None
-    top_entropy_quantile: float = 1.0
 
     def __post_init__(self):
-        for name in ("eps_low", "eps_high"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"grpo.{name} must be >= 0 or null, got {value}")
-        if self.beta < 0:
+        if not self.beta >= 0:  # NaN fails too
             raise ValueError(f"grpo.beta must be >= 0, got {self.beta}")
         if self.num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1, got {self.num_iterations}")
@@ -263,24 +233,122 @@ class GRPOSettings:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
         if self.gradient_clip_val < 0:
             raise ValueError(f"grpo.gradient_clip_val must be >= 0 (0 disables clipping), got {self.gradient_clip_val}")
+
+
+def _check_clip_range(eps_low: float, eps_high: float) -> None:
+    for name, value in (("eps_low", eps_low), ("eps_high", eps_high)):
+        if not value >= 0:  # NaN fails too
+            raise ValueError(f"loss.{name} must be >= 0, got {value}")
+
+
+VLM_AGGREGATIONS = ("token_mean", "global_token_mean", "sequence_mean", "constant")
+FUSED_CISPO_AGGREGATIONS = ("token_mean", "global_token_mean", "constant")
+"""The aggregations of ``objective: cispo`` on the fused loss (Liger's ``cispo`` divides by the token count)."""
+
+
+@dataclass
+class VLMLossSettings:
+    """VLM GRPO's loss, every option in one place: the ``loss:`` block of :class:`~app.modules.VLMGRPOModule`
+    (docs/algorithms.md#grpo-loss).
+
+    Attributes:
+        eps_low: lower clip range of the token ratio (1 - eps_low), >= 0; PPO's and the GRPO paper's 0.2.
+        eps_high: upper clip range of the ratio (1 + eps_high), >= 0; > eps_low is DAPO's clip-higher.
+        aggregation: ``token_mean`` (divides by this rank's tokens of the step: TRL's ``bnpo``),
+            ``global_token_mean`` (by the step's tokens on every rank, all-reduced once per step: DAPO's token-level
+            mean; the same as ``token_mean`` on one process), ``sequence_mean`` or ``constant`` (Dr. GRPO, divides by
+            B*K*max_new_tokens).
+        mask_truncated: leave completions that hit max_new_tokens without an end token out of the loss.
+        importance_sampling_level: ``token`` (GRPO: one ratio and clip per token) or ``sequence`` (GSPO: one ratio
+            per completion, the geometric mean of its token ratios, clipped per completion; each completion's loss is
+            put on every one of its tokens, then ``aggregation`` applies as usual, so GSPO's own objective is
+            ``sequence_mean``). ``eps_low`` / ``eps_high`` then bound the sequence ratio, which moves far less than a
+            token's: the GSPO paper clips at 3e-4 below and 4e-4 above.
+        objective: ``ppo_clip`` (the clipped surrogate) or ``cispo`` (MiniMax-M1: every token is trained with its
+            importance weight clipped to ``[1 - eps_low, 1 + eps_high]`` and detached, none is clipped away). MiniMax-M1
+            bounds the weight only above: set ``eps_low`` >= 1 for that (the fused loss requires it). ``cispo`` is
+            token-level only (``importance_sampling_level: sequence`` is refused).
+        off_policy_max_log_ratio: leave out of the loss each completion whose mean log-ratio to the sampling policy
+            (``log s_i``, the log of GSPO's sequence ratio) exceeds this in absolute value, > 0; None: no such mask.
+        off_policy_max_kl: leave out of the loss each completion whose mean k3 estimate of KL(sampling policy ||
+            policy) over its tokens exceeds this, > 0; None: no such mask. Both masks act only when the rollout is
+            stale (``grpo.num_iterations > 1`` or a delayed pipeline); a masked completion adds nothing to the loss but
+            stays in its normaliser, and the masked fraction is logged as ``train/off_policy_masked``.
+        top_entropy_quantile: train the policy term only on the tokens whose entropy is in the top fraction of a
+            micro-batch's loss tokens, in (0, 1] (Wang et al. 2025, "high-entropy minority tokens": 0.2; TRL's option
+            of the same name); the KL still covers every token and the normaliser is unchanged. 1: every token.
+        fused_linear: compute the loss with liger-kernel's fused linear GRPO loss from the last hidden states and
+            the output head instead of per-token log-probs (:mod:`app.algorithms.fused_linear`; needs liger-kernel).
+            The same loss and gradients; ``train/ratio_mean`` (when old log-probs are stored) and, for
+            ``sequence_mean`` with ``grpo.beta > 0``, ``train/kl`` and ``train/loss/policy`` are not logged. It
+            computes GSPO and CISPO (not with ``sequence_mean``, and with ``eps_low >= 1``) but neither off-policy
+            masking nor high-entropy token selection (it never sees the log-probs or logits).
+        fused_compiled: let Liger ``torch.compile`` the fused loss's math; None: on CUDA only.
+    """
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    aggregation: Literal["token_mean", "global_token_mean", "sequence_mean", "constant"] = "token_mean"
+    mask_truncated: bool = False
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    objective: Literal["ppo_clip", "cispo"] = "ppo_clip"
+    off_policy_max_log_ratio: float | None = None
+    off_policy_max_kl: float | None = None
+    top_entropy_quantile: float = 1.0
+    fused_linear: bool = False
+    fused_compiled: bool | None = None
+
+    def __post_init__(self):
+        _check_clip_range(self.eps_low, self.eps_high)
+        if self.aggregation not in VLM_AGGREGATIONS:
+            raise ValueError(f"loss.aggregation must be one of {VLM_AGGREGATIONS}, got {self.aggregation!r}")
         if self.importance_sampling_level not in ("token", "sequence"):
             raise ValueError(
-                f"grpo.importance_sampling_level must be 'token' or 'sequence', got {self.importance_sampling_level!r}"
+                f"loss.importance_sampling_level must be 'token' or 'sequence', got {self.importance_sampling_level!r}"
             )
         if self.objective not in ("ppo_clip", "cispo"):
-            raise ValueError(f"grpo.objective must be 'ppo_clip' or 'cispo', got {self.objective!r}")
+            raise ValueError(f"loss.objective must be 'ppo_clip' or 'cispo', got {self.objective!r}")
         if self.objective == "cispo" and self.importance_sampling_level == "sequence":
             raise ValueError(
-                "grpo.objective 'cispo' is token-level (each token's own clipped weight); grpo.importance_sampling_level "
-                "'sequence' is defined for 'ppo_clip' only (GSPO): set one of them back"
+                "loss.objective 'cispo' is token-level (each token's own clipped weight); "
+                "loss.importance_sampling_level 'sequence' is defined for 'ppo_clip' only (GSPO): set one of them back"
             )
         for name in ("off_policy_max_log_ratio", "off_policy_max_kl"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ValueError(f"grpo.{name} must be > 0 or null, got {value}")
+                raise ValueError(f"loss.{name} must be > 0 or null, got {value}")
         if not 0 < self.top_entropy_quantile <= 1:
             raise ValueError(
-                f"grpo.top_entropy_quantile must be in (0, 1] (1: every token), got {self.top_entropy_quantile}"
+                f"loss.top_entropy_quantile must be in (0, 1] (1: every token), got {self.top_entropy_quantile}"
+            )
+        if self.fused_linear:
+            self._check_fused()
+
+    def _check_fused(self) -> None:
+        """What liger-kernel's fused loss cannot compute, refused naming the option."""
+        masks = [name for name in ("off_policy_max_log_ratio", "off_policy_max_kl") if getattr(self, name) is not None]
+        if masks:
+            raise ValueError(
+                f"loss.fused_linear cannot mask off-policy sequences (loss.{' and loss.'.join(masks)} set): the fused "
+                "loss never materialises the log-probs the mask is decided on; unset it or set fused_linear: false"
+            )
+        if self.top_entropy_quantile != 1:
+            raise ValueError(
+                f"loss.fused_linear cannot select high-entropy tokens (loss.top_entropy_quantile = "
+                f"{self.top_entropy_quantile}): Liger's fused loss computes no entropy; set it to 1 or "
+                "fused_linear: false"
+            )
+        if self.objective == "cispo" and self.aggregation not in FUSED_CISPO_AGGREGATIONS:
+            raise ValueError(
+                f"loss.fused_linear with loss.objective 'cispo' supports loss.aggregation "
+                f"{list(FUSED_CISPO_AGGREGATIONS)} (Liger's cispo divides by the token count), got {self.aggregation!r}; "
+                "set fused_linear: false"
+            )
+        if self.objective == "cispo" and not self.eps_low >= 1:
+            raise ValueError(
+                f"loss.fused_linear with loss.objective 'cispo' needs loss.eps_low >= 1 (Liger bounds the importance "
+                f"weight only above, as MiniMax-M1 does), got eps_low = {self.eps_low}; set eps_low: 1.0 or "
+                "fused_linear: false"
             )
 
     @property
@@ -288,9 +356,23 @@ class GRPOSettings:
         """Whether a threshold of off-policy sequence masking is set."""
         return self.off_policy_max_log_ratio is not None or self.off_policy_max_kl is not None
 
-    def clip_range(self, default: float) -> GRPOSettings:
-        """These settings with each unset end of the clip range set to the family's ``default``."""
-        return with_defaults(self, eps_low=default, eps_high=default)
+
+@dataclass
+class FlowGRPOLossSettings:
+    """Flow-GRPO's loss: the ``loss:`` block of :class:`~app.modules.FlowGRPOModule` (docs/algorithms.md#flow-grpo).
+
+    Attributes:
+        eps_low: lower clip range of the ratio of per-step mean log-densities (1 - eps_low), >= 0. 1e-4: Flow-GRPO's
+            range for that log-prob (see :mod:`app.modules.flow_grpo`; a mean over thousands of latent elements
+            moves very little per update, so a PPO-style 0.2 would never clip).
+        eps_high: upper clip range of the ratio (1 + eps_high), >= 0.
+    """
+
+    eps_low: float = 1e-4
+    eps_high: float = 1e-4
+
+    def __post_init__(self):
+        _check_clip_range(self.eps_low, self.eps_high)
 
 
 @dataclass

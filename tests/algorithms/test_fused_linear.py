@@ -2,10 +2,11 @@
 log-probs: same loss, statistics and gradients of the hidden states and the head for every aggregation, with and
 without stored old log-probs and a reference, with a single kept token, without ``max_length`` and at the default
 temperature, and for the sequence-level ratio (GSPO) and CISPO where Liger computes them; the statistics it cannot
-give are NaN; ``compiled`` decides whether Liger compiles; the short errors, naming the options it refuses."""
+give are NaN; ``compiled`` decides whether Liger compiles; the short errors of a run that cannot use it (no
+liger-kernel, a wrapped head). The options it cannot compute are refused by ``VLMLossSettings``
+(tests/modules/test_settings.py)."""
 
 import importlib.util
-import re
 
 import pytest
 import torch
@@ -13,11 +14,9 @@ from torch import nn
 
 from app.algorithms import grpo_loss
 from app.algorithms.fused_linear import (
-    CISPO_AGGREGATIONS,
     LIGER_LOSS_TYPES,
     FusedLinearGRPOLoss,
     check_fused_head,
-    check_fused_masking,
     require_liger_loss,
     unavailable_statistics,
 )
@@ -25,6 +24,8 @@ from app.algorithms.logprobs import chunked_token_logprobs
 from app.errors import ConfigError
 
 AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
+CISPO_AGGREGATIONS = ("token_mean", "constant")
+"""The aggregations of ``cispo`` on the fused loss (Liger's ``cispo`` divides by the token count)."""
 STATS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")
 N, L, H, V, MAX_LENGTH, TEMPERATURE = 6, 7, 16, 50, 10, 0.7
 
@@ -64,10 +65,10 @@ def run(
     **objective,
 ):
     """One loss and its gradients, fused or from the chunked log-probs; ``keep`` replaces the case's mask,
-    ``temperature=None`` leaves the temperature at its default, ``drifted_rows`` gives row 0 every ratio e^0.5 and A > 0,
-    row 1 every ratio e^-0.5 and A < 0 (both clipped by these clip ranges; CISPO, unbounded below, caps row 0's weights)
-    and row 3 the current log-probs as old ones (ratio 1, never clipped), and ``objective`` (``importance_sampling_level``,
-    ``objective``, ``eps_low``, ``eps_high``) goes to both losses."""
+    ``temperature=None`` leaves the temperature at its default, ``drifted_rows`` gives row 0 every ratio e^0.5 and
+    A > 0, row 1 every ratio e^-0.5 and A < 0 (both clipped by these clip ranges; CISPO, unbounded below, caps row 0's
+    weights) and row 3 the current log-probs as old ones (ratio 1, never clipped), and ``objective``
+    (``importance_sampling_level``, ``objective``, ``eps_low``, ``eps_high``) goes to both losses."""
     liger = pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed")
     assert liger is not None
     head, hidden, targets, advantages, mask, old, ref = case(seed)
@@ -187,27 +188,6 @@ def test_fused_cispo_divides_by_this_call_s_tokens_without_an_all_reduce(monkeyp
     assert normalisers and all(float(count) == float(mask.sum()) for count in normalisers)
 
 
-def test_fused_objective_errors_name_the_option():
-    with pytest.raises(ConfigError, match="grpo.objective 'cispo' supports loss_aggregation .*got 'sequence_mean'"):
-        FusedLinearGRPOLoss(aggregation="sequence_mean", **CISPO)
-    with pytest.raises(ConfigError, match="needs grpo.eps_low >= 1 .*got eps_low = 0.2"):
-        FusedLinearGRPOLoss(objective="cispo", eps_low=0.2)
-    with pytest.raises(ValueError, match="objective 'cispo' .* importance_sampling_level 'sequence'"):
-        FusedLinearGRPOLoss(importance_sampling_level="sequence", **CISPO)
-    with pytest.raises(ValueError, match="importance_sampling_level must be 'token' or 'sequence', got 'row'"):
-        FusedLinearGRPOLoss(importance_sampling_level="row")
-    check_fused_masking(None, None)
-    with pytest.raises(ConfigError) as error:
-        check_fused_masking(0.5, 0.1)
-    assert str(error.value) == (
-        "fused_linear_loss=True cannot mask off-policy sequences (grpo.off_policy_max_log_ratio and "
-        "grpo.off_policy_max_kl set): the fused loss never materialises the log-probs the mask is decided on; unset "
-        "it or set fused_linear_loss: false"
-    )
-    with pytest.raises(ConfigError, match=r"\(grpo.off_policy_max_kl set\)"):
-        check_fused_masking(None, 0.1)
-
-
 @pytest.mark.parametrize("compiled", [False, True])
 def test_compiled_decides_whether_liger_compiles_the_loss_math(compiled, monkeypatch):
     """``compiled=False`` never calls ``torch.compile`` (CPU without a C++ compiler); True hands it the loss math."""
@@ -233,20 +213,12 @@ def test_unavailable_statistics():
 
 
 def test_errors():
-    with pytest.raises(ConfigError, match="fused_linear_loss supports loss_aggregation .*got 'sum'"):
-        FusedLinearGRPOLoss(aggregation="sum")
-    for negative, values in [("beta", "-0.1, 0.2, 0.2"), ("eps_low", "0.0, -0.1, 0.2"), ("eps_high", "0.0, 0.2, -0.1")]:
-        with pytest.raises(ValueError, match=re.escape(f"beta, eps_low and eps_high must be >= 0, got {values}")):
-            FusedLinearGRPOLoss(**{negative: -0.1})
-    with pytest.raises(ValueError, match="must be >= 0, got nan"):
-        FusedLinearGRPOLoss(beta=float("nan"))
-    assert FusedLinearGRPOLoss(eps_low=0.0, eps_high=0.0).eps_high == 0  # no clip range is allowed
     with pytest.raises(ConfigError) as error:
         check_fused_head(nn.Sequential(nn.Linear(2, 3)))
     assert str(error.value) == (
-        "fused_linear_loss=True needs a plain nn.Linear output head, got torch.nn.modules.container.Sequential (LoRA "
+        "loss.fused_linear needs a plain nn.Linear output head, got torch.nn.modules.container.Sequential (LoRA "
         "on lm_head is not supported by the fused loss); drop lm_head from the LoRA targets or set "
-        "fused_linear_loss: false"
+        "loss.fused_linear: false"
     )
     if importlib.util.find_spec("liger_kernel") is not None:
         require_liger_loss()
@@ -263,8 +235,8 @@ def test_without_liger_the_error_names_the_extra(monkeypatch):
     with pytest.raises(ConfigError) as error:
         require_liger_loss()
     assert str(error.value) == (
-        "fused_linear_loss=True needs liger-kernel (pip install -e '.[gpu]', or pip install liger-kernel); "
-        "set fused_linear_loss: false"
+        "loss.fused_linear needs liger-kernel (pip install -e '.[gpu]', or pip install liger-kernel); "
+        "set loss.fused_linear: false"
     )
 
 

@@ -45,7 +45,7 @@ def test_print_config_shows_command_line_overrides(capsys):
             "fit",
             "--config",
             str(TINY_GRPO),
-            "--model.init_args.grpo.eps_high",
+            "--model.init_args.loss.eps_high",
             "0.28",
             "--trainer.max_steps",
             "7",
@@ -57,7 +57,7 @@ def test_print_config_shows_command_line_overrides(capsys):
     )
     assert code == 0, err
     config = yaml.safe_load(out)
-    assert config["model"]["init_args"]["grpo"]["eps_high"] == 0.28
+    assert config["model"]["init_args"]["loss"]["eps_high"] == 0.28
     assert config["model"]["init_args"]["sampling"]["max_new_tokens"] == 5
     assert config["model"]["init_args"]["sampling"]["group_size"] == 4  # the rest of the block is kept
     assert config["trainer"]["max_steps"] == 7
@@ -75,8 +75,8 @@ def malformed_config(tmp_path: Path, **init_args) -> Path:
 @pytest.mark.parametrize(
     "bad, field",
     [
-        (dict(grpo={"eps_lowww": 0.1}), "grpo.eps_lowww"),
-        (dict(grpo={"eps_low": "abc"}), "grpo.eps_low"),
+        (dict(loss={"eps_lowww": 0.1}), "loss.eps_lowww"),
+        (dict(loss={"eps_low": "abc"}), "loss.eps_low"),
         (dict(grpo={"advantage_scale": "std"}), "grpo.advantage_scale"),
     ],
     ids=["unknown_field", "wrong_type", "bad_choice"],

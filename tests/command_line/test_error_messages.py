@@ -44,12 +44,12 @@ def run_main(args: list[str], capsys) -> tuple[int, str]:
     "override, expected",
     [
         (
-            ["--model.init_args.grpo.eps_lowww", "0.1"],
-            ["model.init_args.grpo.eps_lowww", "did you mean 'eps_low'?", "accepted: eps_low, eps_high, beta"],
+            ["--model.init_args.loss.eps_lowww", "0.1"],
+            ["model.init_args.loss.eps_lowww", "did you mean 'eps_low'?", "accepted: eps_low, eps_high, aggregation"],
         ),
         (
             ["--model.init_args.eps_lowww", "0.1"],
-            ["model.init_args.eps_lowww", "accepted: policy, rewards, sampling, grpo, optimizer"],
+            ["model.init_args.eps_lowww", "accepted: policy, rewards, sampling, grpo, loss, optimizer"],
         ),
         (
             ["--model.init_args.policy.init_args.lora.rr", "3"],

@@ -213,9 +213,9 @@ def bad_fields(tmp_path: Path, model: dict, data: dict) -> Path:
     "model, data, expected",
     [
         (
-            {"grpo": {"eps_lowww": 0.1}},
+            {"loss": {"eps_lowww": 0.1}},
             {"batch_sizee": 2},
-            ["model.init_args.grpo.eps_lowww", "did you mean 'eps_low'?", "data.init_args.batch_sizee"],
+            ["model.init_args.loss.eps_lowww", "did you mean 'eps_low'?", "data.init_args.batch_sizee"],
         ),
         (
             {"optimizer": {"weight_decay": "abc"}},
@@ -223,9 +223,9 @@ def bad_fields(tmp_path: Path, model: dict, data: dict) -> Path:
             ["model.init_args.optimizer.weight_decay: expected float", "data.init_args.batch_size: expected int"],
         ),
         (
-            {"grpo": {"eps_lowww": 0.1}, "optimizer": {"learning_rate": "abc"}},
+            {"loss": {"eps_lowww": 0.1}, "optimizer": {"learning_rate": "abc"}},
             {},
-            ["model.init_args.grpo.eps_lowww", "model.init_args.optimizer.learning_rate"],
+            ["model.init_args.loss.eps_lowww", "model.init_args.optimizer.learning_rate"],
         ),
     ],
     ids=["two_unknown_keys", "two_bad_values", "two_in_one_section"],

@@ -123,8 +123,8 @@ class ToyGRPO(GRPOModule):
     ``part_size`` (the micro-batch size), each weighted by its share of kept rows.
 
     ``grpo`` defaults to no gradient clipping (``gradient_clip_val=0``); given, it is used as it is (its own clipping
-    included) but for its micro-batch size, which is ``part_size``, and the clip range, 0.2 where unset. The learning
-    rate defaults to 0.1, ``records_per_step`` to 4.
+    included) but for its micro-batch size, which is ``part_size``. The learning rate defaults to 0.1,
+    ``records_per_step`` to 4.
     """
 
     def __init__(
@@ -142,7 +142,7 @@ class ToyGRPO(GRPOModule):
             policy,
             rewards or [ValueReward()],
             ToySampling(),
-            grpo.clip_range(0.2),
+            grpo,
             optimizer,
             0.1,
             pipeline,
@@ -189,7 +189,7 @@ class ToyPipelined(GRPOModule):
             LinearPolicy(),
             rewards or [ValueReward()],
             ToySampling(group_size=2),
-            GRPOSettings(advantage_scale="none", gradient_clip_val=gradient_clip_val).clip_range(0.2),
+            GRPOSettings(advantage_scale="none", gradient_clip_val=gradient_clip_val),
             None,
             0.1,
             PipelineSettings(delay=delay, workers=workers, **pipeline),

@@ -12,7 +12,13 @@ from app.algorithms import group_advantages
 from app.modules.checkpoints import RANK_STATES, derived_seed, saved_rank_state, seed_rng_states
 from app.modules.flow_grpo import FlowGRPOModule
 from app.sampling.flow import flow_sigmas
-from app.settings import FlowSamplingSettings, GRPOSettings, OptimizerSettings, PipelineSettings
+from app.settings import (
+    FlowGRPOLossSettings,
+    FlowSamplingSettings,
+    GRPOSettings,
+    OptimizerSettings,
+    PipelineSettings,
+)
 
 K = 4
 T = 4
@@ -20,11 +26,12 @@ T = 4
 
 SAMPLING_FIELDS = {field.name for field in dataclasses.fields(FlowSamplingSettings)} - {"group_size", "num_steps"}
 GRPO_FIELDS = {field.name for field in dataclasses.fields(GRPOSettings)}
+LOSS_FIELDS = {field.name for field in dataclasses.fields(FlowGRPOLossSettings)}
 OPTIMIZER_FIELDS = {field.name for field in dataclasses.fields(OptimizerSettings)}
 
 
 def flow_module(policy=None, **options) -> FlowGRPOModule:
-    """A module on the stand-in policy with K trajectories of T steps at learning rate 1e-2; sampling, GRPO and
+    """A module on the stand-in policy with K trajectories of T steps at learning rate 1e-2; sampling, GRPO, loss and
     optimizer settings may be passed flat (gathered into their blocks), the module's own arguments as they are."""
     options.setdefault("learning_rate", 1e-2)
 
@@ -33,8 +40,9 @@ def flow_module(policy=None, **options) -> FlowGRPOModule:
 
     sampling = FlowSamplingSettings(group_size=K, num_steps=T, **block(SAMPLING_FIELDS))
     grpo, optimizer = GRPOSettings(**block(GRPO_FIELDS)), OptimizerSettings(**block(OPTIMIZER_FIELDS))
+    loss = FlowGRPOLossSettings(**block(LOSS_FIELDS))
     policy = policy if policy is not None else StandInPolicy()
-    return FlowGRPOModule(policy, [RednessReward()], sampling, grpo=grpo, optimizer=optimizer, **options)
+    return FlowGRPOModule(policy, [RednessReward()], sampling, grpo=grpo, loss=loss, optimizer=optimizer, **options)
 
 
 def trained_sigmas(module: FlowGRPOModule) -> list[list[float]]:
@@ -80,10 +88,11 @@ def test_one_denoising_step_is_refused_with_a_message_naming_it():
 
 
 def test_the_defaults_are_the_documented_ones():
-    """records_per_step 16, the flow learning rate 5e-6 (what the optimizer runs at) and seed 0 (the rollout
-    generator's seed on rank 0)."""
+    """records_per_step 16, the flow learning rate 5e-6 (what the optimizer runs at), seed 0 (the rollout
+    generator's seed on rank 0) and Flow-GRPO's clip range 1e-4 each way."""
     module = FlowGRPOModule(StandInPolicy(), [RednessReward()])
     assert module.records_per_step == module.hparams["records_per_step"] == 16
+    assert module.hparams["loss"] == {"eps_low": 1e-4, "eps_high": 1e-4}
     assert module.hparams["seed"] == 0 and module.hparams["optimizer"]["learning_rate"] == 5e-6
     (group,) = module.configure_optimizers()["optimizer"].param_groups
     assert group["lr"] == 5e-6

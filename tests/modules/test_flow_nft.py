@@ -46,8 +46,6 @@ def nft_module(policy=None, learning_rate=1e-2, **options) -> FlowNFTModule:
     ("kwargs", "named"),
     [
         ({"sde_window": (0, 1)}, "sampling.sde_window"),
-        ({"eps_low": 0.2}, "grpo.eps_low"),
-        ({"objective": "cispo"}, "grpo.objective"),
         ({"ode_tail": "unipc"}, "sampling.ode_tail"),
     ],
 )

@@ -287,7 +287,7 @@ class FusedToy(ToyGRPO):
 
     @property
     def unlogged_loss_terms(self):
-        return frozenset({"ratio_mean", "clip_fraction"})
+        return super().unlogged_loss_terms | {"ratio_mean", "clip_fraction"}
 
 
 def test_loss_terms_the_loss_cannot_compute_are_left_out_of_the_logs():
@@ -312,7 +312,7 @@ class NoRatio(ToyPipelined):
 
     @property
     def unlogged_loss_terms(self):
-        return frozenset({"ratio_mean"})
+        return super().unlogged_loss_terms | {"ratio_mean"}
 
 
 def test_the_step_logs_the_gradient_norm_when_clipping_and_leaves_out_terms_the_loss_cannot_compute():

@@ -39,7 +39,7 @@ from app.modules import FlowGRPOModule, VLMGRPOModule
 from app.modules.plain_data import from_plain, to_plain
 from app.modules.rollout_queue import RolloutQueue, reward_executor
 from app.rewards import PendingRewards, RewardComponent, RewardError, WeightedReward
-from app.settings import GRPOSettings, OptimizerSettings, PipelineSettings, SamplingSettings
+from app.settings import OptimizerSettings, PipelineSettings, SamplingSettings
 from app.types import Generation, RewardOutput, VisualSample
 
 
@@ -504,7 +504,7 @@ def test_delay_zero_takes_the_plain_step_with_rewards_in_the_training_thread(new
 
 def test_the_flow_family_trains_with_delay_one_on_stored_log_densities(fit, params_snapshot):
     from app.models import FlowPolicy
-    from app.settings import FlowSamplingSettings, LoRASettings
+    from app.settings import FlowGRPOLossSettings, FlowSamplingSettings, LoRASettings
 
     class Redness(RewardComponent):
         def score(self, completions, samples):
@@ -517,7 +517,7 @@ def test_the_flow_family_trains_with_delay_one_on_stored_log_densities(fit, para
         [Redness()],
         FlowSamplingSettings(group_size=2, num_steps=4),
         pipeline=PipelineSettings(delay=1, workers="thread"),
-        grpo=GRPOSettings(eps_low=0.5, eps_high=0.5),
+        loss=FlowGRPOLossSettings(eps_low=0.5, eps_high=0.5),
         optimizer=OptimizerSettings(learning_rate=0.05),
     )
     before = params_snapshot(module)

@@ -19,7 +19,14 @@ from app.models import VLMPolicy
 from app.modules import VLMGRPOModule
 from app.modules.checkpoints import OMITTED
 from app.rewards import RewardComponent
-from app.settings import GRPOSettings, LoRASettings, OptimizerSettings, PipelineSettings, SamplingSettings
+from app.settings import (
+    GRPOSettings,
+    LoRASettings,
+    OptimizerSettings,
+    PipelineSettings,
+    SamplingSettings,
+    VLMLossSettings,
+)
 from app.types import CompletionRecord
 
 K = 4
@@ -47,14 +54,22 @@ class FlatForYesReward(RewardComponent):
 
 GRPO_FIELDS = {field.name for field in dataclasses.fields(GRPOSettings)}
 OPTIMIZER_FIELDS = {field.name for field in dataclasses.fields(OptimizerSettings)}
+LOSS_FIELDS = {field.name for field in dataclasses.fields(VLMLossSettings)}
 
 
 def module_options(**options) -> dict:
-    """Module arguments from flat ``options``: :class:`GRPOSettings` fields go into ``grpo``, :class:`OptimizerSettings`
-    fields into ``optimizer``, the module's own arguments stay as they are."""
+    """Module arguments from flat ``options``: :class:`GRPOSettings` fields go into ``grpo``, :class:`VLMLossSettings`
+    fields into ``loss``, :class:`OptimizerSettings` fields into ``optimizer``, the module's own arguments stay as they
+    are."""
     grpo = {name: options.pop(name) for name in GRPO_FIELDS & options.keys()}
+    loss = {name: options.pop(name) for name in LOSS_FIELDS & options.keys()}
     optimizer = {name: options.pop(name) for name in OPTIMIZER_FIELDS & options.keys()}
-    return {**options, "grpo": GRPOSettings(**grpo), "optimizer": OptimizerSettings(**optimizer)}
+    return {
+        **options,
+        "grpo": GRPOSettings(**grpo),
+        "loss": VLMLossSettings(**loss),
+        "optimizer": OptimizerSettings(**optimizer),
+    }
 
 
 def grpo_module(policy, rewards=None, max_new_tokens: int = 8, temperature: float = 1.0, **options) -> VLMGRPOModule:
@@ -266,10 +281,11 @@ def flat_rows(rewards: torch.Tensor) -> torch.Tensor:
 def reference_loss(
     logprobs, old, ref, advantages, mask, aggregation, beta, max_length, eps=(EPS, EPS)
 ) -> dict[str, torch.Tensor]:
-    """The GRPO objective in float64 (docs/algorithms.md, "GRPO"): per token ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high)
-    A) + beta k3`` with ``r = exp(logp - old)`` and ``k3 = exp(ref - logp) - (ref - logp) - 1``, aggregated over the tokens
-    of ``mask``: ``token_mean`` (over tokens), ``sequence_mean`` (per completion, then over completions with a token)
-    or ``constant`` (sum / (N * max_length)). Clip fraction and mean ratio are plain means over the masked tokens."""
+    """The GRPO objective in float64 (docs/algorithms.md, "GRPO"): per token ``-min(r A, clip(r, 1 - eps_low, 1 +
+    eps_high) A) + beta k3`` with ``r = exp(logp - old)`` and ``k3 = exp(ref - logp) - (ref - logp) - 1``, aggregated
+    over the tokens of ``mask``: ``token_mean`` (over tokens), ``sequence_mean`` (per completion, then over completions
+    with a token) or ``constant`` (sum / (N * max_length)). Clip fraction and mean ratio are plain means over the masked
+    tokens."""
     lp, old, adv = logprobs.double(), old.double(), advantages.double()[:, None]  # [N, L], [N, L], [N, 1]
     m = mask.bool()
     assert m.any(), "no token in the loss"
@@ -327,7 +343,7 @@ class UpdateProbe(VLMGRPOModule):
 
     def _update(self, rollouts, optimizer, scale=1.0):
         (rollout,) = rollouts  # no dynamic sampling here: one rollout per update
-        grpo, sampled, agg = self.grpo, rollout.sampled, self.loss_aggregation
+        grpo, loss, sampled, agg = self.grpo, self.loss, rollout.sampled, self.loss.aggregation
         c = sampled.completions
         named = [(n, p) for n, p in self.policy.model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
@@ -336,11 +352,11 @@ class UpdateProbe(VLMGRPOModule):
             sampled.prompt_inputs, c.completion_ids, c.completion_mask, self.sampling.temperature
         )  # [N, L] with gradient, [N, L]
         old = sampled.old_logprobs if sampled.old_logprobs is not None else logprobs.detach()
-        every, eps = torch.ones(len(c.texts), dtype=torch.bool), (grpo.eps_low, grpo.eps_high)
+        every, eps = torch.ones(len(c.texts), dtype=torch.bool), (loss.eps_low, loss.eps_high)
         variants = {a: (every, rollout.loss_mask, a, grpo.beta, eps) for a in AGGREGATIONS}
         variants["no_kl"] = (every, rollout.loss_mask, agg, 0.0, eps)
-        variants["eps_low_default"] = (every, rollout.loss_mask, agg, grpo.beta, (EPS, grpo.eps_high))
-        variants["eps_high_default"] = (every, rollout.loss_mask, agg, grpo.beta, (grpo.eps_low, EPS))
+        variants["eps_low_default"] = (every, rollout.loss_mask, agg, grpo.beta, (EPS, loss.eps_high))
+        variants["eps_high_default"] = (every, rollout.loss_mask, agg, grpo.beta, (loss.eps_low, EPS))
         if self.keep_rows is not None:
             variants["kept_rows"] = (self.keep_rows(rollout), c.completion_mask, agg, grpo.beta, eps)
         reference, reference_grads = {}, {}
@@ -390,9 +406,9 @@ OPTIONS = {
     "micro_batch": dict(micro_batch_size=3),
     "advantage_none": dict(advantage_scale="none"),
     "advantage_batch": dict(advantage_scale="batch"),
-    "sequence_mean": dict(loss_aggregation="sequence_mean"),
+    "sequence_mean": dict(aggregation="sequence_mean"),
     # max_new_tokens longer than any completion: the constant normaliser is N * max_new_tokens, not N * L
-    "constant": dict(loss_aggregation="constant", max_new_tokens=64),
+    "constant": dict(aggregation="constant", max_new_tokens=64),
     "full_fine_tuning_beta": dict(beta=BETA, lora_r=None),
     # a second update whose ratio moves, sampled at another temperature, clipped asymmetrically; few records
     "iterations_mixed": dict(
@@ -516,7 +532,7 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
         left_out = torch.zeros(len(c.texts), dtype=torch.bool)
         if grpo.drop_zero_std_groups:
             left_out |= flat_rows(rollout.rewards.total)
-        if module.mask_truncated:
+        if module.loss.mask_truncated:
             left_out |= c.truncated
         assert torch.equal(rollout.loss_mask, c.completion_mask * ~left_out[:, None])
         # the rollout's first update starts from the sampling policy (at the sampling temperature): its ratio is 1
@@ -594,10 +610,10 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
         assert metrics["train/completion_length"] == pytest.approx(float(c.completion_mask.sum(dim=1).float().mean()))
     assert run.trainer.progress_bar_metrics == pytest.approx({"reward": reward_mean}, rel=1e-6)  # the last step's
     for update in run.updates:
-        expected = update["reference"][module.loss_aggregation]
+        expected = update["reference"][module.loss.aggregation]
         for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
             assert update["stats"][key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
-        want = update["reference_grads"][module.loss_aggregation]
+        want = update["reference_grads"][module.loss.aggregation]
         if grpo.gradient_clip_val > 0:  # scaled to norm gradient_clip_val where it was longer (torch's clip_grad_norm_)
             norm = float(torch.stack([g.double().norm() for g in want]).norm())
             assert update["stats"]["grad_norm"] == pytest.approx(norm, rel=1e-4)
@@ -607,10 +623,10 @@ def test_every_update_matches_the_reference_objective_and_is_what_gets_logged(na
         assert_grads_close(update["grads"], want)
         assert any(g.abs().sum() > 0 for g in update["grads"])
         assert update["grads_freed"], "the gradients should be freed (set to None) after the step"
-    if (grpo.eps_low, grpo.eps_high) != (EPS, EPS):  # each clip bound changes this run's objective
+    if (module.loss.eps_low, module.loss.eps_high) != (EPS, EPS):  # each clip bound changes this run's objective
         for variant in ("eps_low_default", "eps_high_default"):
             losses = [
-                (u["reference"][module.loss_aggregation]["loss"], u["reference"][variant]["loss"]) for u in run.updates
+                (u["reference"][module.loss.aggregation]["loss"], u["reference"][variant]["loss"]) for u in run.updates
             ]
             assert any(abs(own - other) > 1e-3 * abs(own) + 1e-5 for own, other in losses), variant
     if grpo.gradient_clip_val > 0:
@@ -769,7 +785,7 @@ def test_the_advantage_scale_option_picks_its_formula(name, option_run):
 def test_the_loss_aggregation_option_picks_its_normaliser(name, option_run):
     """The gradient is the chosen aggregation's, and clearly not another's (completions of unequal lengths)."""
     run = option_run(name)
-    aggregation = run.module.loss_aggregation
+    aggregation = run.module.loss.aggregation
     assert aggregation == name
     for update in run.updates:
         assert update["rollout"].loss_mask.sum(dim=1).unique().numel() > 1, "completions should differ in length"
@@ -865,9 +881,9 @@ class MicroBatchProbe(VLMGRPOModule):
 @pytest.mark.parametrize(
     "options",
     [
-        dict(loss_aggregation="token_mean"),
-        dict(loss_aggregation="sequence_mean", mask_truncated=True),
-        dict(loss_aggregation="constant", beta=0.05),
+        dict(aggregation="token_mean"),
+        dict(aggregation="sequence_mean", mask_truncated=True),
+        dict(aggregation="constant", beta=0.05),
     ],
     ids=["token_mean", "sequence_mean", "constant_kl"],
 )
@@ -908,7 +924,7 @@ class SparseMaskProbe(VLMGRPOModule):
         one_token[row, 0] = 1
         self.advantage, self.results = float(rollout.advantages[row]), {}
         for aggregation, mask in (("sequence_mean", one_row), ("token_mean", one_token)):
-            self.loss_aggregation = aggregation
+            self.loss = dataclasses.replace(self.loss, aggregation=aggregation)
             recorder = GradRecorder(self.policy.trainable_parameters())
             stats = self._update([dataclasses.replace(rollout, loss_mask=mask)], recorder)
             self.results[aggregation] = scalars(stats)

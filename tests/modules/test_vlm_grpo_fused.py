@@ -1,7 +1,8 @@
-"""``VLMGRPOModule(fused_linear_loss=True)``: liger-kernel's fused linear GRPO loss inside the policy's forward gives
-the loss, statistics and gradients of the chunked log-prob path on a tiny model, for every aggregation, with stored
-old log-probs (ratio != 1) and with a reference (beta > 0); the fused loss takes the module's settings; the statistics it
-lacks are not logged; without liger-kernel, or with LoRA on the output head, the option is a short error."""
+"""``VLMGRPOModule(loss=VLMLossSettings(fused_linear=True))``: liger-kernel's fused linear GRPO loss inside the
+policy's forward gives the loss, statistics and gradients of the chunked log-prob path on a tiny model, for every
+aggregation, with stored old log-probs (ratio != 1) and with a reference (beta > 0); the fused loss takes the module's
+settings; the statistics it lacks are not logged; without liger-kernel, or with LoRA on the output head, the option is
+a short error."""
 
 import dataclasses
 import importlib.util
@@ -14,7 +15,7 @@ from app.errors import ConfigError
 from app.models import VLMPolicy
 from app.modules import VLMGRPOModule
 from app.rewards import RewardComponent
-from app.settings import GRPOSettings, LoRASettings, SamplingSettings
+from app.settings import GRPOSettings, LoRASettings, SamplingSettings, VLMLossSettings
 
 pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (extra 'gpu')")
 
@@ -32,16 +33,16 @@ class LengthReward(RewardComponent):
         return torch.tensor([len(c) / 32 for c in completions])
 
 
-def grpo_module(policy, fused: bool, loss_aggregation="token_mean", **grpo) -> VLMGRPOModule:
+def grpo_module(policy, fused: bool, aggregation="token_mean", **grpo) -> VLMGRPOModule:
     """Micro-batches of 3, clip range (0.1, 0.15); ``grpo`` sets the other :class:`GRPOSettings` fields."""
     return VLMGRPOModule(
         policy,
         rewards=[LengthReward()],
         sampling=SamplingSettings(group_size=K, max_new_tokens=8, temperature=0.7),
-        grpo=GRPOSettings(micro_batch_size=3, eps_low=0.1, eps_high=0.15, **grpo),
-        loss_aggregation=loss_aggregation,
-        fused_linear_loss=fused,
-        fused_loss_compiled=False,
+        grpo=GRPOSettings(micro_batch_size=3, **grpo),
+        loss=VLMLossSettings(
+            eps_low=0.1, eps_high=0.15, aggregation=aggregation, fused_linear=fused, fused_compiled=False
+        ),
     )
 
 
@@ -84,7 +85,7 @@ def update(module, rollout):
 
 
 def check_same_update(policy, rollout, aggregation, beta, with_old):
-    kwargs = dict(loss_aggregation=aggregation, beta=beta, num_iterations=2 if with_old else 1)
+    kwargs = dict(aggregation=aggregation, beta=beta, num_iterations=2 if with_old else 1)
     sampled = dataclasses.replace(
         rollout.sampled,
         old_logprobs=rollout.sampled.old_logprobs if with_old else None,
@@ -123,15 +124,15 @@ def test_fused_loss_matches_the_chunked_path_in_full_fine_tuning(full_case, aggr
 @pytest.mark.parametrize("compiled", [True, False, None])
 def test_the_fused_loss_takes_the_module_settings(tiny_policy, compiled):
     """The clip range, beta and aggregation of the module, ``constant``'s L_max = max_new_tokens (not the length of the
-    longest completion), and ``fused_loss_compiled``, None meaning compiled on CUDA only."""
+    longest completion), and ``fused_compiled``, None meaning compiled on CUDA only."""
     module = VLMGRPOModule(
         tiny_policy,
         rewards=[LengthReward()],
         sampling=SamplingSettings(group_size=K, max_new_tokens=8),
-        grpo=GRPOSettings(eps_low=0.1, eps_high=0.15, beta=0.05),
-        loss_aggregation="constant",
-        fused_linear_loss=True,
-        fused_loss_compiled=compiled,
+        grpo=GRPOSettings(beta=0.05),
+        loss=VLMLossSettings(
+            eps_low=0.1, eps_high=0.15, aggregation="constant", fused_linear=True, fused_compiled=compiled
+        ),
     )
     assert module.fused_loss == FusedLinearGRPOLoss(
         eps_low=0.1,
@@ -145,7 +146,7 @@ def test_the_fused_loss_takes_the_module_settings(tiny_policy, compiled):
 
 def test_statistics_liger_does_not_return_are_not_logged(new_policy, new_datamodule, fit):
     module = grpo_module(new_policy("tiny-qwen2-vl", lora_r=4), fused=True, beta=0.05, num_iterations=2)
-    assert module.unlogged_loss_terms == {"ratio_mean"}
+    assert module.unlogged_loss_terms == {"ratio_mean", "off_policy_masked"}
     _, recorder = fit(module, new_datamodule(train_size=2, batch_size=2), max_steps=1)
     metrics = recorder.steps[0]["metrics"]
     assert "train/ratio_mean" not in metrics
@@ -158,7 +159,7 @@ def test_without_liger_the_option_is_a_short_error(tiny_policy, monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a)
     )
-    with pytest.raises(ConfigError, match=r"fused_linear_loss=True needs liger-kernel \(pip install -e '.\[gpu\]'"):
+    with pytest.raises(ConfigError, match=r"loss.fused_linear needs liger-kernel \(pip install -e '.\[gpu\]'"):
         grpo_module(tiny_policy, fused=True)
     grpo_module(tiny_policy, fused=False)  # the default needs nothing
 

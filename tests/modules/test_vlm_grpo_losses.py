@@ -3,8 +3,9 @@ by its share of the aggregation's normaliser sums to the loss of the whole batch
 aggregation, generation budget and sampling temperature; the rollout logs; the loss mask ``loss_mask`` builds (through
 the skeleton's ``finish_rollout``); and ``loss_mass``, each rollout's weight when several make one update. The
 objectives (GSPO, CISPO, off-policy masking, high-entropy tokens) reach every micro-batch's loss, the masked fraction is
-logged when masking is on, the entropy always, and the fused loss computes GSPO and refuses what Liger cannot compute. The module's own arguments (defaults,
-settings blocks given as hyper-parameter dicts, what the hyper-parameters record) on a stand-in policy.
+logged when masking is on, the entropy always, and the fused loss computes GSPO and refuses what Liger cannot compute.
+The module's own arguments (defaults, settings blocks given as hyper-parameter dicts, what the hyper-parameters record)
+on a stand-in policy.
 
 The rollout: 2 prompts x K = 2 completions of L = 5 tokens (budget 6, so ``constant`` divides by 6, not L), one row
 left out of the loss entirely and one with a single token, stored old log-probs whose ratios reach both clip bounds on
@@ -21,11 +22,10 @@ from doubles import LinearPolicy, Logs
 from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, entropy_atol
 
 from app.algorithms import grpo_loss
-from app.errors import ConfigError
 from app.modules import VLMGRPOModule
 from app.modules.grpo import LOSS_TERMS, ScoredGroups
 from app.rewards import AccuracyReward
-from app.settings import GRPOSettings, PassAtK, SamplingSettings
+from app.settings import GRPOSettings, PassAtK, SamplingSettings, VLMLossSettings
 from app.types import CompletionBatch, Generation, RewardOutput, Rollout, SampledCompletions
 
 K, L, MAX_NEW_TOKENS, TEMPERATURE = 2, 5, 6, 0.7
@@ -48,17 +48,22 @@ AGGREGATIONS = sorted(SHARES)
 
 
 GRPO_FIELDS = {field.name for field in dataclasses.fields(GRPOSettings)}
+LOSS_FIELDS = {field.name for field in dataclasses.fields(VLMLossSettings)}
 
 
 def grpo_module(policy, **options) -> VLMGRPOModule:
     """The module of the hand-made rollout (K, budget, temperature, clip range); ``options`` are :class:`GRPOSettings`
-    fields or the module's own arguments."""
+    or :class:`VLMLossSettings` fields or the module's own arguments."""
     grpo = {name: options.pop(name) for name in GRPO_FIELDS & options.keys()}
+    loss = {"eps_low": EPS_LOW, "eps_high": EPS_HIGH} | {
+        name: options.pop(name) for name in LOSS_FIELDS & options.keys()
+    }
     return VLMGRPOModule(
         policy,
         [AccuracyReward()],
         SamplingSettings(group_size=K, max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE),
-        grpo=GRPOSettings(eps_low=EPS_LOW, eps_high=EPS_HIGH, **grpo),
+        grpo=GRPOSettings(**grpo),
+        loss=VLMLossSettings(**loss),
         **options,
     )
 
@@ -117,7 +122,7 @@ def weighted_sum(parts, field="loss"):
 @pytest.mark.parametrize("micro_batch_size", [1, None])
 def test_share_weighted_micro_batch_losses_are_the_full_batch_loss(tiny_policy, case, aggregation, micro_batch_size):
     rollout, logprobs = case
-    module = grpo_module(tiny_policy, beta=BETA, loss_aggregation=aggregation, micro_batch_size=micro_batch_size)
+    module = grpo_module(tiny_policy, beta=BETA, aggregation=aggregation, micro_batch_size=micro_batch_size)
     parts = list(module.weighted_losses(rollout))
     shares = [float(share) for _, share in parts]
     assert shares == pytest.approx(SHARES[aggregation] if micro_batch_size == 1 else [1.0])
@@ -135,7 +140,7 @@ def test_one_kept_token_carries_the_whole_weight(tiny_policy, case, aggregation)
     one_token = torch.zeros_like(LOSS_MASK)
     one_token[2, 0] = 1
     rollout = dataclasses.replace(rollout, loss_mask=one_token)
-    module = grpo_module(tiny_policy, beta=BETA, loss_aggregation=aggregation, micro_batch_size=1)
+    module = grpo_module(tiny_policy, beta=BETA, aggregation=aggregation, micro_batch_size=1)
     parts = list(module.weighted_losses(rollout))
     expected_shares = [1 / 4] * 4 if aggregation == "constant" else [0.0, 0.0, 1.0, 0.0]
     assert [float(share) for _, share in parts] == pytest.approx(expected_shares)
@@ -165,11 +170,11 @@ def test_old_log_probs_stored_at_the_sampling_temperature_give_ratio_one(tiny_po
 
 
 def test_the_fused_loss_gives_each_micro_batch_loss(tiny_policy, case):
-    """With ``fused_linear_loss`` the losses come from liger-kernel's fused loss: the same total, but no ratio."""
+    """With ``loss.fused_linear`` the losses come from liger-kernel's fused loss: the same total, but no ratio."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (extra 'gpu')")
     rollout, logprobs = case
     module = grpo_module(
-        tiny_policy, beta=BETA, micro_batch_size=2, num_iterations=2, fused_linear_loss=True, fused_loss_compiled=False
+        tiny_policy, beta=BETA, micro_batch_size=2, num_iterations=2, fused_linear=True, fused_compiled=False
     )
     parts = list(module.weighted_losses(rollout))
     assert len(parts) == 2
@@ -196,7 +201,7 @@ def test_each_objective_reaches_the_loss_of_every_micro_batch(tiny_policy, case,
     function's on the whole batch's log-probs, and differ from PPO-clip's."""
     rollout, logprobs = case
     options = OBJECTIVES[name]
-    module = grpo_module(tiny_policy, beta=BETA, loss_aggregation=aggregation, micro_batch_size=2, **options)
+    module = grpo_module(tiny_policy, beta=BETA, aggregation=aggregation, micro_batch_size=2, **options)
     parts = list(module.weighted_losses(rollout))
     assert len(parts) == 2
     expected = expected_loss(logprobs, rollout, aggregation, **options)
@@ -216,9 +221,7 @@ def test_high_entropy_tokens_are_chosen_in_each_micro_batch_and_the_entropy_is_l
         _, entropy = tiny_policy.sequence_logprobs_and_entropy(
             sampled.prompt_inputs, sampled.completions.completion_ids, COMPLETION_MASK, TEMPERATURE
         )
-    module = grpo_module(
-        tiny_policy, beta=BETA, loss_aggregation=aggregation, micro_batch_size=2, top_entropy_quantile=0.5
-    )
+    module = grpo_module(tiny_policy, beta=BETA, aggregation=aggregation, micro_batch_size=2, top_entropy_quantile=0.5)
     parts = list(module.weighted_losses(rollout))
     shares = [sum(SHARES[aggregation][:2]), sum(SHARES[aggregation][2:])]
     assert [float(share) for _, share in parts] == pytest.approx(shares)
@@ -271,7 +274,7 @@ def test_the_masked_fraction_is_logged_only_with_off_policy_masking(tiny_policy,
 def test_the_fused_loss_computes_gspo_and_refuses_what_liger_does_not(tiny_policy, case):
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (extra 'gpu')")
     rollout, logprobs = case
-    fused = dict(fused_linear_loss=True, fused_loss_compiled=False)
+    fused = dict(fused_linear=True, fused_compiled=False)
     module = grpo_module(tiny_policy, beta=BETA, micro_batch_size=2, importance_sampling_level="sequence", **fused)
     expected = grpo_loss(
         logprobs,
@@ -285,11 +288,11 @@ def test_the_fused_loss_computes_gspo_and_refuses_what_liger_does_not(tiny_polic
         importance_sampling_level="sequence",
     )
     torch.testing.assert_close(weighted_sum(module.weighted_losses(rollout)), expected.loss, atol=1e-6, rtol=1e-4)
-    with pytest.raises(ConfigError, match="needs grpo.eps_low >= 1"):
+    with pytest.raises(ValueError, match="needs loss.eps_low >= 1"):
         grpo_module(tiny_policy, objective="cispo", **fused)  # the module's eps_low is 0.1
-    with pytest.raises(ConfigError, match=r"cannot mask off-policy sequences \(grpo.off_policy_max_kl set\)"):
+    with pytest.raises(ValueError, match=r"cannot mask off-policy sequences \(loss.off_policy_max_kl set\)"):
         grpo_module(tiny_policy, off_policy_max_kl=0.5, **fused)
-    with pytest.raises(ConfigError, match=r"cannot select high-entropy tokens \(grpo.top_entropy_quantile = 0.2\)"):
+    with pytest.raises(ValueError, match=r"cannot select high-entropy tokens \(loss.top_entropy_quantile = 0.2\)"):
         grpo_module(tiny_policy, top_entropy_quantile=0.2, **fused)
 
 
@@ -370,7 +373,10 @@ def test_mass_weighted_losses_of_rollouts_are_the_loss_of_all_their_rows(tiny_po
     """When several rollouts make one update (dynamic sampling), each weighs its aggregation's normaliser (kept tokens,
     rows with a token, or all rows), so the mass-weighted sum of their losses is the loss of all their rows together."""
     module = VLMGRPOModule(
-        tiny_policy, [AccuracyReward()], SamplingSettings(max_new_tokens=MAX_NEW_TOKENS), loss_aggregation=aggregation
+        tiny_policy,
+        [AccuracyReward()],
+        SamplingSettings(max_new_tokens=MAX_NEW_TOKENS),
+        loss={"aggregation": aggregation},
     )
     masses = [module.loss_mass(SimpleNamespace(loss_mask=mask)) for mask in MASKS]  # it reads only the loss mask
     assert [mass.item() for mass in masses] == list(MASSES[aggregation])
@@ -397,12 +403,13 @@ def test_mass_weighted_losses_of_rollouts_are_the_loss_of_all_their_rows(tiny_po
 def test_the_module_s_own_arguments_default_as_documented():
     module = VLMGRPOModule(LinearPolicy(), [AccuracyReward()])
     assert (module.records_per_step, module.eval_max_new_tokens) == (16, 256)
-    assert (module.loss_aggregation, module.mask_truncated, module.pass_at_k, module.fused_loss) == (
+    assert (module.loss.aggregation, module.loss.mask_truncated, module.pass_at_k, module.fused_loss) == (
         "token_mean",
         False,
         None,
         None,
     )
+    assert (module.loss.eps_low, module.loss.eps_high) == (0.2, 0.2)  # PPO's and the GRPO paper's clip range
     assert module.sampling == SamplingSettings()
 
 
@@ -412,18 +419,24 @@ def test_the_module_s_own_arguments_are_recorded_as_given():
     module = VLMGRPOModule(
         LinearPolicy(),
         [AccuracyReward()],
-        loss_aggregation="sequence_mean",
-        mask_truncated=True,
+        loss=VLMLossSettings(aggregation="sequence_mean", mask_truncated=True, fused_compiled=False),
         records_per_step=3,
         eval_max_new_tokens=7,
         pass_at_k=pass_at_k,
-        fused_loss_compiled=False,
     )
-    recorded = {name: module.hparams[name] for name in ("loss_aggregation", "mask_truncated", "records_per_step")}
-    assert recorded == {"loss_aggregation": "sequence_mean", "mask_truncated": True, "records_per_step": 3}
+    loss = module.hparams["loss"]
+    assert (loss["aggregation"], loss["mask_truncated"], module.hparams["records_per_step"]) == (
+        "sequence_mean",
+        True,
+        3,
+    )
     assert module.hparams["eval_max_new_tokens"] == 7 and module.hparams["pass_at_k"] == dataclasses.asdict(pass_at_k)
-    assert module.hparams["fused_linear_loss"] is False and module.hparams["fused_loss_compiled"] is False
-    assert (module.loss_aggregation, module.mask_truncated, module.eval_max_new_tokens) == ("sequence_mean", True, 7)
+    assert loss["fused_linear"] is False and loss["fused_compiled"] is False
+    assert (module.loss.aggregation, module.loss.mask_truncated, module.eval_max_new_tokens) == (
+        "sequence_mean",
+        True,
+        7,
+    )
 
 
 def test_settings_blocks_given_as_hyper_parameter_dicts_are_built_into_settings():
@@ -433,9 +446,11 @@ def test_settings_blocks_given_as_hyper_parameter_dicts_are_built_into_settings(
         [AccuracyReward()],
         sampling={"group_size": 2, "max_new_tokens": 5},
         grpo={"beta": 0.0, "micro_batch_size": 3},
+        loss={"aggregation": "constant", "eps_high": 0.28},
         optimizer={"learning_rate": 0.5},
         pass_at_k={"num_samples": 2, "k": [1, 2]},
     )
+    assert module.loss == VLMLossSettings(aggregation="constant", eps_high=0.28)
     assert module.sampling == SamplingSettings(group_size=2, max_new_tokens=5)
     assert module.sampler.settings is module.sampling and module.sampler.micro_batch_size == 3
     assert module.pass_at_k == PassAtK(num_samples=2, k=(1, 2))
@@ -445,9 +460,10 @@ def test_settings_blocks_given_as_hyper_parameter_dicts_are_built_into_settings(
 def test_an_unknown_loss_aggregation_is_refused_by_name():
     with pytest.raises(
         ValueError,
-        match=r"loss_aggregation must be 'token_mean', 'global_token_mean', 'sequence_mean' or 'constant', got 'sum'",
+        match=r"loss.aggregation must be one of \('token_mean', 'global_token_mean', 'sequence_mean', 'constant'\), "
+        r"got 'sum'",
     ):
-        VLMGRPOModule(LinearPolicy(), [AccuracyReward()], loss_aggregation="sum")
+        VLMGRPOModule(LinearPolicy(), [AccuracyReward()], loss={"aggregation": "sum"})
 
 
 def test_global_token_mean_is_token_mean_within_a_rank_and_scales_by_the_ranks_token_counts(tiny_policy, case):
@@ -455,7 +471,7 @@ def test_global_token_mean_is_token_mean_within_a_rank_and_scales_by_the_ranks_t
     ranks the scale is ``world * local tokens / all tokens`` from one all-reduce (a stand-in strategy sums here; the
     two-process run is tests/parallel/test_global_tokens.py)."""
     rollout, _ = case
-    token, global_ = (grpo_module(tiny_policy, beta=BETA, loss_aggregation=a, micro_batch_size=1) for a in AGG_PAIR)
+    token, global_ = (grpo_module(tiny_policy, beta=BETA, aggregation=a, micro_batch_size=1) for a in AGG_PAIR)
     for (a, share_a), (b, share_b) in zip(
         token.weighted_losses(rollout), global_.weighted_losses(rollout), strict=True
     ):

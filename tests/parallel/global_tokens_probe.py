@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from app.models import VLMPolicy
 from app.modules import VLMGRPOModule
-from app.settings import GRPOSettings, LoRASettings, OptimizerSettings, SamplingSettings
+from app.settings import GRPOSettings, LoRASettings, OptimizerSettings, SamplingSettings, VLMLossSettings
 from app.tasks.dots import DotsDataset
 from app.types import CompletionBatch, RewardOutput, Rollout, SampledCompletions
 
@@ -74,7 +74,7 @@ def run(out: Path, aggregation: str) -> None:
         SamplingSettings(group_size=K, max_new_tokens=L_MAX),
         grpo=GRPOSettings(gradient_clip_val=0.0, micro_batch_size=3),
         optimizer=OptimizerSettings(learning_rate=1e-3),
-        loss_aggregation=aggregation,
+        loss=VLMLossSettings(aggregation=aggregation),
     )
     trainer = trainer_for("ddp" if world > 1 else "auto", out / aggregation, 1, [], same_draws=False)
     trainer.fit(module, train_dataloaders=DataLoader([0] * world, batch_size=1, collate_fn=list))

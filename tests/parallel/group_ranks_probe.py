@@ -64,7 +64,7 @@ class SpreadToy(GRPOModule):
 
 
 def scores(out: Path, ranks: int) -> None:
-    grpo = GRPOSettings(group_ranks=ranks, drop_zero_std_groups=True, advantage_scale="global").clip_range(0.2)
+    grpo = GRPOSettings(group_ranks=ranks, drop_zero_std_groups=True, advantage_scale="global")
     module = SpreadToy(LinearPolicy(), [ValueReward()], FourSampling(), grpo, None, 0.1, None, 4)
     share = module.group_share
     rows = share.rows(3)

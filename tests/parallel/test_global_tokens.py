@@ -1,4 +1,4 @@
-"""``loss_aggregation: global_token_mean`` on two processes (DDP, gloo on CPU) against one process on the same global
+"""``loss.aggregation: global_token_mean`` on two processes (DDP, gloo on CPU) against one process on the same global
 batch: the gradient the optimizer steps on is the same, while ``token_mean`` (each rank divides by its own tokens, then
 DDP averages the ranks) gives another one once the ranks hold unequal token counts (here 10 and 26).
 

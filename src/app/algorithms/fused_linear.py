@@ -16,10 +16,10 @@ The objectives (docs/algorithms.md#fused-linear-grpo-loss): ``importance_samplin
 bound, so it gets ``1 + eps_high``) with no lower bound, and whose normaliser is the token count: it is supported for
 ``token_mean`` (the count of this call's tokens is passed as ``num_items_in_batch``, so Liger never all-reduces it
 across ranks) and ``constant`` (rescaled by tokens / (N * max_length)), with ``eps_low >= 1`` (no lower bound, as
-``cispo_surrogate`` has then). Refused with a :class:`~app.errors.ConfigError` naming the option: ``cispo`` with
-``sequence_mean`` or ``eps_low < 1``, off-policy masking (:func:`check_fused_masking`: it needs each row's current
-log-probs before the loss, which the fused loss never materialises) and high-entropy token selection
-(:func:`check_fused_entropy_selection`: Liger computes no entropy, which is therefore not logged either).
+``cispo_surrogate`` has then). Refused by :class:`~app.settings.VLMLossSettings`, naming the option: ``cispo`` with
+``sequence_mean`` or ``eps_low < 1``, off-policy masking (it needs each row's current log-probs before the loss, which
+the fused loss never materialises) and high-entropy token selection (Liger computes no entropy, which is therefore
+not logged either).
 
 Statistics: Liger returns the clip fraction and (with a reference) the token-mean k3 KL, from which the KL in the
 loss's aggregation follows for ``token_mean`` and ``constant``, and the policy loss as ``loss - beta * kl``. It does not
@@ -38,13 +38,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from app.algorithms.loss import Aggregation, GRPOLossOutput, ImportanceSamplingLevel, Objective, check_objective
+from app.algorithms.loss import Aggregation, GRPOLossOutput, ImportanceSamplingLevel, Objective
 from app.errors import ConfigError
 
 LIGER_LOSS_TYPES: dict[str, str] = {"token_mean": "bnpo", "sequence_mean": "grpo", "constant": "dr_grpo"}
 """Our aggregation -> liger-kernel's ``loss_type`` with the same per-token math and normaliser (up to a constant)."""
-CISPO_AGGREGATIONS = ("token_mean", "constant")
-"""The aggregations of ``objective: cispo`` on the fused path (Liger's ``cispo`` divides by the token count)."""
 
 
 def unavailable_statistics(aggregation: str, beta: float, stores_old_logprobs: bool) -> frozenset[str]:
@@ -55,37 +53,12 @@ def unavailable_statistics(aggregation: str, beta: float, stores_old_logprobs: b
     return frozenset(missing)
 
 
-def check_fused_masking(max_log_ratio: float | None, max_kl: float | None) -> None:
-    """Off-policy sequence masking needs every row's current log-probs before the loss; the fused loss never has them,
-    so a set threshold is refused with a :class:`~app.errors.ConfigError` naming it."""
-    named = [
-        name
-        for name, value in (("off_policy_max_log_ratio", max_log_ratio), ("off_policy_max_kl", max_kl))
-        if value is not None
-    ]
-    if named:
-        raise ConfigError(
-            f"fused_linear_loss=True cannot mask off-policy sequences (grpo.{' and grpo.'.join(named)} set): the fused "
-            "loss never materialises the log-probs the mask is decided on; unset it or set fused_linear_loss: false"
-        )
-
-
-def check_fused_entropy_selection(top_entropy_quantile: float) -> None:
-    """Training on the high-entropy tokens needs each token's entropy, which the fused loss never computes: a
-    quantile below 1 is refused with a :class:`~app.errors.ConfigError`."""
-    if top_entropy_quantile != 1:
-        raise ConfigError(
-            f"fused_linear_loss=True cannot select high-entropy tokens (grpo.top_entropy_quantile = "
-            f"{top_entropy_quantile}): Liger's fused loss computes no entropy; set it to 1 or fused_linear_loss: false"
-        )
-
-
 def require_liger_loss() -> None:
     """A short :class:`~app.errors.ConfigError` when liger-kernel is not installed (no silent fallback)."""
     if importlib.util.find_spec("liger_kernel") is None:
         raise ConfigError(
-            "fused_linear_loss=True needs liger-kernel (pip install -e '.[gpu]', or pip install liger-kernel); "
-            "set fused_linear_loss: false"
+            "loss.fused_linear needs liger-kernel (pip install -e '.[gpu]', or pip install liger-kernel); "
+            "set loss.fused_linear: false"
         )
 
 
@@ -95,15 +68,16 @@ def check_fused_head(lm_head: nn.Module) -> None:
     kind = type(lm_head)
     if kind is not nn.Linear:
         raise ConfigError(
-            f"fused_linear_loss=True needs a plain nn.Linear output head, got {kind.__module__}.{kind.__qualname__} (LoRA on "
-            "lm_head is not supported by the fused loss); drop lm_head from the LoRA targets or set "
-            "fused_linear_loss: false"
+            f"loss.fused_linear needs a plain nn.Linear output head, got {kind.__module__}.{kind.__qualname__} "
+            "(LoRA on lm_head is not supported by the fused loss); drop lm_head from the LoRA targets or set "
+            "loss.fused_linear: false"
         )
 
 
 @dataclass(frozen=True)
 class FusedLinearGRPOLoss:
-    """GRPO loss settings for liger-kernel's fused linear GRPO loss (see the module docstring).
+    """GRPO loss settings for liger-kernel's fused linear GRPO loss (see the module docstring), from
+    :class:`~app.settings.VLMLossSettings`, which checks them.
 
     Attributes:
         eps_low: the ratio's lower clip, ``1 - eps_low``, as in :func:`~app.algorithms.loss.grpo_loss`.
@@ -124,28 +98,6 @@ class FusedLinearGRPOLoss:
     compiled: bool = True
     importance_sampling_level: ImportanceSamplingLevel = "token"
     objective: Objective = "ppo_clip"
-
-    def __post_init__(self):
-        if self.aggregation not in LIGER_LOSS_TYPES:
-            raise ConfigError(
-                f"fused_linear_loss supports loss_aggregation {sorted(LIGER_LOSS_TYPES)}, got {self.aggregation!r}"
-            )
-        if not (self.beta >= 0 and self.eps_low >= 0 and self.eps_high >= 0):  # NaN fails too
-            raise ValueError(
-                f"beta, eps_low and eps_high must be >= 0, got {self.beta}, {self.eps_low}, {self.eps_high}"
-            )
-        check_objective(self.importance_sampling_level, self.objective)
-        if self.objective == "cispo" and self.aggregation not in CISPO_AGGREGATIONS:
-            raise ConfigError(
-                f"fused_linear_loss with grpo.objective 'cispo' supports loss_aggregation {list(CISPO_AGGREGATIONS)} "
-                f"(Liger's cispo divides by the token count), got {self.aggregation!r}; set fused_linear_loss: false"
-            )
-        if self.objective == "cispo" and not self.eps_low >= 1:
-            raise ConfigError(
-                f"fused_linear_loss with grpo.objective 'cispo' needs grpo.eps_low >= 1 (Liger bounds the importance "
-                f"weight only above, as MiniMax-M1 does), got eps_low = {self.eps_low}; set eps_low: 1.0 or "
-                "fused_linear_loss: false"
-            )
 
     def __call__(
         self,
@@ -215,7 +167,7 @@ class FusedLinearGRPOLoss:
             kl = nan  # a per-row mean of the KL that Liger does not return
         policy_loss = loss.detach() - self.beta * kl  # without a reference beta and kl are 0
         ratio_mean = nan if old_logprobs is not None else (weights.sum() > 0).float()  # 1, as a masked mean
-        masked = torch.zeros((), device=loss.device)  # no off-policy masking here (check_fused_masking)
+        masked = torch.zeros((), device=loss.device)  # no off-policy masking here (VLMLossSettings refuses it)
         return GRPOLossOutput(loss, policy_loss, kl.detach(), clip_fraction.detach(), ratio_mean, masked)
 
 

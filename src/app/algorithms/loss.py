@@ -124,8 +124,6 @@ def high_entropy_mask(entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
     tokens in ``mask``; tokens at or above it are kept, so ties at the threshold all stay. ``quantile = 1`` keeps every
     masked token; no masked token: none. Wang et al. 2025 train on the top 20 % (``quantile = 0.2``). No gradient.
     Equation: docs/algorithms.md#high-entropy-tokens."""
-    if not 0 < quantile <= 1:
-        raise ValueError(f"top_entropy_quantile must be in (0, 1], got {quantile}")
     with torch.no_grad():
         mask = mask.bool()  # [N, L]
         if quantile == 1 or not mask.any():
@@ -230,16 +228,15 @@ def grpo_loss(
     loss of micro-batches weighted by their share of the normaliser is still the full-batch loss; ``clip_fraction`` and
     ``ratio_mean`` are taken over every masked token. With ``top_entropy_quantile < 1`` the policy term is kept only
     on :func:`high_entropy_mask`'s tokens of ``entropy`` ``[N, L]`` (the KL on every token, the normaliser unchanged,
-    as Wang et al. 2025 and TRL do).
+    as Wang et al. 2025 and TRL do). The options' bounds and combinations (clip ranges and ``beta`` >= 0, ``cispo``
+    token-level only, the quantile in (0, 1]) are checked where a config sets them,
+    :class:`~app.settings.VLMLossSettings`.
     """
     _check_shapes(logprobs, advantages, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, entropy=entropy)
     if top_entropy_quantile != 1 and entropy is None:
         raise ValueError(f"top_entropy_quantile = {top_entropy_quantile} < 1 needs the per-token entropy")
-    if beta < 0 or eps_low < 0 or eps_high < 0:
-        raise ValueError(f"beta, eps_low and eps_high must be >= 0, got {beta}, {eps_low}, {eps_high}")
     if beta > 0 and ref_logprobs is None:
         raise ValueError(f"beta = {beta} > 0 needs ref_logprobs (log-probs under the reference model)")
-    check_objective(importance_sampling_level, objective)
     logprobs, old_logprobs, advantages = _upcast(logprobs), _upcast(old_logprobs), _upcast(advantages)  # [N, L], [N]
     if importance_sampling_level == "sequence":
         policy_tok, _, is_clipped = gspo_surrogate(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
@@ -273,16 +270,3 @@ def grpo_loss(
         ratio_mean = aggregate(ratio, mask)  # [], masked token mean
     loss = aggregate(per_token, mask, aggregation, max_length)  # []
     return GRPOLossOutput(loss, policy_loss, kl, clip_fraction, ratio_mean, masked.detach())
-
-
-def check_objective(importance_sampling_level: str, objective: str) -> None:
-    """Raise a ``ValueError`` naming the option unless the importance-sampling level and the objective make a loss."""
-    if importance_sampling_level not in ("token", "sequence"):
-        raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
-    if objective not in ("ppo_clip", "cispo"):
-        raise ValueError(f"objective must be 'ppo_clip' or 'cispo', got {objective!r}")
-    if objective == "cispo" and importance_sampling_level == "sequence":
-        raise ValueError(
-            "objective 'cispo' weights each token by its own clipped ratio; importance_sampling_level 'sequence' is "
-            "defined for 'ppo_clip' only (GSPO): set importance_sampling_level: token or objective: ppo_clip"
-        )

@@ -13,7 +13,7 @@ Departures from the public Flow-GRPO / CPS code, and why:
 
 - Log-probs are the exact Gaussian density averaged over latent elements (:mod:`app.sampling.flow`). Flow-GRPO uses the
   same form; the CPS reference code scores ``-(x' - mu)^2`` instead, i.e. its log-ratio is this one times
-  ``2 std^2``, so its clip range (1e-4 .. 1e-3) does not carry over. The default ``grpo.eps_low = grpo.eps_high = 1e-4`` is
+  ``2 std^2``, so its clip range (1e-4 .. 1e-3) does not carry over. The default ``loss.eps_low = loss.eps_high = 1e-4`` is
   Flow-GRPO's clip range for this very log-prob. Per-sample means over thousands of elements move very little per
   update, so a PPO-style 0.2 would never clip. With ``num_iterations == 1`` (the default) the ratio is exactly 1 and
   the clip range has no effect at all.
@@ -38,38 +38,17 @@ from app.sampling.batching import micro_batches
 from app.sampling.flow_rollout import rows_of
 from app.settings import (
     EMASettings,
+    FlowGRPOLossSettings,
     FlowSamplingSettings,
     GRPOSettings,
     OptimizerSettings,
     PipelineSettings,
     as_settings,
+    plain,
 )
 from app.types import Generation, Rollout, SampledTrajectories, VisualSample
 
 __all__ = ["FlowGRPOModule"]
-
-FLOW_CLIP_RANGE = 1e-4
-"""The default ``eps_low`` / ``eps_high``: Flow-GRPO's clip range for the per-step mean log-density."""
-
-
-def check_flow_objective(grpo: GRPOSettings) -> None:
-    """Refuse the VLM-only objectives with a ``ValueError`` naming the option: the loss is computed one trained step
-    (one ``[N, 1]`` "token") at a time, so no call sees a trajectory's steps together, which a sequence ratio and a
-    per-trajectory mask need; CISPO (per step it would be defined) is not validated on per-step mean log-densities; a
-    Gaussian step has no token entropy to select on."""
-    refused = {
-        "grpo.importance_sampling_level: sequence": grpo.importance_sampling_level != "token",
-        "grpo.objective: cispo": grpo.objective != "ppo_clip",
-        "grpo.off_policy_max_log_ratio": grpo.off_policy_max_log_ratio is not None,
-        "grpo.off_policy_max_kl": grpo.off_policy_max_kl is not None,
-        "grpo.top_entropy_quantile": grpo.top_entropy_quantile != 1,
-    }
-    named = [option for option, is_set in refused.items() if is_set]
-    if named:
-        raise ValueError(
-            f"flow-GRPO supports the token-level ppo_clip objective only (its loss sees one denoising step at a time); "
-            f"drop {', '.join(named)}"
-        )
 
 
 class FlowGRPOModule(FlowRLModule):
@@ -81,9 +60,10 @@ class FlowGRPOModule(FlowRLModule):
             ``[F, 3, H, W]`` float tensor in [0, 1]); their weighted sum is the reward.
         sampling: group size K, denoising steps, sampler and its ``eta``, trained steps (``timestep_fraction``,
             ``sde_window``), shared initial noise and guidance (:class:`~app.settings.FlowSamplingSettings`).
-        grpo: clip range of the ratio of per-step mean log-densities (default 1e-4 each way, see the module
-            docstring), KL weight, iterations, advantages, micro-batches (trajectories per transformer forward, in the
+        grpo: KL weight, iterations, advantages, micro-batches (trajectories per transformer forward, in the
             rollout, reference and training passes), gradient clipping (:class:`~app.settings.GRPOSettings`).
+        loss: the clip range of the ratio of per-step mean log-densities (default 1e-4 each way, see the module
+            docstring; :class:`~app.settings.FlowGRPOLossSettings`).
         optimizer: AdamW (default learning rate 5e-6), warm-up, non-finite steps
             (:class:`~app.settings.OptimizerSettings`).
         pipeline: the delayed reward pipeline and dynamic sampling (:class:`~app.settings.PipelineSettings`).
@@ -101,6 +81,7 @@ class FlowGRPOModule(FlowRLModule):
         rewards: Sequence[RewardComponent],
         sampling: FlowSamplingSettings | None = None,
         grpo: GRPOSettings | None = None,
+        loss: FlowGRPOLossSettings | None = None,
         optimizer: OptimizerSettings | None = None,
         pipeline: PipelineSettings | None = None,
         records_per_step: int = 16,
@@ -113,11 +94,13 @@ class FlowGRPOModule(FlowRLModule):
             raise ValueError(
                 f"flow-GRPO needs num_steps >= 2 (the last step is never trained), got {sampling.num_steps}"
             )
-        grpo = (as_settings(GRPOSettings, grpo) or GRPOSettings()).clip_range(FLOW_CLIP_RANGE)
-        check_flow_objective(grpo)
+        grpo = as_settings(GRPOSettings, grpo) or GRPOSettings()
+        loss = as_settings(FlowGRPOLossSettings, loss) or FlowGRPOLossSettings()
         super().__init__(
             policy, rewards, sampling, grpo, optimizer, pipeline, records_per_step, eval_rewards, seed, ema
         )
+        self.loss = loss
+        self.record_hyperparameters(loss=plain(loss))
 
     # --------------------------------------------------------------------------------------------------- rollout
     def generate_rollout(self, samples: list[VisualSample]) -> Generation[SampledTrajectories]:
@@ -153,8 +136,8 @@ class FlowGRPOModule(FlowRLModule):
                     old,
                     rollout.advantages[rows],
                     mask[rows],
-                    eps_low=grpo.eps_low,
-                    eps_high=grpo.eps_high,
+                    eps_low=self.loss.eps_low,
+                    eps_high=self.loss.eps_high,
                     beta=grpo.beta,
                     ref_logprobs=ref,
                 )

@@ -50,24 +50,17 @@ from app.types import Generation, Rollout, SampledImages, VisualSample
 __all__ = ["FlowNFTModule", "check_nft_settings"]
 
 
-def check_nft_settings(sampling: FlowSamplingSettings, nft: NFTSettings, grpo: GRPOSettings) -> None:
+def check_nft_settings(sampling: FlowSamplingSettings, nft: NFTSettings) -> None:
     """Refuse, with a ``ValueError`` naming each, the options DiffusionNFT has no use for (those of flow-GRPO's
     trajectories and ratios, and the stochastic sampler's with a deterministic ``nft.solver``) and the combinations
     that cannot train."""
-    defaults, grpo_defaults = FlowSamplingSettings(), GRPOSettings()
+    defaults = FlowSamplingSettings()
     unused = {
         "sampling.sde_window": sampling.sde_window is not None,
         "sampling.window_stride": sampling.window_stride != defaults.window_stride,
         "sampling.timestep_fraction (use nft.timestep_fraction)": sampling.timestep_fraction != 1.0,
         "sampling.step_weighting": sampling.step_weighting != defaults.step_weighting,
         "sampling.ode_tail": sampling.ode_tail != defaults.ode_tail,
-        "grpo.eps_low": grpo.eps_low is not None,
-        "grpo.eps_high": grpo.eps_high is not None,
-        "grpo.importance_sampling_level": grpo.importance_sampling_level != grpo_defaults.importance_sampling_level,
-        "grpo.objective": grpo.objective != grpo_defaults.objective,
-        "grpo.off_policy_max_log_ratio": grpo.off_policy_max_log_ratio is not None,
-        "grpo.off_policy_max_kl": grpo.off_policy_max_kl is not None,
-        "grpo.top_entropy_quantile": grpo.top_entropy_quantile != 1,
     }
     named = [option for option, is_set in unused.items() if is_set]
     if named:
@@ -109,8 +102,7 @@ class FlowNFTModule(FlowRLModule):
         nft: the implicit policies' ``beta``, the advantage clip, the solver, the trained noise levels, the weighting
             and the sampling policy's moving average (:class:`~app.settings.NFTSettings`).
         grpo: advantages (``advantage_scale``, ``drop_zero_std_groups``), ``beta`` (the KL weight, see the module
-            docstring), iterations, micro-batches and gradient clipping (:class:`~app.settings.GRPOSettings`; the clip
-            range and the VLM objectives are refused).
+            docstring), iterations, micro-batches and gradient clipping (:class:`~app.settings.GRPOSettings`).
         optimizer: AdamW (default learning rate 5e-6), warm-up, non-finite steps
             (:class:`~app.settings.OptimizerSettings`).
         pipeline: the delayed reward pipeline and dynamic sampling (:class:`~app.settings.PipelineSettings`).
@@ -140,7 +132,7 @@ class FlowNFTModule(FlowRLModule):
         sampling = as_settings(FlowSamplingSettings, sampling) or FlowSamplingSettings()
         nft = as_settings(NFTSettings, nft) or NFTSettings()
         grpo = as_settings(GRPOSettings, grpo) or GRPOSettings()
-        check_nft_settings(sampling, nft, grpo)
+        check_nft_settings(sampling, nft)
         super().__init__(
             policy, rewards, sampling, grpo, optimizer, pipeline, records_per_step, eval_rewards, seed, ema
         )
@@ -152,7 +144,7 @@ class FlowNFTModule(FlowRLModule):
     @property
     def unlogged_loss_terms(self) -> frozenset[str]:
         """No likelihood ratio, so no ratio or clip fraction to log."""
-        return frozenset({"clip_fraction", "ratio_mean"})
+        return super().unlogged_loss_terms | {"clip_fraction", "ratio_mean"}
 
     def configure_model(self) -> None:
         super().configure_model()

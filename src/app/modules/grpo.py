@@ -53,8 +53,8 @@ log = logging.getLogger(__name__)
 _SOME_MASS = 1e-12  # divides all-zero loss masses (weights 0, not NaN); masses are counts: any value in (0, 1] is equal
 
 LOSS_TERMS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "off_policy_masked")
-"""The :class:`~app.algorithms.GRPOLossOutput` fields summed over a rollout's micro-batches and logged
-(``off_policy_masked`` only when off-policy masking is on)."""
+"""The :class:`~app.algorithms.GRPOLossOutput` fields summed over a rollout's micro-batches and logged (but those of
+:attr:`GRPOModule.unlogged_loss_terms`)."""
 _LOGGED_AS = {
     "policy_loss": "train/loss/policy",
     "kl": "train/kl",
@@ -197,9 +197,10 @@ class GRPOModule(PolicyModule):
 
     @property
     def unlogged_loss_terms(self) -> frozenset[str]:
-        """:data:`LOSS_TERMS` this module's loss cannot compute (left NaN, not logged), e.g. the ratio under a fused
-        loss that never materialises it."""
-        return frozenset()
+        """:data:`LOSS_TERMS` this module does not log: those its loss cannot compute (left NaN), e.g. the ratio under a
+        fused loss that never materialises it, and ``off_policy_masked`` unless its loss masks off-policy rows (the
+        default: none does)."""
+        return frozenset({"off_policy_masked"})
 
     @property
     def stores_behaviour_logprobs(self) -> bool:
@@ -498,11 +499,9 @@ class GRPOModule(PolicyModule):
         unscored = rollout.rewards.unscored
         scored = slice(None) if unscored is None else ~unscored.to(total.device)  # skipped rows hold placeholders
         whole_groups, _ = self._whole_groups(total)  # [B * K]: a group spread over ranks is one group
+        unlogged = self.unlogged_loss_terms
         values = {
-            "train/loss/policy": stats["policy_loss"],
-            "train/kl": stats["kl"],
-            "train/clip_fraction": stats["clip_fraction"],
-            "train/ratio_mean": stats["ratio_mean"],
+            **{tag: stats[term] for term, tag in _LOGGED_AS.items() if term not in unlogged},
             "train/frac_zero_std": zero_std_groups(whole_groups, rollout.rows_per_prompt * self.grpo.group_ranks)
             .float()
             .mean(),
@@ -510,10 +509,6 @@ class GRPOModule(PolicyModule):
             **self.rollout_logs(rollout),
             **(extra or {}),
         }
-        if self.grpo.masks_off_policy:
-            values[_LOGGED_AS["off_policy_masked"]] = stats["off_policy_masked"]
-        for term in self.unlogged_loss_terms:
-            values.pop(_LOGGED_AS[term])
         if "grad_norm" in stats:
             values["train/grad_norm"] = stats["grad_norm"]
         if "entropy" in stats:  # the policy's per-token entropy over the loss's tokens, overall and per task

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Literal
 
 import torch
 
 from app.algorithms import GRPOLossOutput, grpo_loss
 from app.algorithms.fused_linear import (
     FusedLinearGRPOLoss,
-    check_fused_entropy_selection,
     check_fused_head,
-    check_fused_masking,
     require_liger_loss,
     unavailable_statistics,
 )
@@ -37,15 +34,13 @@ from app.settings import (
     PassAtK,
     PipelineSettings,
     SamplingSettings,
+    VLMLossSettings,
     as_settings,
     plain,
 )
 from app.types import Generation, Rollout, SampledCompletions, VisualSample
 
-VLM_CLIP_RANGE = 0.2
-"""The default ``eps_low`` / ``eps_high`` of token-level GRPO (PPO's and the GRPO paper's)."""
 VLM_LEARNING_RATE = 1e-6
-AGGREGATIONS = ("token_mean", "global_token_mean", "sequence_mean", "constant")
 
 
 class VLMGRPOModule(VLMEvaluation, GRPOModule):
@@ -55,29 +50,19 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         policy: the model to train.
         rewards: reward components, each with its ``weight``; their weighted sum is the reward.
         sampling: group size K, temperature, top_p, max_new_tokens (:class:`~app.settings.SamplingSettings`).
-        grpo: clip range (default 0.2 each way), KL weight, iterations, advantages, micro-batches, gradient clipping,
-            the objective (PPO-clip or CISPO), token- or sequence-level (GSPO) ratios and off-policy sequence masking
+        grpo: KL weight, iterations, advantages, micro-batches, gradient clipping
             (:class:`~app.settings.GRPOSettings`).
+        loss: every option of the loss: clip range (default 0.2 each way), aggregation, truncated completions, the
+            objective (PPO-clip or CISPO), token- or sequence-level (GSPO) ratios, off-policy sequence masking,
+            high-entropy tokens and liger-kernel's fused loss (:class:`~app.settings.VLMLossSettings`).
         optimizer: AdamW (default learning rate 1e-6), warm-up, non-finite steps
             (:class:`~app.settings.OptimizerSettings`).
         pipeline: the delayed reward pipeline and dynamic sampling (:class:`~app.settings.PipelineSettings`).
-        loss_aggregation: ``token_mean`` (divides by this rank's tokens of the step: TRL's ``bnpo``),
-            ``global_token_mean`` (by the step's tokens on every rank, all-reduced once per step: DAPO's token-level
-            mean; the same as ``token_mean`` on one process), ``sequence_mean`` or ``constant`` (Dr. GRPO, divides by
-            B*K*max_new_tokens).
-        mask_truncated: leave completions that hit max_new_tokens without an end token out of the loss.
         records_per_step: completions handed to logging callbacks per step (``outputs["records"]``).
         eval_max_new_tokens: generation budget for greedy evaluation.
         eval_rewards: rewards scored on greedy completions in validation / test (default: accuracy and format).
         pass_at_k: also sample n completions per evaluation prompt and log pass@k (see
             :class:`~app.settings.PassAtK`, docs/evaluation.md); None: greedy only.
-        fused_linear_loss: compute the loss with liger-kernel's fused linear GRPO loss from the last hidden states and
-            the output head instead of per-token log-probs (:mod:`app.algorithms.fused_linear`; needs liger-kernel).
-            The same loss and gradients; ``train/ratio_mean`` (when old log-probs are stored) and, for
-            ``sequence_mean`` with ``beta > 0``, ``train/kl`` and ``train/loss/policy`` are not logged. It computes
-            GSPO and CISPO (``token_mean`` / ``constant``, ``eps_low >= 1``) but no off-policy masking; what it cannot
-            compute is refused here with a ``ConfigError`` naming the option.
-        fused_loss_compiled: let Liger ``torch.compile`` the loss math; None: on CUDA only.
         ema: a moving average of the trainable weights for validation and export (:class:`~app.settings.EMASettings`);
             None: the trained weights.
     """
@@ -88,67 +73,56 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         rewards: Sequence[RewardComponent],
         sampling: SamplingSettings | None = None,
         grpo: GRPOSettings | None = None,
+        loss: VLMLossSettings | None = None,
         optimizer: OptimizerSettings | None = None,
         pipeline: PipelineSettings | None = None,
-        loss_aggregation: Literal["token_mean", "global_token_mean", "sequence_mean", "constant"] = "token_mean",
-        mask_truncated: bool = False,
         records_per_step: int = 16,
         eval_max_new_tokens: int = 256,
         eval_rewards: Sequence[RewardComponent] | None = None,
         pass_at_k: PassAtK | None = None,
-        fused_linear_loss: bool = False,
-        fused_loss_compiled: bool | None = None,
         ema: EMASettings | None = None,
     ):
         sampling = as_settings(SamplingSettings, sampling) or SamplingSettings()
-        grpo = (as_settings(GRPOSettings, grpo) or GRPOSettings()).clip_range(VLM_CLIP_RANGE)
+        grpo = as_settings(GRPOSettings, grpo) or GRPOSettings()
+        loss = as_settings(VLMLossSettings, loss) or VLMLossSettings()
         super().__init__(policy, rewards, sampling, grpo, optimizer, VLM_LEARNING_RATE, pipeline, records_per_step, ema)
-        if loss_aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"loss_aggregation must be 'token_mean', 'global_token_mean', 'sequence_mean' or 'constant', got "
-                f"{loss_aggregation!r}"
-            )
-        self.loss_aggregation = loss_aggregation
-        self.mask_truncated = mask_truncated
+        self.loss = loss
         self.eval_max_new_tokens = eval_max_new_tokens
         self.sampler = VLMSampler(policy, sampling, grpo.micro_batch_size)
         self.eval_rewards = default_eval_rewards(eval_rewards)
         self.eval_results = {}
         self.pass_at_k = as_settings(PassAtK, pass_at_k)
-        self.fused_loss = self._fused_loss(fused_loss_compiled) if fused_linear_loss else None
+        self.fused_loss = self._fused_loss() if self.loss.fused_linear else None
         self.record_hyperparameters(
-            loss_aggregation=loss_aggregation,
-            mask_truncated=mask_truncated,
-            eval_max_new_tokens=eval_max_new_tokens,
-            pass_at_k=plain(self.pass_at_k),
-            fused_linear_loss=fused_linear_loss,
-            fused_loss_compiled=fused_loss_compiled,
+            loss=plain(self.loss), eval_max_new_tokens=eval_max_new_tokens, pass_at_k=plain(self.pass_at_k)
         )
 
-    def _fused_loss(self, compiled: bool | None) -> FusedLinearGRPOLoss:
-        """The fused loss's settings, checked now: liger-kernel installed, a plain output head, and options Liger
-        computes (:class:`~app.algorithms.fused_linear.FusedLinearGRPOLoss` refuses the rest, off-policy masking
-        here)."""
+    def _fused_loss(self) -> FusedLinearGRPOLoss:
+        """The fused loss, once what only the run can tell is checked: liger-kernel installed and a plain output head
+        (the options Liger cannot compute were refused by :class:`~app.settings.VLMLossSettings`)."""
         require_liger_loss()
         check_fused_head(self.policy.hf_model.lm_head)
-        check_fused_masking(self.grpo.off_policy_max_log_ratio, self.grpo.off_policy_max_kl)
-        check_fused_entropy_selection(self.grpo.top_entropy_quantile)
+        loss = self.loss
         return FusedLinearGRPOLoss(
-            eps_low=self.grpo.eps_low,
-            eps_high=self.grpo.eps_high,
+            eps_low=loss.eps_low,
+            eps_high=loss.eps_high,
             beta=self.grpo.beta,
             aggregation=self.micro_batch_aggregation,
             max_length=self.sampling.max_new_tokens,
-            compiled=torch.cuda.is_available() if compiled is None else compiled,
-            importance_sampling_level=self.grpo.importance_sampling_level,
-            objective=self.grpo.objective,
+            compiled=torch.cuda.is_available() if loss.fused_compiled is None else loss.fused_compiled,
+            importance_sampling_level=loss.importance_sampling_level,
+            objective=loss.objective,
         )
 
     @property
     def unlogged_loss_terms(self) -> frozenset[str]:
+        """Without off-policy masking its (zero) fraction; under the fused loss what Liger does not return."""
+        unlogged = frozenset() if self.loss.masks_off_policy else frozenset({"off_policy_masked"})
         if self.fused_loss is None:
-            return frozenset()
-        return unavailable_statistics(self.micro_batch_aggregation, self.grpo.beta, self.stores_behaviour_logprobs)
+            return unlogged
+        return unlogged | unavailable_statistics(
+            self.micro_batch_aggregation, self.grpo.beta, self.stores_behaviour_logprobs
+        )
 
     # --------------------------------------------------------------------------------------------------- rollout
     def generate_rollout(self, samples: list[VisualSample]) -> Generation[SampledCompletions]:
@@ -162,7 +136,7 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         completions = generation.sampled.completions
         mask = completions.completion_mask.clone()  # [N, L]
         mask[~keep] = 0
-        if self.mask_truncated:
+        if self.loss.mask_truncated:
             mask[completions.truncated] = 0
         return mask
 
@@ -170,13 +144,13 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
     def micro_batch_aggregation(self) -> str:
         """The aggregation of each micro-batch's loss: ``global_token_mean`` is ``token_mean`` on this rank, then
         rescaled across ranks by :meth:`gradient_scale`."""
-        return "token_mean" if self.loss_aggregation == "global_token_mean" else self.loss_aggregation
+        return "token_mean" if self.loss.aggregation == "global_token_mean" else self.loss.aggregation
 
     def gradient_scale(self, rollouts: list[Rollout[SampledCompletions]]) -> float:
         """``global_token_mean``: ``world_size * local tokens / all ranks' tokens`` (one all-reduce per step), so the
         ranks' mean gradient is the gradient of the sum of every rank's token losses over all their tokens. 1 for the
         other aggregations."""
-        if self.loss_aggregation != "global_token_mean" or self._trainer is None or self.trainer.world_size == 1:
+        if self.loss.aggregation != "global_token_mean" or self._trainer is None or self.trainer.world_size == 1:
             return 1.0
         local = torch.stack([self.loss_mass(r) for r in rollouts]).sum().to(self.device)  # []
         total = self.trainer.strategy.reduce(local.clone(), reduce_op="sum")  # []
@@ -187,7 +161,7 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         mask = rollout.loss_mask
         if self.micro_batch_aggregation == "token_mean":
             return mask.sum().float()
-        if self.loss_aggregation == "sequence_mean":
+        if self.loss.aggregation == "sequence_mean":
             return (mask.sum(dim=1) > 0).sum().float()
         return torch.tensor(float(mask.shape[0]))
 
@@ -216,7 +190,7 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
     def _micro_batch_loss(self, rollout: Rollout[SampledCompletions], rows: list[int]) -> GRPOLossOutput:
         """The loss of the rows from their per-token log-probs (chunked over the vocabulary), with the policy's
         per-token entropy from the same chunks, tallied per task over the loss's tokens."""
-        grpo, sampled = self.grpo, rollout.sampled
+        loss, sampled = self.loss, rollout.sampled
         logprobs, entropy = self.sampler.logprobs_and_entropy(sampled, rows)  # [n, L] x 2
         old = sampled.old_logprobs[rows] if sampled.old_logprobs is not None else logprobs.detach()
         ref = sampled.ref_logprobs[rows] if sampled.ref_logprobs is not None else None
@@ -226,24 +200,24 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
             old,
             rollout.advantages[rows],
             mask,
-            eps_low=grpo.eps_low,
-            eps_high=grpo.eps_high,
-            beta=grpo.beta,
+            eps_low=loss.eps_low,
+            eps_high=loss.eps_high,
+            beta=self.grpo.beta,
             ref_logprobs=ref,
             aggregation=self.micro_batch_aggregation,
             max_length=self.sampling.max_new_tokens,
-            importance_sampling_level=grpo.importance_sampling_level,
-            objective=grpo.objective,
-            off_policy_max_log_ratio=grpo.off_policy_max_log_ratio,
-            off_policy_max_kl=grpo.off_policy_max_kl,
+            importance_sampling_level=loss.importance_sampling_level,
+            objective=loss.objective,
+            off_policy_max_log_ratio=loss.off_policy_max_log_ratio,
+            off_policy_max_kl=loss.off_policy_max_kl,
             entropy=entropy,
-            top_entropy_quantile=grpo.top_entropy_quantile,
+            top_entropy_quantile=loss.top_entropy_quantile,
         )
         tasks = [rollout.samples[row // rollout.rows_per_prompt].task for row in rows]
         return dataclasses.replace(out, entropy=TokenTally.of(entropy, mask, tasks))
 
     def _fused_micro_batch(self, rollout: Rollout[SampledCompletions], rows: list[int]) -> GRPOLossOutput:
-        """The same loss from liger-kernel's fused linear GRPO loss (see ``fused_linear_loss``), on the rows re-padded
+        """The same loss from liger-kernel's fused linear GRPO loss (``loss.fused_linear``), on the rows re-padded
         to their own longest completion."""
         sampled = rollout.sampled
         batch = self.sampler.micro_batch(sampled, rows)
