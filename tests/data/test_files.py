@@ -7,6 +7,7 @@ import logging
 import re
 from pathlib import Path
 
+import cv2
 import datasets
 import numpy as np
 import pytest
@@ -32,6 +33,16 @@ def png_bytes(color, size=(8, 6)):
 
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def write_clip(path, frames: int = 4, size=(16, 12), fps: float = 4.0):
+    """An MJPG clip whose frame i is a flat grey of value 10 * i."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, size)
+    for i in range(frames):
+        writer.write(np.full((size[1], size[0], 3), 10 * i, dtype=np.uint8))
+    writer.release()
     return path
 
 
@@ -129,6 +140,47 @@ def test_swift_messages_keep_the_assistant_turn_in_meta(folder):
     assert sample.meta == {"response": "<answer>no</answer>"}
 
 
+def test_easyr1_verl_and_swift_read_a_videos_column_sampled_by_the_reader_s_options(folder):
+    write_clip(folder / "images" / "clip.avi", frames=24, size=(64, 48), fps=8.0)  # 3 s
+    reader_options = dict(image_dir=str(folder / "images"), video_fps=2.0, max_video_frames=4, max_video_pixels=32 * 24)
+    easyr1 = [{"problem": "<video> Which way?", "answer": "left", "videos": ["clip.avi"], "images": []}]
+    verl = [
+        {
+            "prompt": [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Which way?"}]}],
+            "videos": ["clip.avi"],
+            "reward_model": {"ground_truth": "left"},
+            "data_source": "moving",
+        }
+    ]
+    swift = [{"messages": [{"role": "user", "content": "<video>Which way?"}], "videos": "clip.avi", "solution": "left"}]
+    for preset, rows in (("easyr1", easyr1), ("verl", verl), ("swift", swift)):
+        path = str(write_jsonl(folder / f"{preset}.jsonl", rows))
+        sample = FileDataset(1, 0, 64, path, RowReader(preset=preset, **reader_options))[0]
+        assert sample.answer == "left" and sample.question.startswith("<video>") and "videos" not in sample.meta
+        (video,) = sample.videos
+        # 2 fps over 3 s is 6 frames, capped at 4; 64 x 48 scaled to 32 x 24; 4 of 24 frames at 8 fps is 4/3 fps
+        assert video.frames.shape == (4, 24, 32, 3) and video.fps == pytest.approx(4 / 3), preset
+        means = video.frames.reshape(4, -1).mean(axis=1)  # frame i is 10 i grey: linspace(0, 23, 4) -> 0, 8, 15, 23
+        np.testing.assert_allclose(means, [0, 80, 150, 230], atol=5)
+
+
+def test_a_videos_column_of_a_layout_without_videos_goes_to_meta(folder):
+    rows = [{"prompt": "Which way?", "solution": "left", "videos": ["clip.avi"]}]
+    sample = FileDataset(1, 0, 64, str(write_jsonl(folder / "t.jsonl", rows)), RowReader(preset="trl"))[0]
+    assert sample.videos == [] and sample.meta == {"videos": ["clip.avi"]}
+
+
+def test_building_the_data_set_checks_video_headers_without_decoding(folder, monkeypatch):
+    write_clip(folder / "images" / "clip.avi")
+    rows = [{"question": "Which way?", "videos": ["clip.avi"]}]
+    path = str(write_jsonl(folder / "v.jsonl", rows))
+    monkeypatch.setattr(cv2.VideoCapture, "retrieve", lambda self: (_ for _ in ()).throw(AssertionError("decoded")))
+    data = FileDataset(1, 0, 64, path, RowReader(image_dir=str(folder / "images")))
+    assert len(data) == 1
+    with pytest.raises(AssertionError, match="decoded"):
+        data[0]
+
+
 def test_csv_with_a_json_list_of_paths_and_a_saved_table_with_image_features(folder):
     csv = folder / "rows.csv"
     csv.write_text('question,answer,images\nLeft?,yes,"[""images/red.png"", ""images/blue.png""]"\n')
@@ -168,6 +220,21 @@ BAD_ROWS = {
     "duplicate key": ({"id": 0}, "id", "duplicate key '0' (first at row 0)"),
     "path leaving image_dir": ({"images": ["../outside.png"]}, "images", "leaves image_dir"),
     "placeholders": ({"question": "<image><image>Q?"}, "question", "2 <image> placeholders for 1 images"),
+    "missing video": ({"videos": ["none.avi"]}, "videos", "video 'none.avi' not found"),
+    "unreadable video": ({"videos": ["junk.mp4"]}, "videos", "video 'junk.mp4': unreadable video"),
+    "video over the limit": (
+        {"videos": ["long.avi"]},
+        "videos",
+        "video 'long.avi': 20 frames, over max_source_frames=10 (the reader's max_video_source_frames)",
+    ),
+    "video frames over the limit": (
+        {"videos": ["wide.avi"]},
+        "videos",
+        "video 'wide.avi': frames of 40x30 pixels, over max_source_pixels=1000 (the reader's max_image_pixels)",
+    ),
+    "video path leaving image_dir": ({"videos": ["../clip.avi"]}, "videos", "video path '../clip.avi' leaves"),
+    "video placeholders": ({"question": "<image> <video> Q?"}, "question", "1 <video> placeholders for 0 videos"),
+    "too many videos": ({"videos": ["clip.avi"] * 5}, "videos", "5 videos, more than max_videos=4"),
 }
 
 
@@ -175,6 +242,10 @@ def bad_file(folder, change):
     write_png(folder / "images" / "big.png", (1, 1, 1), size=(40, 30))
     (folder / "images" / "junk.png").write_bytes(b"not a png")
     write_png(folder / "outside.png", (1, 1, 1))
+    write_clip(folder / "images" / "long.avi", frames=20)
+    write_clip(folder / "images" / "wide.avi", size=(40, 30))
+    write_clip(folder / "clip.avi")
+    (folder / "images" / "junk.mp4").write_bytes(b"not a video" * 50)
     rows = [GOOD, {**GOOD, "id": 1}, {**GOOD, "id": 2, **change}, {**GOOD, "id": 3}]
     return str(write_jsonl(folder / "bad.jsonl", rows))
 
@@ -183,7 +254,7 @@ def bad_file(folder, change):
 def test_a_bad_row_stops_the_run_naming_file_row_and_field(folder, kind):
     change, field, reason = BAD_ROWS[kind]
     path = bad_file(folder, change)
-    reader = RowReader(key="id", image_dir=str(folder / "images"), max_image_pixels=1000)
+    reader = RowReader(key="id", image_dir=str(folder / "images"), max_image_pixels=1000, max_video_source_frames=10)
 
     with pytest.raises(BadRowError) as error:
         FileDataset(10, 0, 64, path, reader)
@@ -195,7 +266,9 @@ def test_a_bad_row_stops_the_run_naming_file_row_and_field(folder, kind):
 @pytest.mark.parametrize("kind", list(BAD_ROWS))
 def test_skip_skips_counts_and_logs_the_bad_row(folder, kind, caplog):
     change, field, reason = BAD_ROWS[kind]
-    reader = RowReader(key="id", image_dir=str(folder / "images"), max_image_pixels=1000, on_bad_row="skip")
+    reader = RowReader(
+        key="id", image_dir=str(folder / "images"), max_image_pixels=1000, max_video_source_frames=10, on_bad_row="skip"
+    )
 
     with caplog.at_level(logging.WARNING, logger="app.data.files"):
         data = FileDataset(10, 0, 64, bad_file(folder, change), reader)

@@ -4,11 +4,14 @@ The file is read with the ``datasets`` library (local files only; the rows land 
 file larger than memory is never held in it), and each row becomes a sample through :class:`RowReader`:
 
 - ``question``: a string, or chat messages (``[{"role": "user", "content": ...}]``, content a string or a list of
-  ``{"type": "text", "text": ...}`` / ``{"type": "image"}`` parts): the user turns' text, image parts as ``<image>``.
-  ``<image>`` placeholders are checked against the number of images and kept where the row puts them (the VLM policy
-  puts each image there; generation layouts drop them); the system turn goes to ``meta["system"]``, assistant turns
-  to ``meta["response"]``.
+  ``{"type": "text", "text": ...}`` / ``{"type": "image"}`` / ``{"type": "video"}`` parts): the user turns' text,
+  image parts as ``<image>``, video parts as ``<video>``. Placeholders are checked against the number of images and
+  videos and kept where the row puts them (the VLM policy puts each image and video there; generation layouts drop
+  them); the system turn goes to ``meta["system"]``, assistant turns to ``meta["response"]``.
 - ``images``: a path (relative to ``image_dir``), image bytes, a ``datasets`` ``Image`` value or a list of them.
+- ``videos`` (the ``default``, ``verl``, ``easyr1`` and ``swift`` layouts): a video file path (relative to
+  ``image_dir``, under the same rules as image paths) or a list of them, decoded with OpenCV and sampled at
+  ``video_fps`` (:mod:`app.data.video`).
 - ``answer``, ``reasoning`` (the SFT stage's chain of thought), ``task``: strings; a numeric answer becomes its text,
   and an answer written as a response (``<think>R</think><answer>A</answer>``) becomes ``A``, with ``R`` as the
   reasoning when the row has none.
@@ -44,8 +47,9 @@ from torch.utils.data import Dataset
 
 from app.data.row_fields import PRESETS, RowFields
 from app.data.tables import TableRows, load_table
+from app.data.video import VideoError, VideoLimits, probe_video, read_video
 from app.errors import ConfigError
-from app.types import IMAGE_TOKEN, PAIR_RELATIONS, VisualSample
+from app.types import IMAGE_TOKEN, PAIR_RELATIONS, VIDEO_TOKEN, Video, VisualSample
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +58,11 @@ __all__ = ["PRESETS", "BadRow", "BadRowError", "FileDataset", "RowCheck", "RowFi
 Item = VisualSample | tuple[VisualSample, VisualSample]
 """What a row becomes: a sample, or a prompt and its augmented twin (a layout with a ``twin`` field)."""
 
-_PLACEHOLDER = re.compile(r"\s*<image>\s*")
+_PLACEHOLDER = re.compile(r"\s*(<image>|<video>)\s*")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _THINK_TAG = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_VIDEO_OPTIONS = {"max_source_frames": "max_video_source_frames", "max_source_pixels": "max_image_pixels"}
+"""The reader's option behind each limit of a video file (:class:`~app.data.video.VideoLimits`)."""
 _LOGGED_BAD_ROWS = 20  # skipped rows logged one by one; the rest only counted (a broken file must not flood the log)
 
 
@@ -90,6 +96,24 @@ class _Bad(Exception):
 
 
 # ------------------------------------------------------------------------------------------------------ rows
+def _values(row: dict[str, Any], fields: tuple[str, ...], what: str, limit: int) -> tuple[str, list[Any]]:
+    """The first of ``fields`` the row has, and its values as a list (a path, a list, or a JSON list in a CSV cell);
+    at most ``limit`` of them."""
+    for field in fields:
+        found, value = _lookup(row, field)
+        if found and value is not None:
+            if isinstance(value, str) and value.startswith("["):  # a list in a CSV cell, as JSON text
+                try:
+                    value = json.loads(value)
+                except ValueError as err:
+                    raise _Bad(field, f"not a JSON list of paths: {err}") from None
+            values = value if isinstance(value, list) else [value]
+            if len(values) > limit:
+                raise _Bad(field, f"{len(values)} {what}, more than max_{what}={limit}")
+            return field, values
+    return fields[0] if fields else what, []
+
+
 def _lookup(row: dict[str, Any], path: str) -> tuple[bool, Any]:
     """``(found, value)`` of a dotted ``path`` in ``row``."""
     value: Any = row
@@ -120,6 +144,8 @@ def _content_text(content: Any, field: str) -> str:
             texts.append(part["text"])
         elif kind in ("image", "image_url"):
             texts.append(IMAGE_TOKEN)
+        elif kind in ("video", "video_url"):
+            texts.append(VIDEO_TOKEN)
         else:
             raise _Bad(field, f"unknown message part {str(part)[:80]!r}")
     return "".join(texts)
@@ -172,6 +198,12 @@ class RowReader:
         allow_outside_image_dir: accept paths that resolve outside ``image_dir`` (absolute ones, ``..``, links).
         max_image_pixels: largest image (width x height) accepted, read from the image's header before decoding.
         max_images: most images one row may hold.
+        videos: the video field, or several to try in order; None: the preset's.
+        video_fps: frames sampled per second of a video (Qwen-VL's default 2).
+        max_video_frames: most frames kept of a video (an even number; longer clips are sampled more sparsely).
+        max_video_pixels: most pixels of a kept video frame; larger frames are scaled down.
+        max_video_source_frames: longest video file accepted, in frames (read from its header before decoding).
+        max_videos: most videos one row may hold.
         prompt_template: the question as the model sees it, with ``{question}`` where the row's question goes (e.g.
             ``"{question} Answer with a number."``); None: the question alone.
         on_bad_row: ``stop``: the first bad row raises :class:`BadRowError`; ``skip``: bad rows are skipped, counted
@@ -192,6 +224,12 @@ class RowReader:
         allow_outside_image_dir: bool = False,
         max_image_pixels: int = 4096 * 4096,
         max_images: int = 16,
+        videos: str | list[str] | None = None,
+        video_fps: float = 2.0,
+        max_video_frames: int = 32,
+        max_video_pixels: int = 448 * 448,
+        max_video_source_frames: int = 36_000,
+        max_videos: int = 4,
         prompt_template: str | None = None,
         on_bad_row: Literal["stop", "skip"] = "stop",
     ) -> None:
@@ -206,17 +244,30 @@ class RowReader:
         overrides = {"question": question, "answer": answer, "reasoning": reasoning, "task": task, "key": key}
         if images is not None:
             overrides["images"] = (images,) if isinstance(images, str) else tuple(images)
+        if videos is not None:
+            overrides["videos"] = (videos,) if isinstance(videos, str) else tuple(videos)
+        if max_videos < 0:
+            raise ValueError(f"max_videos must be >= 0, got {max_videos}")
         self.fields = dataclasses.replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
         self.preset, self.default_task = preset, default_task
         self.image_dir = Path(image_dir) if image_dir is not None else None
         self.allow_outside_image_dir = allow_outside_image_dir
         self.max_image_pixels, self.max_images = max_image_pixels, max_images
+        self.max_videos = max_videos
+        self.video_limits = VideoLimits(
+            fps=video_fps,
+            max_frames=max_video_frames,
+            max_pixels=max_video_pixels,
+            max_source_frames=max_video_source_frames,
+            max_source_pixels=max_image_pixels,
+        )
         self.prompt_template, self.on_bad_row = prompt_template, on_bad_row
 
     # -------------------------------------------------------------------------------------------------- fields
     def _consumed(self, row: dict[str, Any]) -> set[str]:
         fields = self.fields
-        named = [fields.question, fields.answer, fields.reasoning, fields.task, *fields.images, fields.twin or ""]
+        named = [fields.question, fields.answer, fields.reasoning, fields.task, *fields.images, *fields.videos]
+        named.append(fields.twin or "")
         return {name for name in named if "." not in name and name in row}
 
     def _question(self, row: dict[str, Any]) -> tuple[str, dict[str, str]]:
@@ -243,28 +294,35 @@ class RowReader:
         return value
 
     def _image_values(self, row: dict[str, Any]) -> tuple[str, list[Any]]:
-        for field in self.fields.images:
-            found, value = _lookup(row, field)
-            if found and value is not None:
-                if isinstance(value, str) and value.startswith("["):  # a list in a CSV cell, as JSON text
-                    try:
-                        value = json.loads(value)
-                    except ValueError as err:
-                        raise _Bad(field, f"not a JSON list of paths: {err}") from None
-                values = value if isinstance(value, list) else [value]
-                if len(values) > self.max_images:
-                    raise _Bad(field, f"{len(values)} images, more than max_images={self.max_images}")
-                return field, values
-        return self.fields.images[0] if self.fields.images else "images", []
+        return _values(row, self.fields.images, "images", self.max_images)
 
-    def _image_path(self, path: str, field: str, base: Path) -> Path:
+    def _video_values(self, row: dict[str, Any]) -> tuple[str, list[Any]]:
+        return _values(row, self.fields.videos, "videos", self.max_videos)
+
+    def _image_path(self, path: str, field: str, base: Path, what: str = "image") -> Path:
         root = (self.image_dir or base).resolve()
         resolved = (root / path).resolve()
         if not self.allow_outside_image_dir and not resolved.is_relative_to(root):
-            raise _Bad(field, f"image path {path!r} leaves image_dir {str(root)!r} (allow_outside_image_dir allows)")
+            raise _Bad(field, f"{what} path {path!r} leaves image_dir {str(root)!r} (allow_outside_image_dir allows)")
         if not resolved.is_file():
-            raise _Bad(field, f"image {path!r} not found (looked at {str(resolved)!r})")
+            raise _Bad(field, f"{what} {path!r} not found (looked at {str(resolved)!r})")
         return resolved
+
+    def _open_video(self, value: Any, field: str, base: Path, decode: bool) -> Video | None:
+        """Check one video file's header (frame count, frame size); decode its sampled frames only when ``decode``."""
+        if isinstance(value, dict) and "path" in value:
+            value = value["path"]
+        if not isinstance(value, str):
+            raise _Bad(field, f"a video must be a file path, got {type(value).__name__}")
+        path = self._image_path(value, field, base, what="video")
+        try:
+            if not decode:
+                probe_video(path, self.video_limits)
+                return None
+            return read_video(path, self.video_limits)
+        except VideoError as err:
+            option = f" (the reader's {_VIDEO_OPTIONS[err.limit]})" if err.limit else ""
+            raise _Bad(field, f"video {value!r}: {err.reason}{option}") from None
 
     def _open_image(self, value: Any, field: str, base: Path, decode: bool) -> Image.Image | None:
         """Check one image's header (size, format); decode it only when ``decode``."""
@@ -310,15 +368,19 @@ class RowReader:
     def _sample(self, row: dict[str, Any], base: Path, decode: bool) -> VisualSample:
         question, extra = self._question(row)
         image_field, values = self._image_values(row)
-        placeholders = question.count(IMAGE_TOKEN)
-        if placeholders and placeholders != len(values):
-            raise _Bad(self.fields.question, f"{placeholders} {IMAGE_TOKEN} placeholders for {len(values)} images")
+        video_field, video_values = self._video_values(row)
+        placed = {IMAGE_TOKEN: (len(values), "images"), VIDEO_TOKEN: (len(video_values), "videos")}
+        if any(token in question for token in placed):  # then every image and every video has its placeholder
+            for token, (count, what) in placed.items():
+                if question.count(token) != count:
+                    raise _Bad(self.fields.question, f"{question.count(token)} {token} placeholders for {count} {what}")
         if self.fields.image_count is not None and len(values) != self.fields.image_count:
             raise _Bad(image_field, f"{len(values)} images; this layout needs {self.fields.image_count}")
         if not _PLACEHOLDER.sub(" ", question).strip():
             raise _Bad(self.fields.question, "empty question")
         question = question.strip() if self.fields.keep_placeholders else _PLACEHOLDER.sub(" ", question).strip()
         images = [self._open_image(value, image_field, base, decode) for value in values]
+        videos = [self._open_video(value, video_field, base, decode) for value in video_values]
         meta = {k: v for k, v in row.items() if k not in self._consumed(row)}
         for name, value in meta.items():
             if not _is_plain(value):
@@ -337,6 +399,7 @@ class RowReader:
             answer=answer,
             reasoning=self._text(row, self.fields.reasoning) or reasoning,
             meta=meta,
+            videos=[video for video in videos if video is not None],
         )
 
     def _pair(

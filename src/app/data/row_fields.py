@@ -20,6 +20,8 @@ class RowFields:
     Attributes:
         question: the prompt: a string or chat messages.
         images: candidate image columns; the first one the row has is read.
+        videos: candidate video columns (video file paths); the first one the row has is read. Empty: rows have no
+            videos (a ``videos`` column then passes to ``meta``).
         answer: the label rewards compare with.
         reasoning: the chain of thought supervised fine-tuning learns.
         task: the task name (rewards and logs group by it).
@@ -34,6 +36,7 @@ class RowFields:
 
     question: str = "question"
     images: tuple[str, ...] = ("images", "image")
+    videos: tuple[str, ...] = ()
     answer: str = "answer"
     reasoning: str = "reasoning"
     task: str = "task"
@@ -45,11 +48,17 @@ class RowFields:
 
 
 PRESETS: dict[str, RowFields] = {
-    "default": RowFields(),
+    "default": RowFields(videos=("videos",)),
     "trl": RowFields(question="prompt", answer="solution"),
-    "verl": RowFields(question="prompt", images=("images",), answer="reward_model.ground_truth", task="data_source"),
-    "easyr1": RowFields(question="problem", images=("images",)),
-    "swift": RowFields(question="messages", images=("images",), answer="solution"),
+    "verl": RowFields(
+        question="prompt",
+        images=("images",),
+        videos=("videos",),
+        answer="reward_model.ground_truth",
+        task="data_source",
+    ),
+    "easyr1": RowFields(question="problem", images=("images",), videos=("videos",)),
+    "swift": RowFields(question="messages", images=("images",), videos=("videos",), answer="solution"),
     "flow": RowFields(question="prompt", keep_placeholders=False),
     "reason_rft": RowFields(question="problem", images=("image",), answer="solution"),
     "core": RowFields(task="dimension", image_count=3, required_meta=("pair_answers",)),
@@ -59,10 +68,10 @@ PRESETS: dict[str, RowFields] = {
 """Field layouts by name.
 
 - ``trl``: a ``prompt`` (text or chat messages), ``image`` / ``images``, ``solution``.
-- ``verl``: ``prompt`` chat messages with ``<image>``, ``images``, ``reward_model.ground_truth``, ``data_source`` as
-  the task.
-- ``easyr1``: ``problem``, ``answer``, ``images``.
-- ``swift``: ``messages``, ``images``, ``solution``.
+- ``verl``: ``prompt`` chat messages with ``<image>`` / ``<video>``, ``images``, ``videos``,
+  ``reward_model.ground_truth``, ``data_source`` as the task.
+- ``easyr1``: ``problem``, ``answer``, ``images``, ``videos``.
+- ``swift``: ``messages``, ``images``, ``videos``, ``solution``.
 - ``flow``: a generation ``prompt`` with optional conditioning ``image`` / ``images`` (``negative_prompt`` and
   ``video`` pass to ``meta``).
 - ``reason_rft``: Reason-RFT's released JSON (``problem``, ``image`` as a path, a list of paths or of
@@ -75,5 +84,5 @@ PRESETS: dict[str, RowFields] = {
   ``answer``).
 - ``vbvr``: VBVR-Dataset's ``metadata.parquet`` (``prompt``, ``first_frame_path`` as the conditioning image, ``task``;
   ``final_frame_path``, ``ground_truth_video_path`` and ``metadata_json`` pass to ``meta``).
-- ``default``: the package's own names (``question``, ``images``, ``answer``, ``reasoning``, ``task``).
+- ``default``: the package's own names (``question``, ``images``, ``videos``, ``answer``, ``reasoning``, ``task``).
 """
