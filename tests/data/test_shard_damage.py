@@ -250,5 +250,5 @@ def test_records_off_the_schema_are_counted_with_their_reason(tmp_path, caplog):
         "JSON field 'answer' must be a string, got int 3",
         "JSON field 'question' missing or not a string",
         "JSON field 'reasoning' must be a string, got dict {'step': 1}",
-        "unsupported schema True (this reader knows up to 1)",
+        "unsupported schema True (this reader knows up to 2)",  # schema 2 added videos
     ]

@@ -17,7 +17,7 @@ from app.data.shards import (
 )
 from app.tasks.dots import DotsDataset
 from app.tasks.dots.triplets import TripletDotsDataset
-from app.types import VisualSample
+from app.types import Video, VisualSample
 
 
 def _dots(n: int, seed: int = 0) -> list[VisualSample]:
@@ -68,7 +68,7 @@ def test_schema_of_a_record():
     record = encode_sample(sample, "k-1")
     payload = json.loads(record["json"])
     assert payload == {
-        "schema": SCHEMA_VERSION,
+        "schema": 1,  # no videos: the schema that existed before them
         "task": "t",
         "question": "q?",
         "answer": "a",
@@ -77,6 +77,99 @@ def test_schema_of_a_record():
     }
     image = Image.open(io.BytesIO(record["img0.png"]))
     assert image.format == "PNG" and image.mode == "RGB"
+
+
+def clip(frames: int, seed: int, fps: float) -> Video:
+    pixels = np.random.default_rng(seed).integers(0, 256, (frames, 6, 10, 3), dtype=np.uint8)
+    return Video(pixels, fps=fps)
+
+
+def test_videos_round_trip_exactly_with_their_rate_under_schema_2(tmp_path):
+    samples = [
+        VisualSample([], "<video> Which way?", "moving", answer="left", videos=[clip(4, 0, 2.0)]),
+        VisualSample(
+            [Image.new("RGB", (8, 8), (1, 2, 3))],
+            "<image> <video> <video>?",
+            "t",
+            videos=[clip(2, 1, 1.5), clip(6, 2, 3)],
+        ),
+        VisualSample([Image.new("RGB", (8, 8))], "No video.", "t"),
+    ]
+    paths = write_samples(samples, tmp_path, "vid")
+    members = _tar_members(paths[0])
+    assert {name.split(".", 1)[1] for name in members if name.startswith("vid-000000001.")} == {
+        "json",
+        "img0.png",
+        "vid0.npy",
+        "vid1.npy",
+    }
+    schemas = [json.loads(members[f"vid-00000000{i}.json"])["schema"] for i in range(3)]
+    assert schemas == [2, 2, 1] and SCHEMA_VERSION == 2
+    back = list(read_samples([str(p) for p in paths]))
+    for original, decoded in zip(samples, back, strict=True):
+        assert [v.fps for v in decoded.videos] == [v.fps for v in original.videos]
+        for a, b in zip(original.videos, decoded.videos, strict=True):
+            assert np.array_equal(a.frames, b.frames)
+        assert decoded.question == original.question and len(decoded.images) == len(original.images)
+
+
+def write_old_shard(path, samples: list[VisualSample]):
+    """A shard as the writer wrote it before videos existed: schema 1 records, the images as PNG members."""
+    with tarfile.open(path, "w") as tar:
+        for i, sample in enumerate(samples):
+            key = f"old-{i:09d}"
+            record = {"schema": 1, "task": sample.task, "question": sample.question, "meta": sample.meta}
+            members = {"json": json.dumps({**record, "num_images": len(sample.images)}).encode()}
+            for j, image in enumerate(sample.images):
+                buffer = io.BytesIO()
+                image.save(buffer, format="PNG")
+                members[f"img{j}.png"] = buffer.getvalue()
+            for suffix, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{suffix}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_shards_written_before_videos_still_read(tmp_path):
+    samples = _dots(3)
+    back = list(read_samples([str(write_old_shard(tmp_path / "old-000000.tar", samples))]))
+    assert [s.question for s in back] == [s.question for s in samples]
+    assert all(s.videos == [] and len(s.images) == 1 for s in back)
+    assert np.array_equal(np.asarray(back[0].images[0]), np.asarray(samples[0].images[0].convert("RGB")))
+
+
+def _npy(array) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"drop": "vid0.npy"}, r"'k-0': missing video 'vid0.npy' \(1 videos\)"),
+        ({"add": "vid1.npy"}, r"'k-0': video members \['vid1.npy'\] beyond the 1 videos of its record"),
+        ({"json": {"videos": [{"fps": 0}]}}, "'k-0': each entry of 'videos' needs an 'fps' > 0"),
+        ({"json": {"videos": "fast"}}, "'k-0': JSON field 'videos' must be a list of objects"),
+        ({"json": {"schema": 1}}, r"'k-0': video members \['vid0.npy'\] beyond the 0 videos"),
+        ({"vid0.npy": _npy(np.zeros((2, 4, 4, 3), np.float32))}, "'k-0': cannot decode video 'vid0.npy': .*uint8"),
+        ({"vid0.npy": _npy(np.array([{"a": 1}], dtype=object))}, "'k-0': cannot decode video 'vid0.npy': .*pickle"),
+    ],
+    ids=["missing", "extra", "fps", "not-a-list", "schema-1-with-a-video", "float-frames", "pickled"],
+)
+def test_video_records_off_the_schema_are_refused_naming_the_member(change, message):
+    record = encode_sample(VisualSample([], "<video>?", "t", videos=[clip(2, 0, 2.0)]), "k-0")
+    if "drop" in change:
+        del record[change["drop"]]
+    if "add" in change:
+        record[change["add"]] = record["vid0.npy"]
+    if "json" in change:
+        record["json"] = json.dumps({**json.loads(record["json"]), **change["json"]}).encode()
+    if "vid0.npy" in change:
+        record["vid0.npy"] = change["vid0.npy"]
+    with pytest.raises(ValueError, match=message):
+        decode_sample(record)
 
 
 def test_keys_are_unique_and_deterministic(tmp_path):

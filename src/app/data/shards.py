@@ -8,16 +8,25 @@ One tar member group per sample, all named ``<key>.<suffix>``:
 
       {"schema": 1, "task": str, "question": str, "answer": str, "reasoning": str, "meta": {...}, "num_images": int}
 
+  and, for a sample with videos, ``"schema": 2`` and ``"videos": [{"fps": float}, ...]``, one entry per video.
+
   ``answer`` and ``reasoning`` are absent when the sample has none (or when labels are stripped). ``meta`` holds the
   question parameters, the scene metadata augmentations need, and the ground-truth fields verifiers read; label-bearing
   meta goes under the names in ``LABEL_META_KEYS``. Tuples come back as lists and numpy values as Python numbers.
 - ``<key>.img0.png``, ``<key>.img1.png``, ...: ``num_images`` PNG images, RGB (other modes are converted on write,
   dropping alpha).
+- ``<key>.vid0.npy``, ``<key>.vid1.npy``, ... (schema 2): each video's frames, a NumPy ``.npy`` uint8 array
+  ``[F, H, W, 3]`` (read without pickle); the frames are stored as sampled, exactly, at the ``fps`` of its entry.
+
+Schema versions: 1 holds images only; 2 adds ``videos``. A sample is written with the oldest schema that holds it (a
+sample without videos is a schema 1 record, as before videos existed), and readers read every version up to
+``SCHEMA_VERSION``: shards written before videos read as samples without videos.
 
 A record is valid when ``task`` and ``question`` are strings, ``answer`` and ``reasoning`` are strings or absent,
-``meta`` is an object, and the ``img{i}.png`` members are exactly ``img0.png`` ... ``img{num_images - 1}.png``
-(``num_images`` 0 with no image member is a prompt-only sample, as text-to-image training reads); readers refuse
-anything else, naming the key and the field (:func:`decode_sample`).
+``meta`` is an object, the ``img{i}.png`` members are exactly ``img0.png`` ... ``img{num_images - 1}.png``
+(``num_images`` 0 with no image member is a prompt-only sample, as text-to-image training reads), and the
+``vid{i}.npy`` members are exactly one per entry of ``videos`` (none in schema 1); readers refuse anything else, naming
+the key and the field (:func:`decode_sample`).
 
 Shards are read with :func:`tar_members`, which notices what Python's ``tarfile`` passes over in silence: a corrupt
 member header in the middle of a shard (tarfile stops there as if at the end of the archive) and a shard cut short at a
@@ -53,15 +62,18 @@ from pathlib import Path
 from typing import Any
 
 import braceexpand
+import numpy as np
 import webdataset as wds
 from PIL import Image
 from webdataset.tariterators import group_by_keys
 
-from app.types import VisualSample
+from app.types import Video, VisualSample
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+VIDEO_SCHEMA = 2
+"""The first schema with videos."""
 
 LABEL_META_KEYS: tuple[str, ...] = (
     "answer",
@@ -82,6 +94,7 @@ that augmentations need (positions, boxes) stays.
 
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+$")
 _IMAGE_MEMBER = re.compile(r"img(\d+)\.png")
+_VIDEO_MEMBER = re.compile(r"vid(\d+)\.npy")
 _META_MEMBER = re.compile(r"__[^/]*__($|/)")  # webdataset's metadata members (``__key__`` files), never sample data
 _REMOTE = ("pipe:", "http://", "https://", "gs://", "s3://")
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -90,6 +103,17 @@ _GLOB_CHARS = re.compile(r"[*?\[]")
 def image_name(index: int) -> str:
     """The tar member suffix of image ``index``: ``img0.png``, ``img1.png``, ..."""
     return f"img{index}.png"
+
+
+def video_name(index: int) -> str:
+    """The tar member suffix of video ``index``: ``vid0.npy``, ``vid1.npy``, ..."""
+    return f"vid{index}.npy"
+
+
+def _npy(frames: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(frames), allow_pickle=False)
+    return buffer.getvalue()
 
 
 def without_labels(sample: VisualSample) -> VisualSample:
@@ -116,13 +140,16 @@ def encode_sample(sample: VisualSample, key: str) -> dict[str, Any]:
     """The WebDataset record of ``sample`` under ``key`` (``__key__``, ``json`` bytes, ``img{i}.png`` bytes)."""
     if not key or "." in key or "/" in key:
         raise ValueError(f"sample key must be non-empty without '.' or '/', got {key!r}")
-    record: dict[str, Any] = {"schema": SCHEMA_VERSION, "task": sample.task, "question": sample.question}
+    schema = VIDEO_SCHEMA if sample.videos else 1  # the oldest schema that holds the sample
+    record: dict[str, Any] = {"schema": schema, "task": sample.task, "question": sample.question}
     if sample.answer is not None:
         record["answer"] = sample.answer
     if sample.reasoning is not None:
         record["reasoning"] = sample.reasoning
     record["meta"] = sample.meta
     record["num_images"] = len(sample.images)
+    if sample.videos:
+        record["videos"] = [{"fps": float(video.fps)} for video in sample.videos]
     try:
         payload = json.dumps(record, default=_json_default, ensure_ascii=False).encode()
     except (TypeError, ValueError) as err:
@@ -132,6 +159,8 @@ def encode_sample(sample: VisualSample, key: str) -> dict[str, Any]:
     out: dict[str, Any] = {"__key__": key, "json": payload}
     for i, image in enumerate(sample.images):
         out[image_name(i)] = _png(image)
+    for i, video in enumerate(sample.videos):
+        out[video_name(i)] = _npy(video.frames)
     return out
 
 
@@ -144,6 +173,28 @@ def _decode_image(key: str, name: str, value: Any) -> Image.Image:
     except Exception as err:
         raise ValueError(f"sample {key!r}: cannot decode image {name!r}: {err}") from err
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _decode_video(key: str, name: str, value: Any, fps: Any) -> Video:
+    """A video member: an ``.npy`` uint8 array (as bytes, read without pickle, or already decoded) at ``fps``."""
+    try:
+        frames = value if isinstance(value, np.ndarray) else np.load(io.BytesIO(value), allow_pickle=False)
+        return Video(frames, fps=fps)
+    except Exception as err:  # noqa: BLE001 - any failure to read the member is a bad video
+        raise ValueError(f"sample {key!r}: cannot decode video {name!r}: {err}") from None
+
+
+def _video_entries(key: str, record: dict[str, Any], schema: int) -> list[Any]:
+    """The ``fps`` of each video of a record: none before :data:`VIDEO_SCHEMA`."""
+    if schema < VIDEO_SCHEMA:
+        return []
+    entries = record.get("videos", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError(f"sample {key!r}: JSON field 'videos' must be a list of objects, got {str(entries)[:80]}")
+    fps = [entry.get("fps") for entry in entries]
+    if not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in fps):
+        raise ValueError(f"sample {key!r}: each entry of 'videos' needs an 'fps' > 0, got {str(entries)[:80]}")
+    return fps
 
 
 def _decode_record(key: str, value: Any) -> dict[str, Any]:
@@ -200,6 +251,16 @@ def decode_sample(wds_sample: dict[str, Any]) -> VisualSample:
         if name not in wds_sample:
             raise ValueError(f"sample {key!r}: missing image {name!r} (num_images={num_images})")
         images.append(_decode_image(key, name, wds_sample[name]))
+    fps = _video_entries(key, record, schema)
+    expected_videos = [video_name(i) for i in range(len(fps))]
+    extra = sorted(k for k in wds_sample if _VIDEO_MEMBER.fullmatch(k) and k not in expected_videos)
+    if extra:
+        raise ValueError(f"sample {key!r}: video members {extra} beyond the {len(fps)} videos of its record")
+    videos = []
+    for name, rate in zip(expected_videos, fps, strict=True):
+        if name not in wds_sample:
+            raise ValueError(f"sample {key!r}: missing video {name!r} ({len(fps)} videos)")
+        videos.append(_decode_video(key, name, wds_sample[name], rate))
     return VisualSample(
         images=images,
         question=record["question"],
@@ -207,6 +268,7 @@ def decode_sample(wds_sample: dict[str, Any]) -> VisualSample:
         answer=record.get("answer"),
         reasoning=record.get("reasoning"),
         meta=meta,
+        videos=videos,
     )
 
 
