@@ -17,7 +17,7 @@ import torch
 from app.models import FlowPolicy
 from app.modules import FlowGRPOModule
 from app.rewards.color_region import ColorRegionReward
-from app.settings import FlowSamplingSettings, GRPOSettings, LoRASettings
+from app.settings import FlowGRPOSamplingSettings, GRPOSettings, LoRASettings
 from app.tasks.dots.shapes import ShapePromptDataset
 
 
@@ -55,7 +55,7 @@ def main() -> None:
         policy,
         [ColorRegionReward()],
         seed=1,
-        sampling=FlowSamplingSettings(
+        sampling=FlowGRPOSamplingSettings(
             group_size=args.group,
             num_steps=args.steps,
             eta=args.eta,

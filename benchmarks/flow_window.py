@@ -33,7 +33,7 @@ from pipeline import StepTimer, flow_data  # noqa: E402
 from app.models import FlowPolicy  # noqa: E402
 from app.modules import FlowGRPOModule  # noqa: E402
 from app.rewards import RewardComponent  # noqa: E402
-from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings  # noqa: E402
+from app.settings import FlowGRPOSamplingSettings, LoRASettings, OptimizerSettings  # noqa: E402
 
 WARMUP = 2
 ARMS = {
@@ -53,7 +53,7 @@ def run(arm: str, steps: int) -> tuple[list[float], list[int]]:
     """Median-able step times and trained steps per rollout of ``steps`` timed steps of ``arm``."""
     L.seed_everything(0, verbose=False)
     policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8), resolution={"height": 64, "width": 64})
-    sampling = FlowSamplingSettings(group_size=4, num_steps=8, **ARMS[arm])
+    sampling = FlowGRPOSamplingSettings(group_size=4, num_steps=8, **ARMS[arm])
     module = FlowGRPOModule(policy, [Redness()], sampling, optimizer=OptimizerSettings(learning_rate=1e-4))
     trained: list[int] = []
     draw = module.sampler.draw

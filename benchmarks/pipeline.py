@@ -109,10 +109,10 @@ def vlm_data(num_batches: int, prompts: int = 4):
 def flow_module(reward: RewardComponent, pipeline: PipelineSettings):
     from app.models import FlowPolicy
     from app.modules import FlowGRPOModule
-    from app.settings import FlowSamplingSettings, LoRASettings
+    from app.settings import FlowGRPOSamplingSettings, LoRASettings
 
     policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8), resolution={"height": 64, "width": 64})
-    sampling = FlowSamplingSettings(group_size=4, num_steps=8)
+    sampling = FlowGRPOSamplingSettings(group_size=4, num_steps=8)
     return FlowGRPOModule(
         policy, [reward], sampling, pipeline=pipeline, optimizer=OptimizerSettings(learning_rate=1e-4)
     )

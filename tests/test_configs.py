@@ -100,8 +100,8 @@ def test_objectives_arms_parse_as_their_settings(monkeypatch, print_config):
 
 def test_flow_grpo_arms_parse_as_their_sampling_settings(monkeypatch, print_config):
     """Every arm of benchmarks/repro/flow_grpo.py that overrides its task's recipe parses and builds valid
-    ``FlowSamplingSettings`` (a moving window needs its first position, ...)."""
-    from app.settings import FlowSamplingSettings
+    ``FlowGRPOSamplingSettings`` (a moving window needs its first position, ...)."""
+    from app.settings import FlowGRPOSamplingSettings
 
     flow_grpo = load_repro("flow_grpo", monkeypatch)
     for task in flow_grpo.TASKS:
@@ -113,7 +113,7 @@ def test_flow_grpo_arms_parse_as_their_sampling_settings(monkeypatch, print_conf
                 key, _, value = item.partition("=")
                 args += [f"--{key}", value]
             config = print_config(args)
-            settings = FlowSamplingSettings(**config["model"]["init_args"]["sampling"])
+            settings = FlowGRPOSamplingSettings(**config["model"]["init_args"]["sampling"])
             if name.startswith("mixgrpo"):  # the window takes the same five positions over each recipe's steps
                 steps, every = config["trainer"]["max_steps"], settings.window_every_n_steps
                 assert steps == 5 * every and settings.window_at(0) == (0, 2), task

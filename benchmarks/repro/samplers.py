@@ -151,7 +151,7 @@ def evaluate(folder: Path, seed: int, samples: list, reuse: bool = False) -> dic
     ``val/reward/color_region`` (one batch, noise seeded by the module seed, which the repro sets to ``seed``). Kept
     beside the folder (``samplers_eval.json``), read back with ``reuse`` when newer than the policy's files."""
     from app.sampling import FlowSampler
-    from app.settings import FlowSamplingSettings
+    from app.settings import FlowGRPOSamplingSettings
 
     cache = folder.parent / "samplers_eval.json"
     newest = max(p.stat().st_mtime for p in folder.rglob("*"))
@@ -161,7 +161,7 @@ def evaluate(folder: Path, seed: int, samples: list, reuse: bool = False) -> dic
     steps = yaml.safe_load((ROOT / "configs" / TASK.grpo).read_text())["model"]["init_args"]["sampling"]["num_steps"]
     result = {}
     for solver in SOLVERS:
-        sampler = FlowSampler(policy, FlowSamplingSettings(num_steps=steps, eval_sampler=solver))
+        sampler = FlowSampler(policy, FlowGRPOSamplingSettings(num_steps=steps, eval_sampler=solver))
         images = sampler.generate([s.question for s in samples], seed=seed)
         values = score(images, samples)
         result[solver] = sum(values) / len(values)
@@ -180,10 +180,10 @@ def rollouts(policy, samples: list, seed: int, sampler: str, eta: float, window:
     (None: Euler throughout), from starting noise and step noise seeded by ``seed`` alone: two calls with the same
     seed and window see the same noises whatever the sampler."""
     from app.sampling import FlowSampler, stochastic_steps
-    from app.settings import FlowSamplingSettings
+    from app.settings import FlowGRPOSamplingSettings
 
     recipe = yaml.safe_load((ROOT / "configs" / TASK.grpo).read_text())["model"]["init_args"]["sampling"]
-    settings = FlowSamplingSettings(
+    settings = FlowGRPOSamplingSettings(
         group_size=recipe["group_size"],
         num_steps=recipe["num_steps"],
         sampler=sampler,

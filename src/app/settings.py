@@ -76,35 +76,18 @@ class SamplingSettings:
 
 @dataclass
 class FlowSamplingSettings:
-    """How a flow policy's denoising trajectories are drawn (see :mod:`app.sampling.flow_rollout` for which steps are
-    stochastic and which are trained).
+    """How a flow policy's samples are drawn, in both flow families (flow-GRPO's trajectory options are in
+    :class:`FlowGRPOSamplingSettings`).
 
     Attributes:
-        group_size: trajectories per prompt (K).
+        group_size: samples per prompt (K).
         num_steps: denoising steps T of a rollout (and of deterministic evaluation samples).
-        sampler: ``cps`` (coefficients-preserving) or ``sde`` (Flow-GRPO) for the stochastic steps.
+        sampler: ``cps`` (coefficients-preserving) or ``sde`` (Flow-GRPO) for the stochastic steps: flow-GRPO's, and
+            DiffusionNFT's with ``nft.solver: stochastic``.
         eta: the sampler's noise level, > 0 (``cps``: at most 1).
-        timestep_fraction: fraction of the stochastic steps trained per rollout (a random subset); 1.0 trains all.
-        sde_window: ``(start, end)``: only steps ``start <= i < end`` are stochastic (and trained), the others are
-            ODE steps; None: every step but the last.
-        window_stride: MixGRPO's moving window: after every ``window_every_n_steps`` optimizer steps the window moves
-            this many denoising steps later (its size kept; it stops at the last trainable steps). 0: a fixed window.
-            Needs ``sde_window`` (the first position).
-        window_every_n_steps: optimizer steps between two moves of the window.
-        step_weighting: how a rollout's loss weighs its trained steps: ``uniform`` (Flow-GRPO: each 1 / S) or
-            ``noise_std`` (each in proportion to its transition's noise std, normalised to sum to 1: the noisy early
-            steps, where an exploration changes the sample most, weigh more; after TempFlow-GRPO's noise-aware
-            weighting, which scales the policy loss by the step's noise level).
-        ode_tail: the solver of the deterministic steps after the window: ``euler`` (first order, as before it) or
-            ``unipc`` (diffusers' ``UniPCMultistepScheduler`` in flow mode, order 2, no gradients: MixGRPO-Flash's
-            higher-order ODE part).
-        ode_tail_steps: with ``ode_tail: unipc``, the solver steps from the window's end to the sample: None takes
-            every remaining step of the schedule; a number takes that many, on sigmas spaced evenly in index along the
-            remaining schedule (its ends kept), so the tail costs that many velocity evaluations (MixGRPO-Flash's
-            compressed ODE part; a tail already that short is taken whole).
-        shared_initial_noise: the K trajectories of a prompt start from the same noise (DanceGRPO), so the rewards within
+        shared_initial_noise: the K samples of a prompt start from the same noise (DanceGRPO), so the rewards within
             a group differ only through the sampler's noise, which the policy gradient can credit; False (Flow-GRPO)
-            draws one starting noise per trajectory, whose effect on the reward the gradient cannot credit.
+            draws one starting noise per sample, whose effect on the reward the gradient cannot credit.
         guidance_scale: classifier-free guidance weight; > 1 runs the empty prompt alongside (twice the compute):
             ``v = v_uncond + g (v_cond - v_uncond)``. On a guidance-distilled FLUX it comes on top of the policy's
             ``flux_guidance``. An image condition is kept in both branches (as the I2V and Kontext pipelines do).
@@ -117,13 +100,6 @@ class FlowSamplingSettings:
     num_steps: int = 10
     sampler: Literal["sde", "cps"] = "cps"
     eta: float = 0.7
-    timestep_fraction: float = 1.0
-    sde_window: tuple[int, int] | None = None
-    window_stride: int = 0
-    window_every_n_steps: int = 1
-    ode_tail: Literal["euler", "unipc"] = "euler"
-    ode_tail_steps: int | None = None
-    step_weighting: Literal["uniform", "noise_std"] = "uniform"
     shared_initial_noise: bool = False
     guidance_scale: float = 1.0
     eval_sampler: Literal["euler", "unipc"] = "euler"
@@ -137,12 +113,60 @@ class FlowSamplingSettings:
             raise ValueError(
                 f"eta must be > 0 (and <= 1 for cps): eta = 0 makes every step deterministic, got {self.eta}"
             )
-        if not 0 < self.timestep_fraction <= 1:
-            raise ValueError(f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
         if self.eval_sampler not in ("euler", "unipc"):
             raise ValueError(f"eval_sampler must be 'euler' or 'unipc', got {self.eval_sampler!r}")
         if self.guidance_scale < 1.0:
             raise ValueError(f"guidance_scale must be >= 1 (1 disables guidance), got {self.guidance_scale}")
+
+
+@dataclass
+class FlowGRPOSamplingSettings(FlowSamplingSettings):
+    """How flow-GRPO's denoising trajectories are drawn: :class:`FlowSamplingSettings` and which steps are stochastic
+    and trained (see :mod:`app.sampling.flow_rollout`), the ``sampling:`` block of
+    :class:`~app.modules.FlowGRPOModule`.
+
+    Attributes:
+        group_size: trajectories per prompt (K).
+        num_steps: denoising steps T of a rollout (and of deterministic evaluation samples); at least 2 (the last
+            step is never trained).
+        sampler: ``cps`` (coefficients-preserving) or ``sde`` (Flow-GRPO) for the stochastic steps.
+        eta: the sampler's noise level, > 0 (``cps``: at most 1).
+        shared_initial_noise: the K trajectories of a prompt start from the same noise (DanceGRPO); False
+            (Flow-GRPO): one starting noise per trajectory (see :class:`FlowSamplingSettings`).
+        guidance_scale: classifier-free guidance weight, >= 1 (1: none; see :class:`FlowSamplingSettings`).
+        eval_sampler: the solver of deterministic evaluation samples, ``euler`` or ``unipc``.
+        timestep_fraction: fraction of the stochastic steps trained per rollout (a random subset); 1.0 trains all.
+        sde_window: ``(start, end)``: only steps ``start <= i < end`` are stochastic (and trained), the others are
+            ODE steps; None: every step but the last.
+        window_stride: MixGRPO's moving window: after every ``window_every_n_steps`` optimizer steps the window moves
+            this many denoising steps later (its size kept; it stops at the last trainable steps). 0: a fixed window.
+            Needs ``sde_window`` (the first position).
+        window_every_n_steps: optimizer steps between two moves of the window.
+        ode_tail: the solver of the deterministic steps after the window: ``euler`` (first order, as before it) or
+            ``unipc`` (diffusers' ``UniPCMultistepScheduler`` in flow mode, order 2, no gradients: MixGRPO-Flash's
+            higher-order ODE part).
+        ode_tail_steps: with ``ode_tail: unipc``, the solver steps from the window's end to the sample: None takes
+            every remaining step of the schedule; a number takes that many, on sigmas spaced evenly in index along the
+            remaining schedule (its ends kept), so the tail costs that many velocity evaluations (MixGRPO-Flash's
+            compressed ODE part; a tail already that short is taken whole).
+        step_weighting: how a rollout's loss weighs its trained steps: ``uniform`` (Flow-GRPO: each 1 / S) or
+            ``noise_std`` (each in proportion to its transition's noise std, normalised to sum to 1: the noisy early
+            steps, where an exploration changes the sample most, weigh more; after TempFlow-GRPO's noise-aware
+            weighting, which scales the policy loss by the step's noise level).
+    """
+
+    timestep_fraction: float = 1.0
+    sde_window: tuple[int, int] | None = None
+    window_stride: int = 0
+    window_every_n_steps: int = 1
+    ode_tail: Literal["euler", "unipc"] = "euler"
+    ode_tail_steps: int | None = None
+    step_weighting: Literal["uniform", "noise_std"] = "uniform"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0 < self.timestep_fraction <= 1:
+            raise ValueError(f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
         if self.sde_window is not None:
             window = tuple(int(i) for i in self.sde_window)
             if len(window) != 2 or not 0 <= window[0] < min(window[1], self.num_steps - 1):

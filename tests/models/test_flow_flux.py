@@ -12,7 +12,7 @@ from app.models import FlowPolicy
 from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RewardComponent
 from app.sampling import FlowSampler
-from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings
+from app.settings import FlowGRPOSamplingSettings, LoRASettings, OptimizerSettings
 from app.types import VisualSample
 
 PROMPTS = ["a red circle on the left", "a blue square on the top"]
@@ -78,7 +78,7 @@ def test_true_cfg_mixes_in_the_empty_prompt(policy):
             policy.velocity(latents, sigma, cond),
             policy.velocity(latents, sigma, policy.encode_prompts(["", ""])),
         )
-        guided = FlowSampler(policy, FlowSamplingSettings(guidance_scale=2.0)).velocity(latents, sigma, cond)
+        guided = FlowSampler(policy, FlowGRPOSamplingSettings(guidance_scale=2.0)).velocity(latents, sigma, cond)
     torch.testing.assert_close(guided, v_uncond + 2.0 * (v_cond - v_uncond), atol=1e-5, rtol=1e-5)
 
 
@@ -143,7 +143,7 @@ def test_short_flow_grpo_fit_moves_every_lora_weight(fit):
     module = FlowGRPOModule(
         policy,
         [RednessReward()],
-        sampling=FlowSamplingSettings(group_size=2, num_steps=3),
+        sampling=FlowGRPOSamplingSettings(group_size=2, num_steps=3),
         optimizer=OptimizerSettings(learning_rate=1e-3),
     )
     prompts = [VisualSample(images=[], question=f"a red square, number {i}", task="red") for i in range(2)]

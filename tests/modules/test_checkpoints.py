@@ -31,7 +31,7 @@ from app.modules.checkpoints import (
     seed_rng_states,
 )
 from app.modules.policy_module import PolicyModule
-from app.settings import FlowSamplingSettings, GRPOSettings, LoRASettings, OptimizerSettings
+from app.settings import FlowGRPOSamplingSettings, GRPOSettings, LoRASettings, OptimizerSettings
 
 
 def shape_prompts(n: int = 2) -> DataLoader:
@@ -43,7 +43,7 @@ def shape_prompts(n: int = 2) -> DataLoader:
 def grpo(lora: LoRASettings | None, beta: float = 0.0) -> FlowGRPOModule:
     torch.manual_seed(0)
     policy = FlowPolicy("tiny-sd3", lora=lora)
-    sampling = FlowSamplingSettings(group_size=2, num_steps=3)
+    sampling = FlowGRPOSamplingSettings(group_size=2, num_steps=3)
     return FlowGRPOModule(
         policy,
         [RednessReward()],  # dense: a random tiny model's groups carry a signal, so every step moves the weights

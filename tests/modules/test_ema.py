@@ -12,7 +12,7 @@ from app.models import FlowPolicy
 from app.modules import FlowGRPOModule
 from app.modules.ema import PolicyEMA
 from app.rewards import RewardComponent
-from app.settings import EMASettings, FlowSamplingSettings, LoRASettings, OptimizerSettings
+from app.settings import EMASettings, FlowGRPOSamplingSettings, LoRASettings, OptimizerSettings
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -100,7 +100,7 @@ def flow_module(ema: EMASettings | None):
     return FlowGRPOModule(
         policy,
         [Brightness()],
-        FlowSamplingSettings(group_size=2, num_steps=3),
+        FlowGRPOSamplingSettings(group_size=2, num_steps=3),
         optimizer=OptimizerSettings(learning_rate=1e-2),
         ema=ema,
     )

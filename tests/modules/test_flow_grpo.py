@@ -14,7 +14,7 @@ from app.modules.flow_grpo import FlowGRPOModule
 from app.sampling.flow import flow_sigmas
 from app.settings import (
     FlowGRPOLossSettings,
-    FlowSamplingSettings,
+    FlowGRPOSamplingSettings,
     GRPOSettings,
     OptimizerSettings,
     PipelineSettings,
@@ -24,7 +24,7 @@ K = 4
 T = 4
 
 
-SAMPLING_FIELDS = {field.name for field in dataclasses.fields(FlowSamplingSettings)} - {"group_size", "num_steps"}
+SAMPLING_FIELDS = {field.name for field in dataclasses.fields(FlowGRPOSamplingSettings)} - {"group_size", "num_steps"}
 GRPO_FIELDS = {field.name for field in dataclasses.fields(GRPOSettings)}
 LOSS_FIELDS = {field.name for field in dataclasses.fields(FlowGRPOLossSettings)}
 OPTIMIZER_FIELDS = {field.name for field in dataclasses.fields(OptimizerSettings)}
@@ -38,7 +38,7 @@ def flow_module(policy=None, **options) -> FlowGRPOModule:
     def block(fields):
         return {key: options.pop(key) for key in fields & options.keys()}
 
-    sampling = FlowSamplingSettings(group_size=K, num_steps=T, **block(SAMPLING_FIELDS))
+    sampling = FlowGRPOSamplingSettings(group_size=K, num_steps=T, **block(SAMPLING_FIELDS))
     grpo, optimizer = GRPOSettings(**block(GRPO_FIELDS)), OptimizerSettings(**block(OPTIMIZER_FIELDS))
     loss = FlowGRPOLossSettings(**block(LOSS_FIELDS))
     policy = policy if policy is not None else StandInPolicy()
@@ -84,7 +84,7 @@ def test_bad_settings_are_refused(kwargs):
 
 def test_one_denoising_step_is_refused_with_a_message_naming_it():
     with pytest.raises(ValueError, match=r"flow-GRPO needs num_steps >= 2 \(the last step is never trained\), got 1"):
-        FlowGRPOModule(StandInPolicy(), [RednessReward()], FlowSamplingSettings(num_steps=1))
+        FlowGRPOModule(StandInPolicy(), [RednessReward()], FlowGRPOSamplingSettings(num_steps=1))
 
 
 def test_the_defaults_are_the_documented_ones():
@@ -109,7 +109,7 @@ def test_settings_blocks_given_as_hyper_parameter_dicts_are_built_into_settings(
         optimizer={"learning_rate": 0.5},
         pipeline={"delay": 1, "workers": "inline"},
     )
-    assert module.sampling == FlowSamplingSettings(group_size=2, num_steps=3)
+    assert module.sampling == FlowGRPOSamplingSettings(group_size=2, num_steps=3)
     assert module.grpo.micro_batch_size == 3 and module.optimizer_settings.learning_rate == 0.5
     assert module.pipeline == PipelineSettings(delay=1, workers="inline")
 

@@ -12,7 +12,7 @@ from app.models.flow import FlowPolicy
 from app.modules.flow_grpo import FlowGRPOModule
 from app.modules.flow_matching import FlowMatchingModule
 from app.rewards import RewardComponent
-from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings
+from app.settings import FlowGRPOSamplingSettings, LoRASettings, OptimizerSettings
 from app.tasks.vbvr import VBVRPromptDataset, VBVRScorerReward
 
 
@@ -48,7 +48,7 @@ def test_grpo_fit_moves_every_lora_weight_of_a_conditioned_model(name, fit):
     module = FlowGRPOModule(
         policy,
         [RednessReward()],
-        sampling=FlowSamplingSettings(group_size=2, num_steps=3),
+        sampling=FlowGRPOSamplingSettings(group_size=2, num_steps=3),
         optimizer=OptimizerSettings(learning_rate=1e-3),
     )
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
@@ -82,7 +82,7 @@ def test_validation_logs_every_split_task_and_regime_with_failed_checks():
     module = FlowGRPOModule(
         policy,
         [VBVRScorerReward()],
-        sampling=FlowSamplingSettings(group_size=2, num_steps=2, eval_sampler="unipc"),
+        sampling=FlowGRPOSamplingSettings(group_size=2, num_steps=2, eval_sampler="unipc"),
     )
     samples = vbvr_samples(4, 64, split=["in_domain", "out_of_domain"])
     logged = {}

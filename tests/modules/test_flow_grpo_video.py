@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader
 from app.models.flow import FlowPolicy
 from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RewardComponent
-from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings
+from app.settings import FlowGRPOSamplingSettings, LoRASettings, OptimizerSettings
 from app.types import VisualSample
 
 
@@ -24,7 +24,7 @@ def test_two_grpo_steps_on_the_tiny_video_model_move_every_adapter(fit):
     module = FlowGRPOModule(
         policy,
         [FrameRednessReward()],
-        sampling=FlowSamplingSettings(group_size=2, num_steps=3),
+        sampling=FlowGRPOSamplingSettings(group_size=2, num_steps=3),
         optimizer=OptimizerSettings(learning_rate=1e-3),
     )
     prompts = [VisualSample([], f"a red ball moving right, clip {i}", "video") for i in range(2)]

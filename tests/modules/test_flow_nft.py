@@ -42,19 +42,6 @@ def nft_module(policy=None, learning_rate=1e-2, **options) -> FlowNFTModule:
 
 
 # ---------------------------------------------------------------------------------------------- settings
-@pytest.mark.parametrize(
-    ("kwargs", "named"),
-    [
-        ({"sde_window": (0, 1)}, "sampling.sde_window"),
-        ({"ode_tail": "unipc"}, "sampling.ode_tail"),
-    ],
-)
-def test_flow_grpo_options_are_refused_by_name(kwargs, named):
-    with pytest.raises(ValueError, match="DiffusionNFT trains on clean samples") as error:
-        nft_module(**kwargs)
-    assert named in str(error.value)
-
-
 def test_guidance_and_a_deterministic_solver_on_shared_noise_are_refused():
     with pytest.raises(ValueError, match="CFG-free"):
         nft_module(guidance_scale=2.0)

@@ -504,7 +504,7 @@ def test_delay_zero_takes_the_plain_step_with_rewards_in_the_training_thread(new
 
 def test_the_flow_family_trains_with_delay_one_on_stored_log_densities(fit, params_snapshot):
     from app.models import FlowPolicy
-    from app.settings import FlowGRPOLossSettings, FlowSamplingSettings, LoRASettings
+    from app.settings import FlowGRPOLossSettings, FlowGRPOSamplingSettings, LoRASettings
 
     class Redness(RewardComponent):
         def score(self, completions, samples):
@@ -515,7 +515,7 @@ def test_the_flow_family_trains_with_delay_one_on_stored_log_densities(fit, para
     module = FlowGRPOModule(
         policy,
         [Redness()],
-        FlowSamplingSettings(group_size=2, num_steps=4),
+        FlowGRPOSamplingSettings(group_size=2, num_steps=4),
         pipeline=PipelineSettings(delay=1, workers="thread"),
         loss=FlowGRPOLossSettings(eps_low=0.5, eps_high=0.5),
         optimizer=OptimizerSettings(learning_rate=0.05),

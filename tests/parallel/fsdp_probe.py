@@ -33,7 +33,7 @@ from app.parallel.fsdp import local_numel
 from app.rewards import RewardComponent
 from app.settings import (
     EMASettings,
-    FlowSamplingSettings,
+    FlowGRPOSamplingSettings,
     GRPOSettings,
     LoRASettings,
     OptimizerSettings,
@@ -127,7 +127,7 @@ def build(
     else:
         name, text_length = ("tiny-wan-i2v", 512) if policy_kind == "flowi2v_lora" else ("tiny-sd3", None)
         policy = FlowPolicy(name, lora=LoRASettings(r=4, alpha=8), max_sequence_length=text_length)
-        sampling = FlowSamplingSettings(group_size=2, num_steps=3, sampler="cps", eta=0.7)
+        sampling = FlowGRPOSamplingSettings(group_size=2, num_steps=3, sampler="cps", eta=0.7)
         module = FlowGRPOModule(
             policy,
             [BrightnessReward()],

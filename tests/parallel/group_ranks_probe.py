@@ -33,7 +33,7 @@ from fsdp_probe import BrightnessReward, full_trainable_state, run_cases, traine
 from app.data import VisualTaskDataModule  # noqa: E402
 from app.models import FlowPolicy  # noqa: E402
 from app.modules import FlowGRPOModule, GRPOModule  # noqa: E402
-from app.settings import FlowSamplingSettings, GRPOSettings, LoRASettings, OptimizerSettings  # noqa: E402
+from app.settings import FlowGRPOSamplingSettings, GRPOSettings, LoRASettings, OptimizerSettings  # noqa: E402
 from app.tasks.dots import ShapePromptDataset  # noqa: E402
 from app.types import RewardOutput, VisualSample  # noqa: E402
 
@@ -96,7 +96,7 @@ def fit(out: Path, case: str, ranks: int) -> None:
     module = FlowGRPOModule(
         policy,
         [BrightnessReward()],
-        FlowSamplingSettings(group_size=FIT_GROUP_SIZE, num_steps=3, sampler="cps", eta=0.7),
+        FlowGRPOSamplingSettings(group_size=FIT_GROUP_SIZE, num_steps=3, sampler="cps", eta=0.7),
         grpo=GRPOSettings(group_ranks=ranks, micro_batch_size=4),
         optimizer=OptimizerSettings(learning_rate=1e-3),
     )

@@ -28,7 +28,7 @@ from app.data import VisualTaskDataModule
 from app.models import FlowPolicy
 from app.modules import FlowGRPOModule
 from app.modules.checkpoints import rng_states
-from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings
+from app.settings import FlowGRPOSamplingSettings, LoRASettings, OptimizerSettings
 from app.tasks.dots import ShapePromptDataset
 
 STEPS = 2  # the straight run's length
@@ -56,7 +56,7 @@ def build_case(policy_kind: str) -> tuple[L.LightningModule, L.LightningDataModu
     sampler = policy_kind.removeprefix("flow_")
     policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8))
     # two steps, the first of them stochastic and trained: the cheapest rollout that still draws noise
-    sampling = FlowSamplingSettings(group_size=2, num_steps=2, sampler=sampler, eta=0.7)
+    sampling = FlowGRPOSamplingSettings(group_size=2, num_steps=2, sampler=sampler, eta=0.7)
     module = FlowGRPOModule(policy, [BrightnessReward()], sampling, optimizer=OptimizerSettings(learning_rate=1e-3))
     data = VisualTaskDataModule(ShapePromptDataset, train_size=8, val_size=0, test_size=0, batch_size=1, image_size=64)
     return module, data

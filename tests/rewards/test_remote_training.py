@@ -11,7 +11,7 @@ from app.models.flow import FlowPolicy
 from app.modules.flow_grpo import FlowGRPOModule
 from app.rewards import RemoteReward
 from app.rewards.serve import ServerProcess
-from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings, PipelineSettings
+from app.settings import FlowGRPOSamplingSettings, LoRASettings, OptimizerSettings, PipelineSettings
 from app.tasks.vbvr import VBVRPromptDataset, VBVRScorerReward
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def train(rewards, fit):
     module = FlowGRPOModule(
         policy,
         rewards,
-        sampling=FlowSamplingSettings(group_size=2, num_steps=3),
+        sampling=FlowGRPOSamplingSettings(group_size=2, num_steps=3),
         optimizer=OptimizerSettings(learning_rate=1e-3),
         pipeline=PipelineSettings(delay=1),
     )

@@ -8,7 +8,7 @@ import torch
 from app.models import FlowPolicy
 from app.sampling import FlowSampler
 from app.sampling.flow import unipc_sample
-from app.settings import FlowSamplingSettings, LoRASettings
+from app.settings import FlowGRPOSamplingSettings, LoRASettings
 
 PROMPTS = ["a red dot left of a blue dot", "three squares", "a green circle"]
 
@@ -23,7 +23,7 @@ def policy() -> FlowPolicy:
 def test_micro_batched_velocities_equal_the_full_batch(policy):
     x = policy.initial_noise(3, torch.Generator().manual_seed(1))
     conditioning = policy.encode_prompts(PROMPTS)
-    full, micro = FlowSampler(policy, FlowSamplingSettings()), FlowSampler(policy, FlowSamplingSettings(), 2)
+    full, micro = FlowSampler(policy, FlowGRPOSamplingSettings()), FlowSampler(policy, FlowGRPOSamplingSettings(), 2)
     with torch.no_grad():
         expected = full.velocity(x, torch.tensor(0.7), conditioning)
         torch.testing.assert_close(micro.velocity(x, torch.tensor(0.7), conditioning), expected, rtol=1e-5, atol=1e-6)
@@ -38,14 +38,14 @@ def test_guidance_mixes_in_the_empty_prompt_and_keeps_the_gradient(policy):
     with torch.no_grad():
         v_cond = policy.velocity(x, sigma, conditioning)
         v_uncond = policy.velocity(x, sigma, policy.encode_prompts(["", ""]))
-    guided = FlowSampler(policy, FlowSamplingSettings(guidance_scale=4.0)).velocity(x, sigma, conditioning)
+    guided = FlowSampler(policy, FlowGRPOSamplingSettings(guidance_scale=4.0)).velocity(x, sigma, conditioning)
     torch.testing.assert_close(guided, v_uncond + 4.0 * (v_cond - v_uncond), atol=1e-5, rtol=1e-5)
     assert guided.requires_grad  # trained steps differentiate through both passes
 
 
 # ---------------------------------------------------------------------------------------------- the loop
 def test_denoise_keeps_chained_transitions_whose_log_probs_rescore_exactly(policy):
-    sampler = FlowSampler(policy, FlowSamplingSettings(num_steps=4, eta=0.7))
+    sampler = FlowSampler(policy, FlowGRPOSamplingSettings(num_steps=4, eta=0.7))
     sigmas = policy.sigmas(4).float()
     conditioning = sampler.conditioning(PROMPTS[:2], group_size=2)  # 4 rows
     noise = policy.initial_noise(4, torch.Generator().manual_seed(3))
@@ -60,7 +60,7 @@ def test_denoise_keeps_chained_transitions_whose_log_probs_rescore_exactly(polic
 
 
 def test_euler_denoising_is_the_ode_and_keeps_nothing(policy):
-    sampler = FlowSampler(policy, FlowSamplingSettings(num_steps=3))
+    sampler = FlowSampler(policy, FlowGRPOSamplingSettings(num_steps=3))
     sigmas = policy.sigmas(3).float()
     conditioning = sampler.conditioning(PROMPTS[:1])
     x = policy.initial_noise(1, torch.Generator().manual_seed(5))
@@ -73,7 +73,7 @@ def test_euler_denoising_is_the_ode_and_keeps_nothing(policy):
 
 
 def test_a_unipc_tail_takes_the_steps_after_the_window(policy):
-    sampler = FlowSampler(policy, FlowSamplingSettings(num_steps=6))
+    sampler = FlowSampler(policy, FlowGRPOSamplingSettings(num_steps=6))
     sigmas = policy.sigmas(6).float()
     conditioning = sampler.conditioning(PROMPTS[:2])
     noise = policy.initial_noise(2, torch.Generator().manual_seed(6))
@@ -88,7 +88,7 @@ def test_a_unipc_tail_takes_the_steps_after_the_window(policy):
 
 
 def test_a_compressed_unipc_tail_takes_that_many_steps_of_the_remaining_schedule(policy):
-    settings = FlowSamplingSettings(num_steps=8, ode_tail="unipc", ode_tail_steps=2)
+    settings = FlowGRPOSamplingSettings(num_steps=8, ode_tail="unipc", ode_tail_steps=2)
     sampler = FlowSampler(policy, settings)
     sigmas = policy.sigmas(8).float()
     conditioning = sampler.conditioning(PROMPTS[:2])
@@ -113,19 +113,19 @@ def test_a_coarser_schedule_keeps_its_ends_and_spaces_its_steps_evenly():
     assert torch.equal(coarser(sigmas, 6), sigmas) and torch.equal(coarser(sigmas, None), sigmas)
     assert torch.equal(coarser(sigmas, 1), sigmas[[0, 6]])
     with pytest.raises(ValueError, match="ode_tail_steps compresses the UniPC tail"):
-        FlowSamplingSettings(ode_tail_steps=2)
+        FlowGRPOSamplingSettings(ode_tail_steps=2)
 
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_initial_noise_is_shared_within_a_group_only_when_asked(policy, shared):
-    sampler = FlowSampler(policy, FlowSamplingSettings(group_size=3, shared_initial_noise=shared))
+    sampler = FlowSampler(policy, FlowGRPOSamplingSettings(group_size=3, shared_initial_noise=shared))
     noise = sampler.initial_noise(2, torch.Generator().manual_seed(6)).reshape(2, 3, -1)
     assert torch.equal(noise[0, 0], noise[0, 1]) == shared
     assert not torch.equal(noise[0, 0], noise[1, 0])
 
 
 def test_generate_is_deterministic_per_seed(policy):
-    sampler = FlowSampler(policy, FlowSamplingSettings(num_steps=2))
+    sampler = FlowSampler(policy, FlowGRPOSamplingSettings(num_steps=2))
     first, again = sampler.generate(PROMPTS[:2], seed=7), sampler.generate(PROMPTS[:2], seed=7)
     assert first.shape == (2, 3, 64, 64) and torch.equal(first, again)
     assert first.min() >= 0 and first.max() <= 1
@@ -147,7 +147,7 @@ def test_the_shares_of_a_group_are_what_one_process_draws_for_the_whole_group(po
     per forward pass, so that no row's velocity is summed by kernels of another batch size."""
     from app.types import GroupShare, VisualSample
 
-    settings = FlowSamplingSettings(group_size=4, num_steps=4, eta=0.7, shared_initial_noise=shared)
+    settings = FlowGRPOSamplingSettings(group_size=4, num_steps=4, eta=0.7, shared_initial_noise=shared)
     sampler = FlowSampler(policy, settings, micro_batch_size=1)
     samples = [VisualSample([], prompt, "toy") for prompt in PROMPTS[:2]]
     whole = sampler.draw(samples, torch.Generator().manual_seed(5), reference=False)
@@ -164,7 +164,7 @@ def test_the_shares_of_a_group_are_what_one_process_draws_for_the_whole_group(po
 def test_the_shares_of_a_stochastic_sample_draw_are_one_process_s(policy):
     from app.types import GroupShare, VisualSample
 
-    sampler = FlowSampler(policy, FlowSamplingSettings(group_size=4, num_steps=3, eta=0.7), micro_batch_size=1)
+    sampler = FlowSampler(policy, FlowGRPOSamplingSettings(group_size=4, num_steps=3, eta=0.7), micro_batch_size=1)
     samples = [VisualSample([], prompt, "toy") for prompt in PROMPTS[:2]]
     whole = sampler.draw_samples(samples, torch.Generator().manual_seed(6), "stochastic")
     shares = [

@@ -9,7 +9,7 @@ import torch
 
 from app.sampling import FlowSampler, stochastic_steps, train_steps
 from app.sampling.flow import cps_step, flow_sigmas, sde_step
-from app.settings import FlowSamplingSettings
+from app.settings import FlowGRPOSamplingSettings
 
 
 class StandInPolicy:
@@ -51,25 +51,25 @@ class StandInPolicy:
 )
 def test_bad_settings_are_refused_with_a_message_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        FlowSamplingSettings(**kwargs)
+        FlowGRPOSamplingSettings(**kwargs)
 
 
 def test_settings_accept_their_boundary_values():
-    assert FlowSamplingSettings(group_size=1, num_steps=1).num_steps == 1
-    assert FlowSamplingSettings(sampler="cps", eta=1.0).eta == 1.0
-    assert FlowSamplingSettings(sampler="sde", eta=1.5).eta == 1.5  # the SDE's noise level has no upper bound
-    assert FlowSamplingSettings(timestep_fraction=1.0).timestep_fraction == 1.0
+    assert FlowGRPOSamplingSettings(group_size=1, num_steps=1).num_steps == 1
+    assert FlowGRPOSamplingSettings(sampler="cps", eta=1.0).eta == 1.0
+    assert FlowGRPOSamplingSettings(sampler="sde", eta=1.5).eta == 1.5  # the SDE's noise level has no upper bound
+    assert FlowGRPOSamplingSettings(timestep_fraction=1.0).timestep_fraction == 1.0
     with pytest.raises(ValueError, match=r"timestep_fraction must be in \(0, 1\], got 1.5"):
-        FlowSamplingSettings(timestep_fraction=1.5)
+        FlowGRPOSamplingSettings(timestep_fraction=1.5)
 
 
 def test_a_bad_sde_window_message_names_the_last_trainable_start():
     with pytest.raises(ValueError, match=r"start < num_steps - 1 = 3 \(the last step is never trained\), got \(3, 4\)"):
-        FlowSamplingSettings(num_steps=4, sde_window=(3, 4))
+        FlowGRPOSamplingSettings(num_steps=4, sde_window=(3, 4))
 
 
 def test_the_sde_window_becomes_a_tuple_of_ints():
-    assert FlowSamplingSettings(sde_window=[0, 2]).sde_window == (0, 2)
+    assert FlowGRPOSamplingSettings(sde_window=[0, 2]).sde_window == (0, 2)
 
 
 # ---------------------------------------------------------------------------------------------- step selection
@@ -111,7 +111,7 @@ def test_train_steps_draws_from_the_generator_only_for_a_strict_subset():
 # --------------------------------------------------------------------------------------------------------- velocities
 def test_velocities_run_micro_batch_size_rows_per_forward_pass_and_sigma_on_the_latents_device():
     stand_in = StandInPolicy()
-    sampler = FlowSampler(stand_in, FlowSamplingSettings(), micro_batch_size=1)
+    sampler = FlowSampler(stand_in, FlowGRPOSamplingSettings(), micro_batch_size=1)
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
     conditioning = stand_in.encode_prompts(["ab", "cde", "f"])
     with torch.no_grad():
@@ -126,7 +126,7 @@ def test_velocities_run_micro_batch_size_rows_per_forward_pass_and_sigma_on_the_
 
 def test_guidance_of_a_one_row_conditioning_broadcasts_it_and_keeps_the_image_in_both_branches():
     stand_in = StandInPolicy()
-    sampler = FlowSampler(stand_in, FlowSamplingSettings(guidance_scale=2.0))
+    sampler = FlowSampler(stand_in, FlowGRPOSamplingSettings(guidance_scale=2.0))
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
     sigma = torch.tensor([0.8, 0.5, 0.2])
     text, image = stand_in.encode_prompts(["a prompt"])["text"], torch.tensor([[0.1, 0.2, 0.3, 0.4]])
@@ -141,7 +141,7 @@ def test_guidance_scale_one_runs_the_prompt_alone():
     stand_in = StandInPolicy()
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(2))
     conditioning = stand_in.encode_prompts(["a", "bb", "ccc"])
-    v = FlowSampler(stand_in, FlowSamplingSettings(guidance_scale=1.0)).velocity(x, torch.tensor(0.4), conditioning)
+    v = FlowSampler(stand_in, FlowGRPOSamplingSettings(guidance_scale=1.0)).velocity(x, torch.tensor(0.4), conditioning)
     assert torch.equal(v, 0.4 * x + conditioning["text"])
     assert [rows for rows, _ in stand_in.passes] == [3]
 
@@ -149,10 +149,10 @@ def test_guidance_scale_one_runs_the_prompt_alone():
 def test_guidance_on_a_guidance_distilled_policy_warns_once_with_both_scales(caplog):
     distilled = StandInPolicy(guidance_distilled=True, flux_guidance=3.5)
     with caplog.at_level(logging.WARNING, logger="app.sampling.flow_rollout"):
-        FlowSampler(distilled, FlowSamplingSettings(guidance_scale=1.0))
-        FlowSampler(StandInPolicy(), FlowSamplingSettings(guidance_scale=2.0))  # no guidance_distilled attribute
+        FlowSampler(distilled, FlowGRPOSamplingSettings(guidance_scale=1.0))
+        FlowSampler(StandInPolicy(), FlowGRPOSamplingSettings(guidance_scale=2.0))  # no guidance_distilled attribute
         assert caplog.records == []
-        FlowSampler(distilled, FlowSamplingSettings(guidance_scale=2.0))
+        FlowSampler(distilled, FlowGRPOSamplingSettings(guidance_scale=2.0))
     assert [r.getMessage() for r in caplog.records] == [
         "guidance_scale=2.0 runs true CFG on a guidance-distilled FLUX (twice the compute per step) on top of "
         "flux_guidance=3.5"
@@ -160,18 +160,18 @@ def test_guidance_on_a_guidance_distilled_policy_warns_once_with_both_scales(cap
 
 
 def test_a_micro_batch_size_of_one_is_accepted():
-    assert FlowSampler(StandInPolicy(), FlowSamplingSettings(), micro_batch_size=1).micro_batch_size == 1
+    assert FlowSampler(StandInPolicy(), FlowGRPOSamplingSettings(), micro_batch_size=1).micro_batch_size == 1
 
 
 def test_micro_batch_size_must_be_positive():
     with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
-        FlowSampler(StandInPolicy(), FlowSamplingSettings(), micro_batch_size=0)
+        FlowSampler(StandInPolicy(), FlowGRPOSamplingSettings(), micro_batch_size=0)
 
 
 # ----------------------------------------------------------------------------------------------------------- the loop
 def test_shared_initial_noise_is_drawn_from_the_given_generator():
     stand_in = StandInPolicy()
-    sampler = FlowSampler(stand_in, FlowSamplingSettings(group_size=2, shared_initial_noise=True))
+    sampler = FlowSampler(stand_in, FlowGRPOSamplingSettings(group_size=2, shared_initial_noise=True))
     torch.manual_seed(0)
     first = sampler.initial_noise(2, torch.Generator().manual_seed(6))
     torch.manual_seed(1)  # the global generator plays no part
@@ -184,21 +184,21 @@ def test_shared_initial_noise_is_drawn_from_the_given_generator():
 @pytest.mark.parametrize(("sampler", "step"), [("sde", sde_step), ("cps", cps_step)])
 def test_stochastic_steps_use_the_configured_sampler(sampler, step):
     x, v = torch.randn(2, 2, 4, generator=torch.Generator().manual_seed(0)).unbind()
-    flow_sampler = FlowSampler(StandInPolicy(), FlowSamplingSettings(sampler=sampler, eta=0.7))
+    flow_sampler = FlowSampler(StandInPolicy(), FlowGRPOSamplingSettings(sampler=sampler, eta=0.7))
     out = flow_sampler.step(x, v, 0.8, 0.6, generator=torch.Generator().manual_seed(1))
     expected = step(x, v, 0.8, 0.6, 0.7, generator=torch.Generator().manual_seed(1))
     assert torch.equal(out.sample, expected.sample) and torch.equal(out.log_prob, expected.log_prob)
 
 
 def test_condition_images_must_match_the_prompts():
-    sampler = FlowSampler(StandInPolicy(), FlowSamplingSettings())
+    sampler = FlowSampler(StandInPolicy(), FlowGRPOSamplingSettings())
     with pytest.raises(ValueError, match="got 1 condition images for 2 prompts"):
         sampler.conditioning(["a", "b"], images=torch.zeros(1, 3, 2, 2))
 
 
 def test_conditioning_repeats_each_prompt_s_text_and_image_rows_group_major():
     """Prompts "ab" and "abcd" (text row starts with the length), two distinct images, K = 3: rows b * K + k."""
-    sampler = FlowSampler(StandInPolicy(), FlowSamplingSettings())
+    sampler = FlowSampler(StandInPolicy(), FlowGRPOSamplingSettings())
     images = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32).reshape(2, 3, 2, 2)  # [B, 3, H, W]
     conditioning = sampler.conditioning(["ab", "abcd"], group_size=3, images=images)
     assert set(conditioning) == {"text", "image"}

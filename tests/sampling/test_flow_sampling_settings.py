@@ -1,10 +1,10 @@
-"""FlowSamplingSettings: the values it accepts at their bounds, and the message naming each value it refuses."""
+"""FlowGRPOSamplingSettings: the values it accepts at their bounds, and the message naming each value it refuses."""
 
 import re
 
 import pytest
 
-from app.settings import FlowSamplingSettings
+from app.settings import FlowGRPOSamplingSettings
 
 
 @pytest.mark.parametrize(
@@ -20,7 +20,7 @@ from app.settings import FlowSamplingSettings
     ],
 )
 def test_values_at_their_bounds_are_accepted(settings):
-    made = FlowSamplingSettings(**settings)
+    made = FlowGRPOSamplingSettings(**settings)
     assert all(getattr(made, name) == value for name, value in settings.items())
 
 
@@ -29,7 +29,7 @@ def test_values_at_their_bounds_are_accepted(settings):
     [([0, 1], 2, (0, 1)), ((2, 9), 10, (2, 9)), ((8, 10), 10, (8, 10)), (("1", "3"), 4, (1, 3))],
 )
 def test_an_sde_window_is_kept_as_a_tuple_of_ints(window, num_steps, kept):
-    assert FlowSamplingSettings(num_steps=num_steps, sde_window=window).sde_window == kept
+    assert FlowGRPOSamplingSettings(num_steps=num_steps, sde_window=window).sde_window == kept
 
 
 NEED = "need group_size >= 1 and num_steps >= 1, got {} and {}"
@@ -67,16 +67,16 @@ WINDOW = (
 )
 def test_each_refused_value_is_named_in_the_message(settings, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        FlowSamplingSettings(**settings)
+        FlowGRPOSamplingSettings(**settings)
 
 
 def test_a_moving_window_steps_later_every_n_steps_and_stops_at_the_last_trainable_steps():
-    settings = FlowSamplingSettings(num_steps=8, sde_window=(0, 2), window_stride=2, window_every_n_steps=3)
+    settings = FlowGRPOSamplingSettings(num_steps=8, sde_window=(0, 2), window_stride=2, window_every_n_steps=3)
     windows = [settings.window_at(step) for step in range(0, 16)]
     assert windows[:3] == [(0, 2)] * 3 and windows[3:6] == [(2, 4)] * 3 and windows[6] == (4, 6)
     assert set(windows[9:]) == {(5, 7)}  # the window's steps all stochastic: it ends before the last step (7)
-    assert FlowSamplingSettings(num_steps=8, sde_window=(1, 3)).window_at(100) == (1, 3)  # a fixed window
-    assert FlowSamplingSettings(num_steps=8).window_at(5) is None
+    assert FlowGRPOSamplingSettings(num_steps=8, sde_window=(1, 3)).window_at(100) == (1, 3)  # a fixed window
+    assert FlowGRPOSamplingSettings(num_steps=8).window_at(5) is None
 
 
 @pytest.mark.parametrize(
@@ -97,4 +97,4 @@ def test_a_moving_window_steps_later_every_n_steps_and_stops_at_the_last_trainab
 )
 def test_a_bad_moving_window_is_refused_naming_the_value(settings, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        FlowSamplingSettings(**settings)
+        FlowGRPOSamplingSettings(**settings)

@@ -39,7 +39,7 @@ from app.sampling.flow_rollout import rows_of
 from app.settings import (
     EMASettings,
     FlowGRPOLossSettings,
-    FlowSamplingSettings,
+    FlowGRPOSamplingSettings,
     GRPOSettings,
     OptimizerSettings,
     PipelineSettings,
@@ -59,7 +59,7 @@ class FlowGRPOModule(FlowRLModule):
         rewards: reward components scoring the decoded samples (``completions[i]`` is a ``[3, H, W]`` or
             ``[F, 3, H, W]`` float tensor in [0, 1]); their weighted sum is the reward.
         sampling: group size K, denoising steps, sampler and its ``eta``, trained steps (``timestep_fraction``,
-            ``sde_window``), shared initial noise and guidance (:class:`~app.settings.FlowSamplingSettings`).
+            ``sde_window``), shared initial noise and guidance (:class:`~app.settings.FlowGRPOSamplingSettings`).
         grpo: KL weight, iterations, advantages, micro-batches (trajectories per transformer forward, in the
             rollout, reference and training passes), gradient clipping (:class:`~app.settings.GRPOSettings`).
         loss: the clip range of the ratio of per-step mean log-densities (default 1e-4 each way, see the module
@@ -79,7 +79,7 @@ class FlowGRPOModule(FlowRLModule):
         self,
         policy: FlowPolicy,
         rewards: Sequence[RewardComponent],
-        sampling: FlowSamplingSettings | None = None,
+        sampling: FlowGRPOSamplingSettings | None = None,
         grpo: GRPOSettings | None = None,
         loss: FlowGRPOLossSettings | None = None,
         optimizer: OptimizerSettings | None = None,
@@ -89,7 +89,7 @@ class FlowGRPOModule(FlowRLModule):
         seed: int = 0,
         ema: EMASettings | None = None,
     ):
-        sampling = as_settings(FlowSamplingSettings, sampling) or FlowSamplingSettings()
+        sampling = as_settings(FlowGRPOSamplingSettings, sampling) or FlowGRPOSamplingSettings()
         if sampling.num_steps < 2:
             raise ValueError(
                 f"flow-GRPO needs num_steps >= 2 (the last step is never trained), got {sampling.num_steps}"

@@ -47,27 +47,14 @@ from app.settings import (
 )
 from app.types import Generation, Rollout, SampledImages, VisualSample
 
-__all__ = ["FlowNFTModule", "check_nft_settings"]
+__all__ = ["FlowNFTModule", "check_nft_sampling"]
 
 
-def check_nft_settings(sampling: FlowSamplingSettings, nft: NFTSettings) -> None:
-    """Refuse, with a ``ValueError`` naming each, the options DiffusionNFT has no use for (those of flow-GRPO's
-    trajectories and ratios, and the stochastic sampler's with a deterministic ``nft.solver``) and the combinations
-    that cannot train."""
+def check_nft_sampling(sampling: FlowSamplingSettings, nft: NFTSettings) -> None:
+    """Refuse, with a ``ValueError`` naming the options, the sampling settings DiffusionNFT cannot train with: the
+    stochastic sampler's with a deterministic ``nft.solver`` (they would be ignored), guidance (it is CFG-free), and a
+    deterministic solver on shared starting noise (a group's samples would be one)."""
     defaults = FlowSamplingSettings()
-    unused = {
-        "sampling.sde_window": sampling.sde_window is not None,
-        "sampling.window_stride": sampling.window_stride != defaults.window_stride,
-        "sampling.timestep_fraction (use nft.timestep_fraction)": sampling.timestep_fraction != 1.0,
-        "sampling.step_weighting": sampling.step_weighting != defaults.step_weighting,
-        "sampling.ode_tail": sampling.ode_tail != defaults.ode_tail,
-    }
-    named = [option for option, is_set in unused.items() if is_set]
-    if named:
-        raise ValueError(
-            f"DiffusionNFT trains on clean samples, with no trajectory, likelihood ratio or token: drop "
-            f"{', '.join(named)}"
-        )
     stochastic = {
         "sampling.sampler": sampling.sampler != defaults.sampler,
         "sampling.eta": sampling.eta != defaults.eta,
@@ -98,7 +85,7 @@ class FlowNFTModule(FlowRLModule):
         rewards: reward components scoring the decoded samples; their weighted sum is the reward.
         sampling: group size K, denoising steps T (the noise levels the update trains at are the schedule's), the
             stochastic sampler and ``eta`` (with ``nft.solver: stochastic``), shared initial noise
-            (:class:`~app.settings.FlowSamplingSettings`; the trajectory options of flow-GRPO are refused).
+            (:class:`~app.settings.FlowSamplingSettings`).
         nft: the implicit policies' ``beta``, the advantage clip, the solver, the trained noise levels, the weighting
             and the sampling policy's moving average (:class:`~app.settings.NFTSettings`).
         grpo: advantages (``advantage_scale``, ``drop_zero_std_groups``), ``beta`` (the KL weight, see the module
@@ -132,7 +119,7 @@ class FlowNFTModule(FlowRLModule):
         sampling = as_settings(FlowSamplingSettings, sampling) or FlowSamplingSettings()
         nft = as_settings(NFTSettings, nft) or NFTSettings()
         grpo = as_settings(GRPOSettings, grpo) or GRPOSettings()
-        check_nft_settings(sampling, nft)
+        check_nft_sampling(sampling, nft)
         super().__init__(
             policy, rewards, sampling, grpo, optimizer, pipeline, records_per_step, eval_rewards, seed, ema
         )

@@ -1,6 +1,7 @@
 """The rollout of a flow-matching policy: step selection, the denoising loop, the trajectories a rollout keeps, the
 re-scoring of stored transitions, and deterministic samples (the flow family's counterpart of
-:mod:`app.sampling.vlm_rollout`; its settings are :class:`~app.settings.FlowSamplingSettings`).
+:mod:`app.sampling.vlm_rollout`; its settings are :class:`~app.settings.FlowSamplingSettings`, and flow-GRPO's
+trajectories' :class:`~app.settings.FlowGRPOSamplingSettings`).
 
 Which steps are stochastic and which are trained (see docs/algorithms.md#training-steps):
 
@@ -9,7 +10,7 @@ Which steps are stochastic and which are trained (see docs/algorithms.md#trainin
   (MixGRPO / "ODE prefix then a short SDE window") only steps ``start <= i < end`` do; the rest are ODE steps: Euler
   before the window, and after it Euler or, with ``ode_tail: unipc``, diffusers' UniPC (order 2) from the window's end
   to the sample (on ``ode_tail_steps`` of the remaining steps, :func:`coarser`, when set). With ``window_stride`` the
-  window moves later as training goes on (:meth:`~app.settings.FlowSamplingSettings.window_at`).
+  window moves later as training goes on (:meth:`~app.settings.FlowGRPOSamplingSettings.window_at`).
 - ``timestep_fraction`` trains on ``max(1, int(fraction * S))`` of those S stochastic steps (Flow-GRPO's rounding):
   a RANDOM subset, drawn anew every rollout from the rollout generator and shared by all N trajectories of the batch
   (one sigma per forward pass). With 1.0 (default) every stochastic step is trained.
@@ -29,7 +30,7 @@ from torch import Tensor
 
 from app.sampling.batching import micro_batches
 from app.sampling.flow import StepOutput, cps_step, is_trainable_step, ode_step, sde_step, unipc_sample
-from app.settings import FlowSamplingSettings
+from app.settings import FlowGRPOSamplingSettings, FlowSamplingSettings
 from app.types import GroupShare, SampledImages, SampledTrajectories, VisualSample
 
 log = logging.getLogger(__name__)
@@ -99,11 +100,14 @@ class FlowSampler:
 
     Args:
         policy: the generator (a :class:`~app.models.flow.FlowPolicy` or anything shaped like it).
-        settings: how trajectories are drawn.
+        settings: how samples are drawn; :meth:`draw` and :meth:`step_weights` (flow-GRPO's trajectories) read the
+            trajectory options of :class:`~app.settings.FlowGRPOSamplingSettings`.
         micro_batch_size: rows per forward pass without gradients (rollout, reference, decoding); None: all at once.
     """
 
-    def __init__(self, policy, settings: FlowSamplingSettings, micro_batch_size: int | None = None):
+    def __init__(
+        self, policy, settings: FlowSamplingSettings | FlowGRPOSamplingSettings, micro_batch_size: int | None = None
+    ):
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
         self.policy = policy

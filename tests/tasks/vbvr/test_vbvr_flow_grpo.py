@@ -5,7 +5,7 @@ from torch.utils.data import DataLoader
 
 from app.models.flow import FlowPolicy
 from app.modules.flow_grpo import FlowGRPOModule
-from app.settings import FlowSamplingSettings, LoRASettings, OptimizerSettings
+from app.settings import FlowGRPOSamplingSettings, LoRASettings, OptimizerSettings
 from app.tasks.vbvr import get_task
 from app.tasks.vbvr.reward import VBVRScorerReward
 from app.types import VisualSample
@@ -30,7 +30,7 @@ def test_two_flow_grpo_steps_with_vbvr_scorer_rewards(fit):
     module = FlowGRPOModule(
         policy,
         [reward],
-        sampling=FlowSamplingSettings(group_size=2, num_steps=3),
+        sampling=FlowGRPOSamplingSettings(group_size=2, num_steps=3),
         optimizer=OptimizerSettings(learning_rate=1e-3),
     )
     data = DataLoader(vbvr_samples(2), batch_size=2, shuffle=False, collate_fn=list)
