@@ -46,6 +46,25 @@ def test_convert_round_trips_file_to_shards_to_samples(tmp_path, capsys):
     assert "wrote 7 samples to 3 shards" in out and "7 good rows, 0 skipped" in out
 
 
+def test_convert_writes_a_videos_column_sampled_by_its_video_options(tmp_path, capsys):
+    import cv2
+
+    writer = cv2.VideoWriter(str(tmp_path / "clip.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 8.0, (64, 48))
+    for i in range(24):  # 3 s
+        writer.write(np.full((48, 64, 3), 10 * i, dtype=np.uint8))
+    writer.release()
+    path = tmp_path / "clips.jsonl"
+    path.write_text(json.dumps({"problem": "<video> Which way?", "answer": "left", "videos": ["clip.avi"]}) + "\n")
+    options = ["--video-fps", "2", "--max-video-frames", "4", "--max-video-pixels", str(32 * 24)]
+
+    main(["convert", str(path), str(tmp_path / "shards"), "--format", "easyr1", *options])
+
+    (sample,) = read_samples([str(p) for p in sorted((tmp_path / "shards").glob("*.tar"))])
+    (video,) = sample.videos  # 2 fps over 3 s is 6 frames, capped at 4, each scaled to 32 x 24
+    assert video.frames.shape == (4, 24, 32, 3) and video.fps == pytest.approx(4 / 3)
+    assert sample.question == "<video> Which way?" and "1 good rows, 0 skipped" in capsys.readouterr().out
+
+
 def test_the_byte_limit_closes_a_shard_once_it_holds_that_many_bytes(tmp_path, capsys):
     from app.data.shards import encode_sample
 

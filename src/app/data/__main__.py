@@ -37,9 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--image-dir", default=None, help="folder of relative image paths (default: the input's)")
     convert.add_argument("--allow-outside-image-dir", action="store_true")
     convert.add_argument("--max-image-pixels", type=int, default=4096 * 4096)
+    convert.add_argument("--video-fps", type=float, default=2.0, help="video frames kept per second of a clip")
+    convert.add_argument("--max-video-frames", type=int, default=32, help="most frames kept of a video")
+    convert.add_argument("--max-video-pixels", type=int, default=448 * 448, help="most pixels of a kept video frame")
     convert.add_argument("--on-bad-row", choices=("stop", "skip"), default="stop")
     convert.add_argument("--strip-labels", action="store_true", help="write no answer or reasoning (label-free)")
-    for field in ("question", "images", "answer", "reasoning", "task", "key"):
+    for field in ("question", "images", "videos", "answer", "reasoning", "task", "key"):
         convert.add_argument(f"--{field}", default=None, help=f"the {field} field (default: the preset's)")
     convert.set_defaults(run=run_convert)
 
@@ -53,12 +56,16 @@ def _prefix(path: str) -> str:
 
 def convert(args: argparse.Namespace) -> tuple[list[Path], RowCheck]:
     """Write the shards of ``args.input``; the shard paths and the row counts."""
-    fields = {name: getattr(args, name) for name in ("question", "images", "answer", "reasoning", "task", "key")}
+    names = ("question", "images", "videos", "answer", "reasoning", "task", "key")
+    fields = {name: getattr(args, name) for name in names}
     reader = RowReader(
         preset=args.format,
         image_dir=args.image_dir,
         allow_outside_image_dir=args.allow_outside_image_dir,
         max_image_pixels=args.max_image_pixels,
+        video_fps=args.video_fps,
+        max_video_frames=args.max_video_frames,
+        max_video_pixels=args.max_video_pixels,
         on_bad_row=args.on_bad_row,
         **fields,
     )
