@@ -146,6 +146,78 @@ def moved_class_path(class_path: str) -> str | None:
     return None
 
 
+_VLM_LOSS_OPTIONS = (
+    "eps_low",
+    "eps_high",
+    "importance_sampling_level",
+    "objective",
+    "off_policy_max_log_ratio",
+    "off_policy_max_kl",
+    "top_entropy_quantile",
+)
+_FLOW_GRPO_TRAJECTORY = (
+    "sde_window",
+    "window_stride",
+    "window_every_n_steps",
+    "ode_tail",
+    "ode_tail_steps",
+    "step_weighting",
+)
+
+MOVED_KEYS: dict[str, dict[str, str | None]] = {
+    "app.modules.VLMGRPOModule": {
+        **{f"grpo.{name}": f"loss.{name}" for name in _VLM_LOSS_OPTIONS},
+        "loss_aggregation": "loss.aggregation",
+        "mask_truncated": "loss.mask_truncated",
+        "fused_linear_loss": "loss.fused_linear",
+        "fused_loss_compiled": "loss.fused_compiled",
+    },
+    "app.modules.FlowGRPOModule": {
+        "grpo.eps_low": "loss.eps_low",
+        "grpo.eps_high": "loss.eps_high",
+        **{f"grpo.{name}": None for name in _VLM_LOSS_OPTIONS[2:]},
+    },
+    "app.modules.FlowNFTModule": {
+        "sampling.timestep_fraction": "nft.timestep_fraction",
+        **{f"sampling.{name}": None for name in _FLOW_GRPO_TRAJECTORY},
+        **{f"grpo.{name}": None for name in _VLM_LOSS_OPTIONS},
+    },
+}
+"""Keys of a module's ``init_args`` that moved when each family's settings went to its own blocks (issue 55): the old
+dotted path -> the new one, or None where the family has no such option (it held another family's field, which an
+older config could leave at its default), so that an older config is told where each key went."""
+
+
+def moved_key(context: list[tuple[str, str]], name: str) -> str | None:
+    """What became of option ``name`` refused at ``context`` (a leaf's keys and classes), for a key of
+    :data:`MOVED_KEYS`: ``moved to <new path>``, or that the module has no such option; None for any other option."""
+    for index, (kind, value) in enumerate(context):
+        if kind != "class" or value not in MOVED_KEYS:
+            continue
+        keys = [key for key_kind, key in context[index + 1 :] if key_kind == "key"]
+        old = ".".join([*keys, name])
+        if old not in MOVED_KEYS[value]:
+            return None
+        new = MOVED_KEYS[value][old]
+        if new is None:
+            module = value.rpartition(".")[2]
+            return f"{module} has no such option: it belongs to another family's settings; drop it"
+        return f"moved to {_field(context[: index + 1], new)}"
+    return None
+
+
+def accepted_path(class_path: str, dotted: str) -> bool:
+    """Whether the class at ``class_path`` takes ``dotted``: an init argument, or a field of the settings block an
+    argument is typed as (``loss.aggregation``)."""
+    name, _, field = dotted.partition(".")
+    if name not in accepted_arguments(class_path):
+        return False
+    if not field:
+        return True
+    block = _dataclass_in(typing.get_type_hints(_import(class_path).__init__).get(name))
+    return block is not None and field in {f.name for f in dataclasses.fields(block)}
+
+
 def closest_class(name: str, names: Iterable[str]) -> str | None:
     """The class name among ``names`` closest to ``name``, judged without the last word of the name when a candidate
     shares it (``Reward``, ``Dataset``): a family's common suffix makes any two of its names look alike.
@@ -266,6 +338,9 @@ def _describe_leaf(leaf: _Leaf) -> list[str]:
     option = re.search(r"Option '([^']+)' is not accepted", message)
     if option:
         name = option.group(1)
+        moved = moved_key(leaf.context, name)
+        if moved is not None:
+            return [f"error: {_field(leaf.context, name)}: {moved}"]
         accepted = accepted_arguments(owner) if owner else []
         lines = [f"error: {_field(leaf.context, name)}: {message}" + (f" by {owner}" if owner else "")]
         if accepted:
