@@ -108,8 +108,30 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_collection_modifyitems(config, items):
     """Every test id must be selectable by id (:func:`plain_id`). mutmut's sessions reorder and trim the collected
-    tests in ``tools/mutant_run_plugin.py``, which only its runs load (``[tool.mutmut] pytest_add_cli_args``)."""
+    tests in ``tools/mutant_run_plugin.py``, which only its runs load (``[tool.mutmut] pytest_add_cli_args``). Under
+    pytest-xdist the files holding ``slow`` tests go first (:func:`slow_files_first`)."""
     _check_selectable_ids(items)
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
+        items[:] = slow_files_first(items)
+
+
+def slow_files_first(items: list) -> list:
+    """``items`` with the files that hold a ``slow`` test (end-to-end runs, process launches) before the others, each
+    file's tests in their order. ``--dist loadfile`` hands whole files to the workers in this order, so the long files
+    start at once and the short ones fill the gaps, instead of one long file starting last and running alone."""
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    return sorted(items, key=lambda item: item.nodeid.split("::")[0] not in slow)  # sorted() is stable
+
+
+MAX_WORKERS = 4
+"""Most pytest-xdist workers ``-n auto`` starts: each imports torch and transformers and some launch 2-4 ranks, so
+more workers than this would trade little speed for a lot of memory."""
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which mutmut's runs switch off
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, at most :data:`MAX_WORKERS`."""
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
 
 
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")

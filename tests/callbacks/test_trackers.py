@@ -171,6 +171,7 @@ def wandb_tables(run_dir: Path) -> list[tuple[dict[str, Any], dict[str, Path]]]:
     return tables
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_holds_scalars_images_videos_tables_and_histograms(
     tmp_path, stand_in, make_trainer, wandb_logger
 ):
@@ -229,6 +230,7 @@ def mlflow_logger(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.slow
 def test_mlflow_run_holds_scalars_images_videos_and_tables(tmp_path, stand_in, make_trainer, mlflow_logger):
     from mlflow.tracking import MlflowClient
 

@@ -210,6 +210,7 @@ def test_fit_resumes_from_a_checkpoint_through_the_cli(cli_fit, tmp_path, monkey
     assert final.keys() == saved["state"].keys() and all(float(m["step"]) == 3 for m in final.values())
 
 
+@pytest.mark.slow
 def test_export_command_writes_a_folder_that_loads_with_from_pretrained(cli_fit, tmp_path, app_env, new_samples):
     cli, _, ckpt, _ = cli_fit
     out = tmp_path / "exported"

@@ -169,6 +169,7 @@ def test_command_and_config_file_mistakes_are_one_line(args, expected, capsys, m
 
 
 # ---------------------------------------------------------------------- errors raised when the config is instantiated
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override, expected",
     [
@@ -213,6 +214,7 @@ def test_a_value_a_constructor_rejects_is_a_few_lines_naming_the_field(override,
     assert "Traceback" not in output and "Namespace(" not in output
 
 
+@pytest.mark.slow
 def test_empty_training_data_is_an_error_naming_the_data_not_a_success(app_env, tmp_path):
     env = app_env()
     env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{FIXTURES}"  # empty_data.py
@@ -345,6 +347,7 @@ def test_the_progress_bar_counts_steps_of_max_steps_across_epochs():
 
 
 # --------------------------------------------------------------------------------------------- artefact summary
+@pytest.mark.slow
 def test_fit_ends_with_the_artefacts_and_each_path_exists(app_env, tmp_path):
     result = python_m_app(
         [

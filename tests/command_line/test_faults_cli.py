@@ -162,6 +162,7 @@ def test_a_bad_checkpoint_for_validate_is_a_short_message(bad_checkpoints, tmp_p
     assert_short(code, output, str(path))
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_in_a_subprocess_is_a_few_lines(bad_checkpoints, tmp_path, app_env):
     """What the terminal shows: Lightning's own lines included."""
     path = bad_checkpoints["truncated"]
@@ -171,6 +172,7 @@ def test_a_truncated_checkpoint_in_a_subprocess_is_a_few_lines(bad_checkpoints, 
 
 
 # -------------------------------------------------------------------------------------------- non-finite
+@pytest.mark.slow
 def test_all_nan_rewards_stop_the_run_with_a_short_message(tmp_path, app_env):
     env = app_env()
     env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{FIXTURES}"  # nan_reward.py
@@ -183,6 +185,7 @@ def test_all_nan_rewards_stop_the_run_with_a_short_message(tmp_path, app_env):
     assert_short(result.returncode, output, "every reward was non-finite", "'broken': 8")
 
 
+@pytest.mark.slow
 def test_a_reward_server_that_is_down_stops_the_run_with_a_short_message_naming_it(tmp_path, app_env):
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))

@@ -52,6 +52,7 @@ def train(rewards, fit):
     return weights, logged, module
 
 
+@pytest.mark.slow
 def test_a_run_against_served_rewards_trains_the_weights_the_rewards_in_process_train(reward_server, fit, monkeypatch):
     monkeypatch.syspath_prepend(str(FIXTURES))
     from dense_reward import RednessReward

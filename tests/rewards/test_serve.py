@@ -144,6 +144,7 @@ rewards:
 """
 
 
+@pytest.mark.slow
 def test_the_command_serves_the_config_s_rewards_and_stops_cleanly_on_sigterm(tmp_path):
     server = ServerProcess(config_file(tmp_path, REWARDS_YAML))
     try:
@@ -155,6 +156,7 @@ def test_the_command_serves_the_config_s_rewards_and_stops_cleanly_on_sigterm(tm
     assert code == 0, server.log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "config, message",
     [
@@ -172,6 +174,7 @@ def test_a_malformed_config_fails_in_a_few_lines_naming_what_is_wrong(tmp_path, 
     assert err.startswith("error:") and message in err and "Traceback" not in err and len(err.splitlines()) <= 8, err
 
 
+@pytest.mark.slow
 def test_a_server_process_that_cannot_start_says_why():
     import tempfile
 

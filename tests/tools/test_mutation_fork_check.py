@@ -18,6 +18,7 @@ def test_reads_the_selection_and_the_session_arguments_of_the_project(check):
     assert session_args[session_args.index("no:unraisableexception") - 1] == "-p"
 
 
+@pytest.mark.slow
 def test_a_test_that_fails_only_in_a_fork_is_found(check, tmp_path):
     probe = tmp_path / "test_fork_probe.py"  # a module name no other in-process session imports
     probe.write_text(

@@ -16,6 +16,7 @@ def test_reads_mutmuts_pytest_arguments_from_the_project(overhead):
     assert args[args.index("no:threadexception") - 1] == "-p"
 
 
+@pytest.mark.slow
 def test_times_each_repeat_after_a_warm_up_and_refuses_a_failing_session(overhead, tmp_path):
     calls = tmp_path / "calls.txt"
     test_file = tmp_path / "test_probe.py"

@@ -198,6 +198,7 @@ def test_parses_from_yaml_inside_a_weighted_reward(parse_rewards):
     assert clip_score._frozen.model is None  # building the config loads nothing
 
 
+@pytest.mark.slow
 def test_importing_the_rewards_loads_no_model_code():
     """``import app.rewards`` (and even ``app.rewards.learned``) leaves transformers' CLIP and Qwen-VL unimported."""
     code = (
