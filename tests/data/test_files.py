@@ -14,7 +14,8 @@ import pytest
 from PIL import Image, ImageFile
 
 from app.data import VisualTaskDataModule
-from app.data.files import BadRowError, FileDataset, RowReader, write_folder
+from app.data.files import FileDataset, write_folder
+from app.data.rows import BadRowError, RowReader
 from app.data.tables import load_table
 from app.types import VisualSample
 
@@ -270,7 +271,7 @@ def test_skip_skips_counts_and_logs_the_bad_row(folder, kind, caplog):
         key="id", image_dir=str(folder / "images"), max_image_pixels=1000, max_video_source_frames=10, on_bad_row="skip"
     )
 
-    with caplog.at_level(logging.WARNING, logger="app.data.files"):
+    with caplog.at_level(logging.WARNING, logger="app.data.rows"):
         data = FileDataset(10, 0, 64, bad_file(folder, change), reader)
 
     assert len(data) == 3 and [data[i].meta["id"] for i in range(3)] == [0, 1, 3]

@@ -1,7 +1,7 @@
 """``python -m app.data convert``: your own data files to shards.
 
 - ``convert IN OUT --format PRESET``: stream the rows of ``IN`` (a ``.json``, ``.jsonl``, ``.parquet``, ``.csv`` or
-  ``.txt`` file or a saved ``datasets`` folder, read by :class:`~app.data.files.RowReader`) into WebDataset shards in
+  ``.txt`` file or a saved ``datasets`` folder, read by :class:`~app.data.rows.RowReader`) into WebDataset shards in
   the package's schema (:mod:`app.data.shards`), printing a progress bar and a summary of what was written and skipped.
 """
 
@@ -12,8 +12,8 @@ import re
 import sys
 from pathlib import Path
 
-from app.data.files import BadRowError, RowCheck, RowReader
 from app.data.row_fields import PRESETS
+from app.data.rows import BadRowError, RowCheck, RowReader
 from app.data.shards import write_samples
 from app.data.tables import TableRows, load_table
 

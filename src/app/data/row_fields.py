@@ -5,7 +5,7 @@ VBVR).
 A paper layout also names what its rewards read from a row, checked when the row is read so that a row the reward
 could not score is a bad row at load time: CoRe's triplets need three images and TriSR's ``pair_answers`` in ``meta``
 (whose values TriSR checks when it scores); OT-GRPO's pairs need the twin and its relation (read by
-:class:`~app.data.files.RowReader`).
+:class:`~app.data.rows.RowReader`).
 """
 
 from __future__ import annotations
