@@ -443,6 +443,7 @@ def test_moved_class_paths_map_to_the_new_module(old, new):
 
 
 # ------------------------------------------------------------------------------------ keys of older configs that moved
+@pytest.mark.slow
 def test_an_old_key_in_a_config_is_told_its_new_path(app_env, tmp_path):
     """Through the real command line: a VLM GRPO config written before the settings were split by family (issue 55)
     gets one short line per moved key, naming its new path, and no traceback."""
