@@ -515,3 +515,9 @@ def test_the_default_options_are_today_s_loss_bit_for_bit(random_seed):
         assert torch.equal(getattr(plain, name), getattr(explicit, name)), name
     loss, _, clipped = clipped_surrogate(logprobs, old, advantages, 0.2, 0.2)
     assert plain.off_policy_masked == 0 and clipped.any()
+
+
+def test_an_unknown_objective_is_refused_not_trained_as_ppo_clip():
+    logprobs = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="unknown objective 'cispoo'"):
+        grpo_loss(logprobs, logprobs, torch.ones(2), torch.ones(2, 3), objective="cispoo")

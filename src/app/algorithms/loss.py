@@ -243,8 +243,10 @@ def grpo_loss(
         ratio = torch.exp(logprobs - old_logprobs).detach()  # [N, L], for ratio_mean
     elif objective == "cispo":
         policy_tok, ratio, is_clipped = cispo_surrogate(logprobs, old_logprobs, advantages, eps_low, eps_high)
-    else:
+    elif objective == "ppo_clip":
         policy_tok, ratio, is_clipped = clipped_surrogate(logprobs, old_logprobs, advantages, eps_low, eps_high)
+    else:  # the settings refuse it; a direct call must not silently train another objective
+        raise ValueError(f"unknown objective {objective!r}; expected 'ppo_clip' or 'cispo'")
     kl_tok = k3_kl(logprobs, _upcast(ref_logprobs)) if ref_logprobs is not None else None  # [N, L]
     masked = logprobs.new_zeros(())  # []
     if off_policy_max_log_ratio is not None or off_policy_max_kl is not None:
