@@ -111,7 +111,7 @@ class PromptInputs:
             ``second_per_grid_ts`` ``[num_videos]``), see :data:`VISUAL_INPUTS`.
         images_per_row: number of images in each row.
         copies_of: for each row, the index of the distinct prompt it holds: rows with the same index hold the same
-            tokens, images and videos (``encode_prompts(group_size=K)`` repeats each prompt K times), so what depends
+            tokens, images and videos (``encode_prompts(rows_per_prompt=K)`` repeats each prompt K times), so what depends
             on the prompt alone (vision features, positions) can be computed once per index. None: every row is its own.
         videos_per_row: number of videos in each row; None: no row has a video.
     """
@@ -180,21 +180,22 @@ class PromptInputs:
 
 @dataclass
 class CompletionBatch:
-    """K sampled completions for each of B prompts.
+    """``rows_per_prompt`` sampled completions for each of B prompts (K in training).
 
     Attributes:
         completion_ids: ``[N, L]`` token ids, right-padded with the pad id.
         completion_mask: ``[N, L]`` 1 for real completion tokens (up to and including EOS), 0 for padding.
         texts: N decoded completions (special tokens skipped).
         truncated: ``[N]`` bool, True where the completion hit ``max_new_tokens`` without an EOS.
-        group_size: K.
+        rows_per_prompt: completions of each prompt (rows ``b * k .. b * k + k - 1`` are prompt ``b``'s): K in a GRPO
+            rollout, the evaluation's samples per prompt in an evaluation.
     """
 
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
     texts: list[str]
     truncated: torch.Tensor
-    group_size: int
+    rows_per_prompt: int
 
 
 @dataclass

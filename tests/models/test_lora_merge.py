@@ -89,16 +89,18 @@ def test_vlm_rollout_with_merged_adapters_draws_the_unmerged_completions(new_pol
 
     policy = vision_lora_policy("tiny-qwen2-vl") if vision else new_policy("tiny-qwen2-vl", lora_r=4)
     perturb([p for n, p in policy.model.named_parameters() if "lora_B" in n], scale=0.2)  # an adapter that matters
-    prompts = policy.encode_prompts(new_samples(2, seed=5), group_size=4)
+    prompts = policy.encode_prompts(new_samples(2, seed=5), rows_per_prompt=4)
     completions = {}
     for merge in (False, True, False):
         policy.merge_lora_for_rollout = merge
         torch.manual_seed(7)
-        completions[merge] = policy.generate(prompts, SamplingSettings(max_new_tokens=12), group_size=4).completion_ids
+        completions[merge] = policy.generate(
+            prompts, SamplingSettings(max_new_tokens=12), rows_per_prompt=4
+        ).completion_ids
     assert torch.equal(completions[True], completions[False])
     with policy.model.disable_adapter():
         torch.manual_seed(7)
-        base = policy.generate(prompts, SamplingSettings(max_new_tokens=12), group_size=4).completion_ids
+        base = policy.generate(prompts, SamplingSettings(max_new_tokens=12), rows_per_prompt=4).completion_ids
     assert not torch.equal(base, completions[True])  # the adapter changes what is drawn, so the equality says something
     merged = {id(layer) for layer in mergeable_lora_layers(policy.model)}
     merged_vision = [n for n, m in policy.model.named_modules() if id(m) in merged and ".visual." in n]

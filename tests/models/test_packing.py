@@ -107,7 +107,7 @@ def test_packed_rows_give_the_padded_log_probs_and_gradients(family, shared_pref
         for name, parameter in policy.model.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(std=0.05)
-    prompts = policy.encode_prompts(MIXED, group_size=K)  # rows 2b, 2b + 1 from prompt b
+    prompts = policy.encode_prompts(MIXED, rows_per_prompt=K)  # rows 2b, 2b + 1 from prompt b
     ids, mask = completions(policy, prompts, [7, 2, 5, 1, 9, 3])
     # with shared prefixes, each prompt's tokens once, then every row's completion tokens
     assert_same(policy, prompts, ids, mask, padded_rows=[3, 6] if shared_prefix else [6])
@@ -115,7 +115,7 @@ def test_packed_rows_give_the_padded_log_probs_and_gradients(family, shared_pref
 
 def test_packed_text_only_prompts_use_the_text_positions(new_policy):
     policy = new_policy("tiny-qwen2.5-vl", lora_r=4)
-    prompts = policy.encode_prompts(TEXT_ONLY, group_size=1)
+    prompts = policy.encode_prompts(TEXT_ONLY, rows_per_prompt=1)
     assert "pixel_values" not in prompts.tensors
     ids, mask = completions(policy, prompts, [4, 6])
     assert_same(policy, prompts, ids, mask, padded_rows=[2])
@@ -152,11 +152,11 @@ def test_packed_flash_attention_matches_padded_sdpa_on_cuda():
     assert packs(flash.hf_model, flash.padding_free)
     sdpa = VLMPolicy("tiny-qwen2.5-vl", dtype="bfloat16", attn_implementation="sdpa").to("cuda")
     sdpa.load_state_dict(flash.state_dict())
-    prompts = flash.encode_prompts(MIXED, group_size=K)
+    prompts = flash.encode_prompts(MIXED, rows_per_prompt=K)
     ids, mask = completions(flash, prompts, [7, 2, 5, 1, 9, 3])
     ids, mask = ids.cuda(), mask.cuda()
     with torch.no_grad():
         packed = flash.sequence_logprobs(prompts, ids, mask)
-        padded = sdpa.sequence_logprobs(sdpa.encode_prompts(MIXED, group_size=K), ids, mask)
+        padded = sdpa.sequence_logprobs(sdpa.encode_prompts(MIXED, rows_per_prompt=K), ids, mask)
     m = mask.bool()
     torch.testing.assert_close(packed[m], padded[m], atol=5e-2, rtol=0)

@@ -40,7 +40,7 @@ def rollout(policy, prompts, shared: bool, seed: int, greedy: bool = False, max_
     policy.shared_prefix = shared
     torch.manual_seed(seed)
     try:
-        return policy.generate(prompts, SamplingSettings(max_new_tokens=max_new_tokens), greedy, group_size=K)
+        return policy.generate(prompts, SamplingSettings(max_new_tokens=max_new_tokens), greedy, rows_per_prompt=K)
     finally:
         policy.shared_prefix = True
 
@@ -56,7 +56,7 @@ def count_vision_images(policy):
 
 # -------------------------------------------------------------------------------------------------- prompt rows
 def test_encode_prompts_runs_the_processor_once_and_equals_the_processor_on_repeated_rows(tiny_policy, samples):
-    prompts = tiny_policy.encode_prompts(samples, group_size=K)
+    prompts = tiny_policy.encode_prompts(samples, rows_per_prompt=K)
     texts = [tiny_policy.prompt_text(s) for s in samples for _ in range(K)]
     images = [list(s.images) for s in samples for _ in range(K)]
     expected = tiny_policy.processor(text=texts, images=images, return_tensors="pt", padding=True)
@@ -83,7 +83,7 @@ def test_take_rows_keeps_each_rows_own_image_patches(tiny_policy, samples):
 
 
 def test_group_heads_only_when_every_group_is_identical(tiny_policy, samples):
-    repeated = tiny_policy.encode_prompts(samples, group_size=K)
+    repeated = tiny_policy.encode_prompts(samples, rows_per_prompt=K)
     heads = group_heads(repeated, K)
     assert heads is not None and len(heads) == 3
     assert torch.equal(heads.tensors["pixel_values"], tiny_policy.encode_prompts(samples).tensors["pixel_values"])
@@ -98,7 +98,7 @@ def test_group_heads_only_when_every_group_is_identical(tiny_policy, samples):
 @pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
 def test_shared_prefix_draws_the_same_completions_for_the_same_seed(new_policy, samples, model, random_seed):
     policy = new_policy(model, lora_r=None).eval()
-    prompts = policy.encode_prompts(samples, group_size=K)
+    prompts = policy.encode_prompts(samples, rows_per_prompt=K)
     calls, handle = count_vision_images(policy)
     try:
         plain = rollout(policy, prompts, shared=False, seed=random_seed)
@@ -117,7 +117,7 @@ def test_shared_prefix_draws_the_same_completions_for_the_same_seed(new_policy, 
 
 def test_shared_prefix_with_lora_greedy_and_a_second_rollout(tiny_policy, samples):
     """The LoRA policy (PeftModel.generate), greedy decoding, and no state left behind for the next rollout."""
-    prompts = tiny_policy.encode_prompts(samples, group_size=K)
+    prompts = tiny_policy.encode_prompts(samples, rows_per_prompt=K)
     plain = rollout(tiny_policy, prompts, shared=False, seed=0, greedy=True)
     first = rollout(tiny_policy, prompts, shared=True, seed=0, greedy=True)
     second = rollout(tiny_policy, prompts, shared=True, seed=0, greedy=True)
@@ -131,14 +131,16 @@ def test_shared_prefix_with_lora_greedy_and_a_second_rollout(tiny_policy, sample
 def test_shared_prefix_on_text_only_prompts_after_an_image_rollout(new_policy, samples, model, random_seed):
     """Left-padded prompts without images, after a rollout with images (whose rotary offsets the model keeps)."""
     policy = new_policy(model, lora_r=None).eval()
-    policy.generate(policy.encode_prompts(samples[:1], group_size=K), SamplingSettings(max_new_tokens=2), group_size=K)
+    policy.generate(
+        policy.encode_prompts(samples[:1], rows_per_prompt=K), SamplingSettings(max_new_tokens=2), rows_per_prompt=K
+    )
     text = [
         VisualSample(images=[], question="Short?", task="t"),
         VisualSample(
             images=[], question="A much longer question, with many more words in it than the first?", task="t"
         ),
     ]
-    prompts = policy.encode_prompts(text, group_size=K)
+    prompts = policy.encode_prompts(text, rows_per_prompt=K)
     assert (prompts.tensors["attention_mask"] == 0).any(), "the test needs left padding"
     plain = rollout(policy, prompts, shared=False, seed=random_seed)
     shared = rollout(policy, prompts, shared=True, seed=random_seed)
@@ -165,7 +167,7 @@ def test_group_heads_of_text_prompts_take_the_first_row_of_each_group_at_the_sma
 
 # ------------------------------------------------------------------------------------------------ training forward
 def test_repeated_rows_know_which_prompt_they_copy(tiny_policy, samples):
-    prompts = tiny_policy.encode_prompts(samples, group_size=K)
+    prompts = tiny_policy.encode_prompts(samples, rows_per_prompt=K)
     assert prompts.copies_of == [0] * K + [1] * K + [2] * K
     assert tiny_policy.encode_prompts(samples).copies_of is None
     part = prompts.select(slice(2, 7))  # the last row of prompt 0, prompt 1, the first row of prompt 2
@@ -182,7 +184,7 @@ def test_repeated_rows_know_which_prompt_they_copy(tiny_policy, samples):
 def completions(policy, prompts, seed: int):
     """Sampled completions cut to unequal lengths (random weights seldom stop early), padding after the cut."""
     torch.manual_seed(seed)
-    batch = policy.generate(prompts, SamplingSettings(max_new_tokens=10), group_size=K)
+    batch = policy.generate(prompts, SamplingSettings(max_new_tokens=10), rows_per_prompt=K)
     lengths = torch.arange(len(prompts)) % 7 + 4  # [N] 4..10 tokens
     batch.completion_mask = (torch.arange(10)[None, :] < lengths[:, None]).long()
     batch.completion_ids = batch.completion_ids.masked_fill(batch.completion_mask == 0, policy.pad_token_id)
@@ -202,7 +204,7 @@ def test_training_forward_encodes_each_prompt_once_with_the_same_logprobs_and_gr
 ):
     """Multi-image rows of unequal lengths, completions of unequal lengths, a trainable vision tower."""
     policy = new_policy(model, lora_r=None, freeze_vision=False)
-    prompts = policy.encode_prompts(samples, group_size=K)
+    prompts = policy.encode_prompts(samples, rows_per_prompt=K)
     batch = completions(policy, prompts, random_seed)
     calls, handle = count_vision_images(policy)
     try:
@@ -254,7 +256,7 @@ def test_training_forward_runs_each_prompt_once_with_the_per_row_logprobs_and_gr
     """Every layer sees each prompt once and the rows' completions after it; the log-probs and every trained weight's
     gradient are the per-row forward's up to rounding."""
     policy = new_policy(model, lora_r=lora_r)
-    prompts = policy.encode_prompts(samples, group_size=K)
+    prompts = policy.encode_prompts(samples, rows_per_prompt=K)
     batch = completions(policy, prompts, random_seed)
     calls, handle = first_layer_rows(policy)
     try:
@@ -285,7 +287,7 @@ def test_training_forward_runs_each_prompt_once_with_the_per_row_logprobs_and_gr
 @pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
 def test_shared_positions_equal_transformers_own_for_every_completion_token(new_policy, samples, model, random_seed):
     policy = new_policy(model, lora_r=None)
-    prompts = policy.encode_prompts(samples, group_size=K).select(slice(1, 3 * K))  # groups cut by a micro-batch
+    prompts = policy.encode_prompts(samples, rows_per_prompt=K).select(slice(1, 3 * K))  # groups cut by a micro-batch
     batch = completions(policy, prompts, random_seed)
     inner = policy.hf_model.model
     t = prompts.tensors
@@ -305,7 +307,7 @@ def test_shared_positions_equal_transformers_own_for_every_completion_token(new_
 
 def test_text_only_or_distinct_prompts_leave_the_forward_to_the_model(tiny_policy, samples):
     text = [VisualSample(images=[], question="Short?", task="t")]
-    prompts = tiny_policy.encode_prompts(text, group_size=K)
+    prompts = tiny_policy.encode_prompts(text, rows_per_prompt=K)
     mask = torch.ones(K, 2, dtype=torch.long)
     assert shared_prompt_features(tiny_policy.hf_model.model, prompts, mask) is None
     distinct = tiny_policy.encode_prompts(samples)
@@ -316,7 +318,7 @@ def test_shared_positions_are_integers_for_any_mask_and_features_come_whatever_t
     """A float completion mask (as the losses use) gives the same int64 positions as a long one; a model configured
     with ``return_dict=False`` still hands over its image features (they are asked for as an output object)."""
     one = [VisualSample(images=[image(64, 64, (220, 30, 30))], question="Is the dot red?", task="t")]
-    prompts = tiny_policy.encode_prompts(one, group_size=K)
+    prompts = tiny_policy.encode_prompts(one, rows_per_prompt=K)
     inner = tiny_policy.hf_model.model
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
     want = shared_prompt_features(inner, prompts, mask)["position_ids"]

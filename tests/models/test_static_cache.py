@@ -15,7 +15,7 @@ def rollout(policy, prompts, *, static: bool, shared: bool, seed: int, greedy: b
     policy.static_cache, policy.shared_prefix = static, shared
     torch.manual_seed(seed)
     try:
-        return policy.generate(prompts, SamplingSettings(max_new_tokens=new_tokens), greedy, group_size=K)
+        return policy.generate(prompts, SamplingSettings(max_new_tokens=new_tokens), greedy, rows_per_prompt=K)
     finally:
         policy.static_cache, policy.shared_prefix = False, True
 
@@ -24,7 +24,7 @@ def rollout(policy, prompts, *, static: bool, shared: bool, seed: int, greedy: b
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-prefix", "every-row"])
 def test_a_static_cache_draws_the_same_completions_as_the_growing_one(new_policy, new_samples, model, shared):
     policy = new_policy(model, lora_r=4)
-    prompts = policy.encode_prompts(new_samples(2, seed=5), group_size=K)
+    prompts = policy.encode_prompts(new_samples(2, seed=5), rows_per_prompt=K)
     for greedy in (True, False):
         growing = rollout(policy, prompts, static=False, shared=shared, seed=11, greedy=greedy)
         static = rollout(policy, prompts, static=True, shared=shared, seed=11, greedy=greedy)
@@ -36,7 +36,7 @@ def test_a_static_cache_draws_the_same_completions_as_the_growing_one(new_policy
 
 def test_generate_hands_transformers_a_static_cache_of_prompt_plus_new_tokens(new_policy, new_samples, monkeypatch):
     policy = new_policy("tiny-qwen2-vl", lora_r=None)
-    prompts = policy.encode_prompts(new_samples(1, seed=0), group_size=K)
+    prompts = policy.encode_prompts(new_samples(1, seed=0), rows_per_prompt=K)
     seen = []
     generate = policy.model.generate
     monkeypatch.setattr(policy.model, "generate", lambda **kw: seen.append(kw["cache"]) or generate(**kw))

@@ -78,18 +78,18 @@ def reference_logits_full_forward(hf_model, prompt_inputs, completion_ids, compl
 @pytest.fixture(scope="module")
 def rollout(tiny_policy, mixed_samples):
     """B=3 prompts x K=3 completions of up to 10 tokens, with EOS made likely so some rows end early."""
-    prompts = tiny_policy.encode_prompts(mixed_samples, group_size=K)
+    prompts = tiny_policy.encode_prompts(mixed_samples, rows_per_prompt=K)
     eos = tiny_policy.processor.tokenizer.eos_token_id
     torch.manual_seed(0)
     with biased_logits(tiny_policy, {eos: 4.5}):
         sampling = SamplingSettings(group_size=K, max_new_tokens=10)
-        completions = tiny_policy.generate(prompts, sampling, group_size=K)
+        completions = tiny_policy.generate(prompts, sampling, rows_per_prompt=K)
     return prompts, completions
 
 
 # ------------------------------------------------------------------------------------------------------- prompts
 def test_encode_prompts_repeats_rows_group_major_with_all_images(tiny_policy, mixed_samples):
-    prompts = tiny_policy.encode_prompts(mixed_samples, group_size=K)
+    prompts = tiny_policy.encode_prompts(mixed_samples, rows_per_prompt=K)
     t = prompts.tensors
     assert len(prompts) == 3 * K
     assert prompts.images_per_row == [1] * K + [2] * K + [1] * K
@@ -142,7 +142,7 @@ def test_placeholders_that_do_not_match_the_images_are_refused(tiny_policy, mixe
 def test_generate_gives_n_completions_with_masks_up_to_the_first_eos(tiny_policy, rollout):
     prompts, c = rollout
     n, length = c.completion_ids.shape
-    assert n == 3 * K and length <= 10 and c.group_size == K
+    assert n == 3 * K and length <= 10 and c.rows_per_prompt == K
     assert c.completion_mask.shape == (n, length) and c.truncated.shape == (n,) and len(c.texts) == n
     eos_ids = torch.tensor(tiny_policy.eos_token_ids)
     for row, mask, truncated in zip(c.completion_ids, c.completion_mask, c.truncated, strict=True):
@@ -161,10 +161,10 @@ def test_generate_never_emits_vision_tokens(tiny_policy, mixed_samples):
     tokenizer = tiny_policy.processor.tokenizer
     vision_ids = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
     assert sorted(tiny_policy.suppressed_token_ids) == sorted(vision_ids)
-    prompts = tiny_policy.encode_prompts(mixed_samples[:2], group_size=2)
+    prompts = tiny_policy.encode_prompts(mixed_samples[:2], rows_per_prompt=2)
     torch.manual_seed(0)
     with biased_logits(tiny_policy, {i: 30.0 for i in vision_ids}):  # unsuppressed, they would be all it samples
-        c = tiny_policy.generate(prompts, SamplingSettings(max_new_tokens=6), group_size=2)
+        c = tiny_policy.generate(prompts, SamplingSettings(max_new_tokens=6), rows_per_prompt=2)
     assert c.completion_ids.shape == (4, 6)
     assert not torch.isin(c.completion_ids, torch.tensor(vision_ids)).any()
     # and the sampled completions go through the next forward (no "image features and image tokens do not match")
@@ -311,8 +311,8 @@ def test_lora_and_sampling_settings_reject_bad_values():
 # --------------------------------------------------------------------------------------------------- reference
 def test_lora_reference_is_the_untrained_policy_and_differs_after_an_update(new_policy, new_samples):
     policy = new_policy("tiny-qwen2-vl", lora_r=4)
-    prompts = policy.encode_prompts(new_samples(2), group_size=2)
-    c = policy.generate(prompts, SamplingSettings(max_new_tokens=6), group_size=2)
+    prompts = policy.encode_prompts(new_samples(2), rows_per_prompt=2)
+    c = policy.generate(prompts, SamplingSettings(max_new_tokens=6), rows_per_prompt=2)
     mask = c.completion_mask.bool()
     with torch.no_grad():
         before = policy.sequence_logprobs(prompts, c.completion_ids, c.completion_mask)
@@ -354,8 +354,8 @@ def test_export_loads_with_from_pretrained_and_gives_identical_logprobs(new_poli
     policy = new_policy("tiny-qwen2-vl", lora_r=4)
     perturb([p for n, p in policy.model.named_parameters() if "lora_B" in n])  # a "trained" adapter
     policy.eval()
-    prompts = policy.encode_prompts(mixed_samples, group_size=2)
-    c = policy.generate(prompts, SamplingSettings(max_new_tokens=6), group_size=2)
+    prompts = policy.encode_prompts(mixed_samples, rows_per_prompt=2)
+    c = policy.generate(prompts, SamplingSettings(max_new_tokens=6), rows_per_prompt=2)
     mask = c.completion_mask.bool()
     with torch.no_grad():
         expected = policy.sequence_logprobs(prompts, c.completion_ids, c.completion_mask)
@@ -440,7 +440,7 @@ def test_one_sft_step_moves_the_vision_adapters_and_leaves_every_base_weight_bit
 
 def test_the_shared_prompt_encoding_gives_the_vision_adapters_the_per_row_gradients(new_samples):
     policy = vision_lora_policy()
-    prompts = policy.encode_prompts(new_samples(2), group_size=K)  # rows repeat: the shared path encodes once
+    prompts = policy.encode_prompts(new_samples(2), rows_per_prompt=K)  # rows repeat: the shared path encodes once
     targets = policy.encode_targets(["<think>a</think><answer>yes</answer>", "<answer>no</answer>"] * K)
     adapters, _ = vision_split(policy)
     grads = {}

@@ -118,7 +118,7 @@ def test_video_requires_uint8_rgb_frames_and_a_positive_rate():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_encode_prompts_gives_each_row_its_own_videos_through_take_select_and_repeat(family, new_policy):
     policy = new_policy(family)
-    prompts = policy.encode_prompts(MIXED, group_size=K)
+    prompts = policy.encode_prompts(MIXED, rows_per_prompt=K)
     t = prompts.tensors
     assert prompts.videos_per_row == [1] * K + [1] * K + [0] * K
     assert prompts.images_per_row == [0] * K + [1] * K + [1] * K
@@ -146,12 +146,12 @@ def test_encode_prompts_gives_each_row_its_own_videos_through_take_select_and_re
 @pytest.mark.parametrize("family", FAMILIES)
 def test_video_rows_generate_the_same_completions_with_and_without_the_shared_prefix(family, new_policy):
     policy = new_policy(family)
-    prompts = policy.encode_prompts(MIXED, group_size=K)
+    prompts = policy.encode_prompts(MIXED, rows_per_prompt=K)
     drawn = []
     for shared in (True, False):
         policy.shared_prefix = shared
         torch.manual_seed(3)
-        drawn.append(policy.generate(prompts, SamplingSettings(max_new_tokens=10), group_size=K))
+        drawn.append(policy.generate(prompts, SamplingSettings(max_new_tokens=10), rows_per_prompt=K))
     policy.shared_prefix = True
     assert torch.equal(drawn[0].completion_ids, drawn[1].completion_ids)
     generated = drawn[0].completion_ids[drawn[0].completion_mask.bool()]
@@ -164,7 +164,7 @@ def test_video_rows_generate_the_same_completions_with_and_without_the_shared_pr
 @pytest.mark.parametrize("family", FAMILIES)
 def test_video_log_probs_agree_across_the_per_row_shared_prefix_and_packed_forwards(family, new_policy):
     policy = new_policy(family)
-    prompts = policy.encode_prompts(MIXED, group_size=K)
+    prompts = policy.encode_prompts(MIXED, rows_per_prompt=K)
     ids, mask = completions(policy, len(prompts), [7, 2, 5, 1, 9, 3])
     calls, hook = language_model_rows(policy)
     try:

@@ -96,7 +96,7 @@ class ToySampling:
 
 # ------------------------------------------------------------------------------------------------ the draw
 def toy_draw(
-    features: torch.Tensor, texts: list[str], group_size: int, old_logprobs: torch.Tensor | None = None
+    features: torch.Tensor, texts: list[str], rows_per_prompt: int, old_logprobs: torch.Tensor | None = None
 ) -> SampledCompletions:
     """N outputs ``texts`` with their ``[N, 2]`` features (kept beside one-token prompts and completions) and, when
     given, their ``[N, 1]`` behaviour log-probs."""
@@ -107,7 +107,7 @@ def toy_draw(
         torch.ones(n, 1, dtype=torch.long),
         list(texts),
         torch.zeros(n, dtype=torch.bool),
-        group_size,
+        rows_per_prompt,
     )
     return SampledCompletions(prompts, completions, old_logprobs, None)
 

@@ -60,7 +60,7 @@ def test_a_sample_with_a_video_and_prompt_rows_with_videos_round_trip():
 def test_a_toy_draw_comes_back_with_its_features_and_moves_to_a_device():
     features = torch.arange(8.0).reshape(4, 2)
     rewards = RewardOutput(torch.ones(4), {"value": torch.ones(4)})
-    draw = toy_draw(features, ["1", "2", "3", "4"], group_size=2, old_logprobs=torch.zeros(4, 1))
+    draw = toy_draw(features, ["1", "2", "3", "4"], rows_per_prompt=2, old_logprobs=torch.zeros(4, 1))
     generation = Generation([VisualSample([], "p", "toy", meta={"n": 1})], draw, version=3, rewards=rewards)
     restored = from_plain(through_a_file(to_plain(generation)))
     assert isinstance(restored, Generation) and isinstance(restored.sampled, SampledCompletions)
@@ -68,6 +68,15 @@ def test_a_toy_draw_comes_back_with_its_features_and_moves_to_a_device():
     assert torch.equal(features_of(restored.sampled), features)
     moved = to_device(restored, torch.device("meta"))
     assert features_of(moved.sampled).device.type == "meta" and moved.rewards.total.device.type == "meta"
+
+
+def test_a_completion_batch_stored_with_its_old_field_group_size_loads_as_rows_per_prompt():
+    batch = toy_draw(torch.zeros(2, 2), ["a", "b"], rows_per_prompt=2).completions
+    stored = to_plain(batch)
+    fields = stored["fields"]
+    fields["group_size"] = fields.pop("rows_per_prompt")  # what a checkpoint written before the rename holds
+    restored = from_plain(through_a_file(stored))
+    assert restored.rows_per_prompt == 2 and restored.texts == ["a", "b"]
 
 
 @dataclass

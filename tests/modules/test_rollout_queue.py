@@ -64,7 +64,7 @@ def generation(step: int) -> Generation:
     """Two prompts, K = 2: outputs ``step``, ``step + 1``, ``step + 2``, ``step + 3``, each with features (1, 1)."""
     samples = [VisualSample([], f"p{step}{b}", "toy") for b in range(2)]
     outputs = [str(float(step + i)) for i in range(4)]
-    return Generation(samples, toy_draw(torch.ones(4, 2), outputs, group_size=2), version=-1)
+    return Generation(samples, toy_draw(torch.ones(4, 2), outputs, rows_per_prompt=2), version=-1)
 
 
 def submitted(queue: RolloutQueue, step: int) -> Generation:

@@ -80,7 +80,7 @@ def case(tiny_policy, new_samples):
     """``(rollout, logprobs)``: the hand-made rollout and the policy's log-probs ``[N, L]`` of its completions at the
     sampling temperature, computed on the whole batch."""
     samples = new_samples(2)
-    prompt_inputs = tiny_policy.encode_prompts(samples, group_size=K)
+    prompt_inputs = tiny_policy.encode_prompts(samples, rows_per_prompt=K)
     tokens = torch.randint(0, 1000, (2 * K, L), generator=torch.Generator().manual_seed(0))
     pad = tiny_policy.processor.tokenizer.pad_token_id
     completion_ids = torch.where(COMPLETION_MASK.bool(), tokens, pad)
@@ -302,7 +302,7 @@ TRUNCATING = CompletionBatch(
     completion_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]]),
     texts=[""] * 4,
     truncated=torch.tensor([True, False, False, False]),  # row 1 ends with its end token at the budget
-    group_size=K,
+    rows_per_prompt=K,
 )
 """Completions of a budget of 4 tokens: lengths 4, 4, 1, 2 (mean 2.75), one of four truncated."""
 

@@ -43,7 +43,7 @@ class FixedRolloutGRPO(VLMGRPOModule):
         prompts = range(len(LENGTHS)) if world == 1 else [rank]
         dataset = DotsDataset(len(LENGTHS), 0, image_size=64, dot_radius=12)
         samples = [dataset[p] for p in prompts]
-        prompt_inputs = self.policy.encode_prompts(samples, group_size=K)
+        prompt_inputs = self.policy.encode_prompts(samples, rows_per_prompt=K)
         lengths = torch.tensor([n for p in prompts for n in LENGTHS[p]])  # [N]
         mask = (torch.arange(L_MAX)[None, :] < lengths[:, None]).long()  # [N, L]
         tokens = torch.randint(0, 1000, (2 * K, L_MAX), generator=torch.Generator().manual_seed(0))

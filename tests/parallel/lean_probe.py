@@ -76,7 +76,7 @@ def outputs(policy, case: str) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(7)
     if case.startswith("vlm"):
         dataset = DotsDataset(2, 0, image_size=64)
-        prompts = policy.encode_prompts([dataset[0], dataset[1]], group_size=2)
+        prompts = policy.encode_prompts([dataset[0], dataset[1]], rows_per_prompt=2)
         ids = torch.randint(3, 1000, (4, 6), generator=generator)
         mask = torch.ones_like(ids)
         found = [policy.sequence_logprobs(prompts, ids, mask)]

@@ -204,14 +204,14 @@ class VLMPolicy(SwitchableReference, nn.Module):
         messages = [{"role": "user", "content": content}]
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def encode_prompts(self, samples: Sequence[VisualSample], group_size: int = 1) -> PromptInputs:
-        """Processor inputs for the prompts, each row repeated ``group_size`` times (group-major), left-padded. Each
+    def encode_prompts(self, samples: Sequence[VisualSample], rows_per_prompt: int = 1) -> PromptInputs:
+        """Processor inputs for the prompts, each row repeated ``rows_per_prompt`` times (group-major), left-padded. Each
         prompt goes through the processor once; its tensors are then repeated.
 
         Videos go through the processor's video path as the frames they hold (no further frame sampling), with their
         rate as metadata: Qwen2.5-VL derives its time positions from it, Qwen3-VL the timestamps it writes."""
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if rows_per_prompt < 1:
+            raise ValueError(f"rows_per_prompt must be >= 1, got {rows_per_prompt}")
         texts = [self.prompt_text(s) for s in samples]
         images = [list(s.images) for s in samples]
         videos = [video for s in samples for video in s.videos]
@@ -222,7 +222,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         tensors = {k: v.to(self.device) for k, v in inputs.items()}
         videos_per_row = [len(s.videos) for s in samples] if videos else None
         prompts = PromptInputs(tensors, [len(row) for row in images], videos_per_row=videos_per_row)
-        return repeat_rows(prompts, group_size) if group_size > 1 else prompts
+        return repeat_rows(prompts, rows_per_prompt) if rows_per_prompt > 1 else prompts
 
     # ------------------------------------------------------------------------------------------------- sampling
     @torch.no_grad()
@@ -231,11 +231,11 @@ class VLMPolicy(SwitchableReference, nn.Module):
         prompt_inputs: PromptInputs,
         sampling: SamplingSettings | None = None,
         greedy: bool = False,
-        group_size: int = 1,
+        rows_per_prompt: int = 1,
     ) -> CompletionBatch:
         """Draw one completion per row of ``prompt_inputs`` (already repeated K times by ``encode_prompts``).
 
-        With ``shared_prefix`` and groups of ``group_size`` identical rows, each prompt's images and text are encoded
+        With ``shared_prefix`` and groups of ``rows_per_prompt`` identical rows, each prompt's images and text are encoded
         and prefilled once and the KV cache is expanded to its K rows (see :mod:`app.sampling.shared_prefix`)."""
         sampling = sampling or SamplingSettings()
         kwargs = {"do_sample": False}  # sampled rows are drawn by the last logits processor (see token_sampling)
@@ -251,10 +251,10 @@ class VLMPolicy(SwitchableReference, nn.Module):
             with gathered(self), merge, torch.inference_mode():  # FSDP: one all-gather for the whole generation
                 # inference mode: no version counters or view tracking on the decoding loop's many small operations
                 inputs = dict(prompt_inputs.tensors)
-                heads = group_heads(prompt_inputs, group_size) if self.shared_prefix else None
+                heads = group_heads(prompt_inputs, rows_per_prompt) if self.shared_prefix else None
                 if heads is not None:
                     inputs = {k: v for k, v in inputs.items() if k in PER_TOKEN_KEYS}
-                    inputs["cache"] = prefill_shared_prefix(self.hf_model, heads, group_size)
+                    inputs["cache"] = prefill_shared_prefix(self.hf_model, heads, rows_per_prompt)
                 if self.static_cache:
                     length = prompt_inputs.tensors["input_ids"].shape[1] + sampling.max_new_tokens
                     inputs["cache"] = static_cache(self.hf_model.config, length, inputs.get("cache"))
@@ -269,9 +269,9 @@ class VLMPolicy(SwitchableReference, nn.Module):
             self.model.train(was_training)
         # a normal tensor again (an inference tensor cannot be saved for the update's backward)
         completion_ids = sequences[:, prompt_inputs.tensors["input_ids"].shape[1] :].clone()  # [N, L]
-        return self._completion_batch(completion_ids, group_size)
+        return self._completion_batch(completion_ids, rows_per_prompt)
 
-    def _completion_batch(self, completion_ids: torch.Tensor, group_size: int) -> CompletionBatch:
+    def _completion_batch(self, completion_ids: torch.Tensor, rows_per_prompt: int) -> CompletionBatch:
         is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=completion_ids.device))  # [N, L]
         has_eos = is_eos.any(dim=1)  # [N]
         first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), completion_ids.shape[1] - 1)  # [N]
@@ -279,9 +279,9 @@ class VLMPolicy(SwitchableReference, nn.Module):
         mask = (positions[None, :] <= first_eos[:, None]).long()  # [N, L]
         completion_ids = completion_ids.masked_fill(mask == 0, self.pad_token_id)
         texts = self.processor.batch_decode(completion_ids, skip_special_tokens=True)
-        return CompletionBatch(completion_ids, mask, texts, truncated=~has_eos, group_size=group_size)
+        return CompletionBatch(completion_ids, mask, texts, truncated=~has_eos, rows_per_prompt=rows_per_prompt)
 
-    def encode_targets(self, targets: Sequence[str], group_size: int = 1) -> CompletionBatch:
+    def encode_targets(self, targets: Sequence[str], rows_per_prompt: int = 1) -> CompletionBatch:
         """Tokenise reference completions (for SFT), each closed with the end-of-turn token, right-padded."""
         tokenizer = self.processor.tokenizer
         rows = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in targets]
@@ -289,7 +289,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
         ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
         for i, row in enumerate(rows):
             ids[i, : len(row)] = torch.tensor(row)
-        return self._completion_batch(ids.to(self.device), group_size)
+        return self._completion_batch(ids.to(self.device), rows_per_prompt)
 
     # ------------------------------------------------------------------------------------------------ log-probs
     def sequence_logprobs(

@@ -36,6 +36,9 @@ _CONTAINERS = (
 _TYPES = {cls.__name__: cls for cls in _CONTAINERS}
 """The containers a pending rollout holds; checkpoints store them as plain data (they load with weights_only=True)."""
 
+_RENAMED = {"CompletionBatch": {"group_size": "rows_per_prompt"}}
+"""Fields renamed since a checkpoint may have stored them: container -> {old name: new name}."""
+
 
 def to_plain(value: Any) -> Any:
     """``value`` as tensors, numbers, strings, lists and dicts only (what ``torch.load(weights_only=True)`` reads)."""
@@ -72,7 +75,8 @@ def from_plain(value: Any) -> Any:
         return Image.fromarray(value["pixels"].numpy(), mode=value["mode"])
     if kind == "ndarray":
         return value["data"].numpy()
-    return _TYPES[kind](**{k: from_plain(v) for k, v in value["fields"].items()})
+    renamed = _RENAMED.get(kind, {})
+    return _TYPES[kind](**{renamed.get(k, k): from_plain(v) for k, v in value["fields"].items()})
 
 
 def to_device(value: Any, device: torch.device) -> Any:

@@ -88,7 +88,9 @@ class VLMEvaluation(GroupedEvaluation):
         sampling = SamplingSettings(
             group_size=n, temperature=settings.temperature, max_new_tokens=self.eval_max_new_tokens
         )
-        sampled = self.policy.generate(self.policy.encode_prompts(samples, group_size=n), sampling, group_size=n)
+        sampled = self.policy.generate(
+            self.policy.encode_prompts(samples, rows_per_prompt=n), sampling, rows_per_prompt=n
+        )
         scores = reward.score(sampled.texts, [s for s in samples for _ in range(n)])  # [B * n], group-major
         correct = (scores.float() >= settings.threshold).view(len(samples), n).sum(dim=1)  # [B]
         return {k: pass_at_k(n, correct, k) for k in settings.k}

@@ -55,10 +55,10 @@ def repeat_rows(inputs: PromptInputs, repeats: int) -> PromptInputs:
     return take_rows(inputs, [r for r in range(len(inputs)) for _ in range(repeats)])
 
 
-def group_heads(inputs: PromptInputs, group_size: int) -> PromptInputs | None:
-    """The first row of each group of ``group_size`` consecutive rows when the rows of every group are identical
+def group_heads(inputs: PromptInputs, rows_per_prompt: int) -> PromptInputs | None:
+    """The first row of each group of ``rows_per_prompt`` consecutive rows when the rows of every group are identical
     (tokens, images and videos) and the prompts end in a text token; None when the prefix cannot be shared."""
-    t, n, k = inputs.tensors, len(inputs), group_size
+    t, n, k = inputs.tensors, len(inputs), rows_per_prompt
     if k < 2 or n % k or t["input_ids"].shape[1] < 2 or set(t) - set(PER_TOKEN_KEYS) - VISUAL_KEYS:
         return None  # nothing to share, or inputs this module does not know how to split
     for key, value in t.items():
@@ -82,18 +82,18 @@ def group_heads(inputs: PromptInputs, group_size: int) -> PromptInputs | None:
 
 
 @torch.no_grad()
-def prefill_shared_prefix(hf_model: nn.Module, heads: PromptInputs, group_size: int):
+def prefill_shared_prefix(hf_model: nn.Module, heads: PromptInputs, rows_per_prompt: int):
     """Run the vision tower and the prefill of the prompts ``heads`` (one row per group) without their last token,
-    and expand the resulting cache and rotary offsets to ``group_size`` rows per prompt. Returns the cache."""
+    and expand the resulting cache and rotary offsets to ``rows_per_prompt`` rows per prompt. Returns the cache."""
     inner = hf_model.model  # the multimodal backbone, without the output head (no logits needed here)
     tensors = dict(heads.tensors)
     # the positions generate would give the whole prompt (left padding, mRoPE); for Qwen-VL this also sets rope_deltas
     positions = hf_model._prepare_position_ids_for_generation(tensors["input_ids"], tensors)  # [..., B, P]
     prefix = {k: v[:, :-1] if k in PER_TOKEN_KEYS else v for k, v in tensors.items()}
     cache = inner(**prefix, position_ids=positions[..., :-1], use_cache=True).cache
-    cache.batch_repeat_interleave(group_size)
+    cache.batch_repeat_interleave(rows_per_prompt)
     if getattr(inner, "rope_deltas", None) is not None:  # Qwen-VL mRoPE: one offset per row, read by the decode steps
-        inner.rope_deltas = inner.rope_deltas.repeat_interleave(group_size, dim=0)
+        inner.rope_deltas = inner.rope_deltas.repeat_interleave(rows_per_prompt, dim=0)
     return cache
 
 

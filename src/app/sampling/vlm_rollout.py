@@ -61,10 +61,10 @@ class MicroBatch:
 class CompletionPolicy(Protocol):
     """What :class:`VLMSampler` asks of a policy (:class:`~app.models.VLMPolicy` has it all)."""
 
-    def encode_prompts(self, samples: list[VisualSample], group_size: int = 1) -> PromptInputs: ...
+    def encode_prompts(self, samples: list[VisualSample], rows_per_prompt: int = 1) -> PromptInputs: ...
 
     def generate(
-        self, prompt_inputs: PromptInputs, sampling: SamplingSettings, greedy: bool = False, group_size: int = 1
+        self, prompt_inputs: PromptInputs, sampling: SamplingSettings, greedy: bool = False, rows_per_prompt: int = 1
     ) -> CompletionBatch: ...
 
     def sequence_logprobs(self, prompt_inputs, completion_ids, completion_mask, temperature: float = 1.0) -> Tensor: ...
@@ -99,8 +99,8 @@ class VLMSampler:
         """K completions per prompt; with ``behaviour`` their log-probs under the sampling policy (computed now,
         before any later update), with ``reference`` under the reference."""
         k = self.settings.group_size
-        prompt_inputs = self.policy.encode_prompts(samples, group_size=k)  # rows b*K + k
-        completions = self.policy.generate(prompt_inputs, self.settings, group_size=k)
+        prompt_inputs = self.policy.encode_prompts(samples, rows_per_prompt=k)  # rows b*K + k
+        completions = self.policy.generate(prompt_inputs, self.settings, rows_per_prompt=k)
         old = self._in_micro_batches(self.policy.sequence_logprobs, prompt_inputs, completions) if behaviour else None
         ref = self._in_micro_batches(self.policy.reference_logprobs, prompt_inputs, completions) if reference else None
         return SampledCompletions(prompt_inputs, completions, old_logprobs=old, ref_logprobs=ref)
