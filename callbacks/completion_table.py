@@ -146,12 +146,14 @@ class CompletionTableLogger(L.Callback):
         ]
         log_table(trainer, "completions", table_columns, table_rows, step, image_column="image")
 
-    def _thumbnails(self, records: list[CompletionRecord], batch: Any, group_size: int) -> list[Image.Image | None]:
-        """The first image of each record's prompt (row ``i`` is prompt ``i // K`` of the batch), shrunk."""
+    def _thumbnails(
+        self, records: list[CompletionRecord], batch: Any, rows_per_prompt: int
+    ) -> list[Image.Image | None]:
+        """The first image of each record's prompt (row ``i`` is prompt ``i // rows_per_prompt`` of the batch)."""
         samples = list(batch) if isinstance(batch, (list, tuple)) else []
         out: list[Image.Image | None] = []
         for i in range(len(records)):
-            b = i // max(1, int(group_size))
+            b = i // max(1, int(rows_per_prompt))
             images = getattr(samples[b], "images", None) if b < len(samples) else None
             if not self.thumbnail_size or not images:
                 out.append(None)

@@ -21,9 +21,9 @@ from app.algorithms import zero_std_groups
 from callbacks.step_outputs import rows_per_prompt
 
 
-def breakdown(components: dict[str, Tensor], advantages: Tensor | None, group_size: int) -> dict[str, float]:
+def breakdown(components: dict[str, Tensor], advantages: Tensor | None, rows_per_prompt: int) -> dict[str, float]:
     """Scalars of one step: ``<name>/mean|std|min|max|frac_zero_std`` per reward component (``frac_zero_std``: the
-    share of groups whose K values of that component are all equal) and the share of positive / negative / zero
+    share of prompts whose rows of that component are all equal) and the share of positive / negative / zero
     advantages.
 
     >>> out = breakdown({"acc": torch.tensor([1.0, 0.0, 1.0, 1.0])}, torch.tensor([1.0, -1.0, 0.0, 0.0]), 2)
@@ -36,9 +36,9 @@ def breakdown(components: dict[str, Tensor], advantages: Tensor | None, group_si
         values[f"{name}/mean"] = float(v.mean())
         values[f"{name}/std"] = float(v.std(correction=0))
         values[f"{name}/min"], values[f"{name}/max"] = float(v.min()), float(v.max())
-        whole = len(v) - len(v) % group_size
+        whole = len(v) - len(v) % rows_per_prompt
         if whole:
-            values[f"{name}/frac_zero_std"] = float(zero_std_groups(v[:whole], group_size).float().mean())
+            values[f"{name}/frac_zero_std"] = float(zero_std_groups(v[:whole], rows_per_prompt).float().mean())
     if advantages is not None and len(advantages):
         a = advantages.detach().float().cpu()  # [N]
         values["advantage/frac_positive"] = float((a > 1e-6).float().mean())

@@ -28,13 +28,13 @@ def grid_frames(
     images: torch.Tensor,
     rewards: list[float],
     prompts: list[str],
-    group_size: int,
+    rows_per_prompt: int,
     conditions: list[Image.Image | None] | None = None,
     cell_size: int = 96,
 ) -> list[Image.Image]:
     """The grid of ``images`` (``[n, 3, H, W]``: one frame, or ``[n, F, 3, H, W]``: F frames), one row per prompt.
 
-    Row ``b`` holds ``prompts[b]`` (above ``conditions[b]`` when given) and samples ``b*K .. b*K+K-1`` captioned with
+    Row ``b`` holds ``prompts[b]`` (above ``conditions[b]`` when given) and samples ``b*k .. b*k+k-1`` captioned with
     their reward; a last partial group is drawn as far as it goes.
     """
     if images.ndim not in (4, 5):
@@ -43,7 +43,7 @@ def grid_frames(
     if n == 0:
         raise ValueError("no images to draw")
     video = images[:n] if images.ndim == 5 else images[:n, None]  # [n, F, 3, H, W]
-    rows_count = -(-n // group_size)
+    rows_count = -(-n // rows_per_prompt)
     heads = []
     for b in range(rows_count):
         text = text_cell(prompts[b] if b < len(prompts) else "", cell_size, cell_size // 2 + 16)
@@ -58,7 +58,7 @@ def grid_frames(
     for f in range(video.shape[1]):
         rows = []
         for b in range(rows_count):
-            samples = range(b * group_size, min(n, (b + 1) * group_size))
+            samples = range(b * rows_per_prompt, min(n, (b + 1) * rows_per_prompt))
             cells = [captioned(to_pil(video[i, f]), f"r={rewards[i]:.3f}", cell_size) for i in samples]
             rows.append([heads[b], *cells])
         frames.append(tile(rows))

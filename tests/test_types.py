@@ -8,7 +8,7 @@ from app.types import GroupShare
 
 def test_a_share_holds_its_slice_of_every_group_in_group_major_order():
     share = GroupShare(index=1, ranks=2, group_size=4)
-    assert share.per_rank == 2
+    assert share.rows_per_prompt == 2
     assert share.rows(3).tolist() == [2, 3, 6, 7, 10, 11]
     whole = torch.arange(12.0)
     assert share.local(whole).tolist() == [2.0, 3.0, 6.0, 7.0, 10.0, 11.0]

@@ -397,13 +397,13 @@ class GroupShare:
             )
 
     @property
-    def per_rank(self) -> int:
+    def rows_per_prompt(self) -> int:
         """Outputs of each group this rank draws (K / ranks)."""
         return self.group_size // self.ranks
 
     def rows(self, num_prompts: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """``[B * K / ranks]`` int64 indices of this rank's rows among the ``B * K`` rows of the whole groups."""
-        own = torch.arange(self.per_rank, device=device) + self.index * self.per_rank  # [K / ranks]
+        own = torch.arange(self.rows_per_prompt, device=device) + self.index * self.rows_per_prompt  # [K / ranks]
         starts = torch.arange(num_prompts, device=device) * self.group_size  # [B]
         return (starts[:, None] + own[None, :]).reshape(-1)
 
@@ -416,7 +416,7 @@ class GroupShare:
     ) -> torch.Tensor:
         """Standard normal noise of this rank's rows, ``shape = (B * K / ranks, ...)``: drawn for the whole groups'
         ``B * K`` rows from ``generator`` (every rank of the share draws the same) and sliced."""
-        num_prompts = shape[0] // self.per_rank
+        num_prompts = shape[0] // self.rows_per_prompt
         whole = torch.randn(
             (num_prompts * self.group_size, *shape[1:]), generator=generator, device=device, dtype=dtype
         )

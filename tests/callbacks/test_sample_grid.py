@@ -11,7 +11,7 @@ from callbacks.sample_grid import SampleGridLogger, grid_frames
 def test_grid_has_a_row_per_prompt_and_a_cell_per_sample():
     images = torch.zeros(6, 3, 8, 8)
     images[3:, 0] = 1.0  # the second prompt's samples are red
-    frames = grid_frames(images, [0.1 * i for i in range(6)], ["a", "b"], group_size=3, cell_size=32)
+    frames = grid_frames(images, [0.1 * i for i in range(6)], ["a", "b"], rows_per_prompt=3, cell_size=32)
     assert len(frames) == 1
     grid = frames[0]
     # 2 rows of (32 + 16 caption) with 2-pixel padding; 4 cells of 32 (prompt + 3 samples)
@@ -25,7 +25,7 @@ def test_video_samples_give_one_grid_per_frame_and_conditions_are_drawn():
     video = torch.zeros(2, 3, 3, 8, 8)
     video[:, 2] = 1.0  # the last frame is white
     condition = Image.new("RGB", (8, 8), (0, 0, 255))
-    frames = grid_frames(video, [0.5, 0.7], ["p"], group_size=2, conditions=[condition], cell_size=32)
+    frames = grid_frames(video, [0.5, 0.7], ["p"], rows_per_prompt=2, conditions=[condition], cell_size=32)
     assert len(frames) == 3
     assert frames[0].getpixel((2 + 34 + 5, 7)) == (0, 0, 0) and frames[2].getpixel((2 + 34 + 5, 7)) == (255,) * 3
     colours = {frames[0].getpixel((x, y)) for x in range(2, 34) for y in range(2, frames[0].height - 2)}

@@ -70,7 +70,7 @@ def test_conditions_are_encoded_once_per_prompt_and_repeated_per_sample(policy, 
     calls = []
     encode = policy.encode_conditions
     monkeypatch.setattr(policy, "encode_conditions", lambda images: calls.append(len(images)) or encode(images))
-    conditioning = sampler.conditioning(["a", "b"], group_size=3, images=problems(policy))
+    conditioning = sampler.conditioning(["a", "b"], rows_per_prompt=3, images=problems(policy))
     assert calls == [2]
     for key in policy.encode_conditions(problems(policy)):
         value = conditioning[key]

@@ -679,6 +679,6 @@ def test_a_served_reward_that_compares_a_group_s_outputs_is_refused_too():
 
 def test_a_group_on_one_rank_has_no_share_and_all_its_rows_here():
     module = SpreadToy(LinearPolicy(), grpo=GRPOSettings(group_ranks=3))
-    assert module.group_share.per_rank == 1 and module.rows_per_prompt == 1 and module.ranks_per_group == 3
+    assert module.group_share.rows_per_prompt == 1 and module.rows_per_prompt == 1 and module.ranks_per_group == 3
     alone = ToyGRPO(LinearPolicy())
     assert alone.group_share is None and alone.rows_per_prompt == alone.group_size

@@ -69,7 +69,7 @@ def generation(step: int) -> Generation:
 
 def submitted(queue: RolloutQueue, step: int) -> Generation:
     g = generation(step)
-    queue.submit(g, group_size=2)
+    queue.submit(g, rows_per_prompt=2)
     return g
 
 

@@ -108,7 +108,7 @@ def score_through_the_pipeline(kind: str, batches: int = 2):
     try:
         generations = [Generation(samples, SimpleNamespace(outputs=renderings)) for _ in range(batches)]
         for generation in generations:
-            queue.submit(generation, group_size=1)
+            queue.submit(generation, rows_per_prompt=1)
         outs = [queue.collect(generation) for generation in generations]
     finally:
         queue.close()
@@ -256,7 +256,7 @@ def test_seeded_random_consistency_pairs_a_batch_alike_on_every_kind_of_worker(k
     try:
         generations = [Generation([x, twin], SimpleNamespace(outputs=completions)) for completions in batches]
         for generation in generations:
-            queue.submit(generation, group_size=8)
+            queue.submit(generation, rows_per_prompt=8)
         outs = [queue.collect(generation) for generation in generations]
     finally:
         queue.close()

@@ -21,7 +21,7 @@ def test_conditioned_log_prob_of_a_stored_step_equals_the_rollouts(name):
     settings = FlowSamplingSettings(group_size=2, num_steps=3, sampler="cps", eta=0.7)
     sampler = FlowSampler(policy, settings, micro_batch_size=2)
     images = torch.rand(2, 3, *policy.frame_size, generator=torch.Generator().manual_seed(0))
-    conditioning = sampler.conditioning(["a", "b"], group_size=2, images=images)
+    conditioning = sampler.conditioning(["a", "b"], rows_per_prompt=2, images=images)
     sigmas = policy.sigmas(3).float()
     steps = stochastic_steps(sigmas)
     generator = torch.Generator().manual_seed(1)

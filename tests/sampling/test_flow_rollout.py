@@ -2,13 +2,17 @@
 kept transitions that rescore exactly, the Euler ODE, initial noise, deterministic samples. The loop's logic on a
 closed-form stand-in policy is in test_flow_rollout_logic.py."""
 
+import inspect
+
 import pytest
 import torch
 
 from app.models import FlowPolicy
 from app.sampling import FlowSampler
 from app.sampling.flow import unipc_sample
+from app.sampling.flow_rollout import DenoisingPolicy
 from app.settings import FlowGRPOSamplingSettings, LoRASettings
+from app.tiny.flow_models import TINY_FLOWS
 
 PROMPTS = ["a red dot left of a blue dot", "three squares", "a green circle"]
 
@@ -47,7 +51,7 @@ def test_guidance_mixes_in_the_empty_prompt_and_keeps_the_gradient(policy):
 def test_denoise_keeps_chained_transitions_whose_log_probs_rescore_exactly(policy):
     sampler = FlowSampler(policy, FlowGRPOSamplingSettings(num_steps=4, eta=0.7))
     sigmas = policy.sigmas(4).float()
-    conditioning = sampler.conditioning(PROMPTS[:2], group_size=2)  # 4 rows
+    conditioning = sampler.conditioning(PROMPTS[:2], rows_per_prompt=2)  # 4 rows
     noise = policy.initial_noise(4, torch.Generator().manual_seed(3))
     kept = sampler.denoise(conditioning, noise, sigmas, [0, 1, 2], [0, 1, 2], torch.Generator().manual_seed(4))
     assert kept.latents.shape == kept.next_latents.shape == (4, 3, 4, 16, 16) and kept.logprobs.shape == (4, 3)
@@ -172,3 +176,31 @@ def test_the_shares_of_a_stochastic_sample_draw_are_one_process_s(policy):
         for i in range(2)
     ]
     assert torch.equal(_whole_from_shares([s.latents for s in shares], 2), whole.latents)
+
+
+# ---------------------------------------------------------------------------------------------- the policy protocol
+@pytest.mark.parametrize("name", sorted(TINY_FLOWS))
+def test_every_tiny_flow_policy_is_a_denoising_policy(name):
+    assert isinstance(FlowPolicy(name, lora=None), DenoisingPolicy)
+
+
+def test_flow_policy_methods_take_what_the_protocol_passes():
+    # isinstance checks names only: the sampler also relies on each method's parameters and defaults
+    members = [n for n, v in vars(DenoisingPolicy).items() if inspect.isfunction(v) and not n.startswith("_")]
+    assert "velocity" in members and "reference" in members
+    for name in members:
+        expected = inspect.signature(getattr(DenoisingPolicy, name)).parameters
+        actual = inspect.signature(getattr(FlowPolicy, name)).parameters
+        assert [(p.name, p.default) for p in actual.values()] == [(p.name, p.default) for p in expected.values()], name
+
+
+def test_a_policy_without_decoding_is_not_a_denoising_policy(policy):
+    class NoDecode:
+        """Every member of the protocol but ``decode``."""
+
+        device = sigmas = initial_noise = encode_prompts = condition_images = encode_conditions = None
+        velocity = reference = None
+
+    assert not isinstance(NoDecode(), DenoisingPolicy)
+    NoDecode.decode = None
+    assert isinstance(NoDecode(), DenoisingPolicy)

@@ -200,8 +200,8 @@ def test_conditioning_repeats_each_prompt_s_text_and_image_rows_group_major():
     """Prompts "ab" and "abcd" (text row starts with the length), two distinct images, K = 3: rows b * K + k."""
     sampler = FlowSampler(StandInPolicy(), FlowGRPOSamplingSettings())
     images = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32).reshape(2, 3, 2, 2)  # [B, 3, H, W]
-    conditioning = sampler.conditioning(["ab", "abcd"], group_size=3, images=images)
+    conditioning = sampler.conditioning(["ab", "abcd"], rows_per_prompt=3, images=images)
     assert set(conditioning) == {"text", "image"}
     assert conditioning["text"][:, 0].tolist() == [2.0, 2.0, 2.0, 4.0, 4.0, 4.0]
     assert conditioning["image"].tolist() == [[0.0, 1.0, 2.0, 3.0]] * 3 + [[12.0, 13.0, 14.0, 15.0]] * 3
-    assert set(sampler.conditioning(["ab"], group_size=2)) == {"text"}  # no images, no image conditions
+    assert set(sampler.conditioning(["ab"], rows_per_prompt=2)) == {"text"}  # no images, no image conditions

@@ -52,5 +52,5 @@ def whole_groups(
     dist.all_gather(parts, mine)
     first = global_rank - share.index
     block = torch.stack(parts[first : first + share.ranks])  # [R, 2, B * K / R]
-    whole = block.view(share.ranks, 2, -1, share.per_rank).permute(1, 2, 0, 3).reshape(2, -1)  # [2, B * K]
+    whole = block.view(share.ranks, 2, -1, share.rows_per_prompt).permute(1, 2, 0, 3).reshape(2, -1)  # [2, B * K]
     return whole[0], (whole[1] > 0 if unscored is not None or bool(whole[1].any()) else None)

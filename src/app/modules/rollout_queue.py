@@ -73,13 +73,16 @@ class RolloutQueue:
         self._drawer: PromptDrawer | None = None
 
     # ------------------------------------------------------------------------------------------------ a step
-    def submit(self, generation: Generation, group_size: int) -> None:
+    def submit(self, generation: Generation, rows_per_prompt: int) -> None:
         """Stamp ``generation`` with the policy version, hand its outputs to the reward workers (scored inline with
         ``delay: 0``) and queue it. Output ``b * K + k`` answers prompt ``b`` of ``generation.samples``."""
         generation.version = self.version
         executor = self._executor() if self.settings.delay > 0 else None
         generation.rewards = self.rewards.submit(
-            generation.outputs, grouped(generation.samples, group_size), group_size=group_size, executor=executor
+            generation.outputs,
+            grouped(generation.samples, rows_per_prompt),
+            group_size=rows_per_prompt,
+            executor=executor,
         )
         self.pending.append(generation)
 
@@ -218,6 +221,6 @@ def _processes(count: int) -> str:
     return f"{count} process" if count == 1 else f"{count} processes"
 
 
-def grouped(samples: Sequence[VisualSample], group_size: int) -> list[VisualSample]:
-    """Each sample repeated ``group_size`` times, group-major: the sample output ``b * K + k`` answers."""
-    return [s for s in samples for _ in range(group_size)]
+def grouped(samples: Sequence[VisualSample], rows_per_prompt: int) -> list[VisualSample]:
+    """Each sample repeated ``rows_per_prompt`` times, group-major: the sample output ``b * K + k`` answers."""
+    return [s for s in samples for _ in range(rows_per_prompt)]

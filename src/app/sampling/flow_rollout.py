@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -35,7 +37,7 @@ from app.types import GroupShare, SampledImages, SampledTrajectories, VisualSamp
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FlowSampler", "Transitions", "coarser", "rows_of", "stochastic_steps", "train_steps"]
+__all__ = ["DenoisingPolicy", "FlowSampler", "Transitions", "coarser", "rows_of", "stochastic_steps", "train_steps"]
 
 
 def stochastic_steps(sigmas: Tensor, sde_window: tuple[int, int] | None = None) -> list[int]:
@@ -74,6 +76,33 @@ def rows_of(conditioning: dict[str, Tensor], rows: slice) -> dict[str, Tensor]:
     return {k: v if v.shape[0] == 1 else v[rows] for k, v in conditioning.items()}
 
 
+@runtime_checkable
+class DenoisingPolicy(Protocol):
+    """What :class:`FlowSampler` asks of a flow policy (:class:`~app.models.flow.FlowPolicy` has it all): the
+    noise schedule, starting noise, text and image conditioning, the velocity, decoding, and the KL reference.
+
+    A policy with ``guidance_distilled`` true (FLUX.1-dev) also has ``flux_guidance``, read only for a warning."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def sigmas(self, num_steps: int) -> Tensor: ...
+
+    def initial_noise(self, batch: int, generator: torch.Generator | None = None) -> Tensor: ...
+
+    def encode_prompts(self, prompts: list[str]) -> dict[str, Tensor]: ...
+
+    def condition_images(self, samples: Sequence[VisualSample]) -> Tensor | None: ...
+
+    def encode_conditions(self, images: Tensor) -> dict[str, Tensor]: ...
+
+    def velocity(self, latents: Tensor, sigma: Tensor, conditioning: dict[str, Tensor]) -> Tensor: ...
+
+    def decode(self, latents: Tensor) -> Tensor: ...
+
+    def reference(self) -> AbstractContextManager[None]: ...
+
+
 @dataclass
 class Transitions:
     """The kept transitions of N trajectories, stacked over the S kept steps.
@@ -94,19 +123,18 @@ class Transitions:
 class FlowSampler:
     """Runs a flow policy's denoising loop with the configured sampler, ``micro_batch_size`` rows per forward pass.
 
-    The policy needs ``sigmas(num_steps)``, ``initial_noise(batch, generator)``, ``encode_prompts(prompts)``,
-    ``velocity(latents, sigma, conditioning)``, ``decode(latents)``, a ``reference()`` context (for the KL), its
-    ``device``, and for :meth:`draw` ``condition_images(samples)`` and ``encode_conditions(images)``.
-
     Args:
-        policy: the generator (a :class:`~app.models.flow.FlowPolicy` or anything shaped like it).
+        policy: the generator (a :class:`DenoisingPolicy`, such as :class:`~app.models.flow.FlowPolicy`).
         settings: how samples are drawn; :meth:`draw` and :meth:`step_weights` (flow-GRPO's trajectories) read the
             trajectory options of :class:`~app.settings.FlowGRPOSamplingSettings`.
         micro_batch_size: rows per forward pass without gradients (rollout, reference, decoding); None: all at once.
     """
 
     def __init__(
-        self, policy, settings: FlowSamplingSettings | FlowGRPOSamplingSettings, micro_batch_size: int | None = None
+        self,
+        policy: DenoisingPolicy,
+        settings: FlowSamplingSettings | FlowGRPOSamplingSettings,
+        micro_batch_size: int | None = None,
     ):
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
@@ -164,18 +192,18 @@ class FlowSampler:
 
     # ------------------------------------------------------------------------------------------------ the loop
     def conditioning(
-        self, prompts: Sequence[str], group_size: int = 1, images: Tensor | None = None
+        self, prompts: Sequence[str], rows_per_prompt: int = 1, images: Tensor | None = None
     ) -> dict[str, Tensor]:
         """The text conditioning of each prompt, and with ``images`` (``[B, 3, H, W]`` problem frames, one per
-        prompt) the policy's image conditions, encoded once per prompt; every row repeated ``group_size`` times
+        prompt) the policy's image conditions, encoded once per prompt; every row repeated ``rows_per_prompt`` times
         (group-major rows)."""
         with torch.no_grad():
-            conditioning = self.policy.encode_prompts([p for p in prompts for _ in range(group_size)])
+            conditioning = self.policy.encode_prompts([p for p in prompts for _ in range(rows_per_prompt)])
             if images is not None:
                 if len(images) != len(prompts):
                     raise ValueError(f"got {len(images)} condition images for {len(prompts)} prompts")
                 encoded = self.policy.encode_conditions(images)  # [B, ...] each
-                conditioning |= {k: v.repeat_interleave(group_size, dim=0) for k, v in encoded.items()}
+                conditioning |= {k: v.repeat_interleave(rows_per_prompt, dim=0) for k, v in encoded.items()}
             return conditioning
 
     @torch.no_grad()
@@ -292,7 +320,7 @@ class FlowSampler:
 
     def rows_per_prompt(self, share: GroupShare | None = None) -> int:
         """Trajectories drawn per prompt on this rank: K, or this rank's part of K under a ``share``."""
-        return share.per_rank if share is not None else self.settings.group_size
+        return share.rows_per_prompt if share is not None else self.settings.group_size
 
     def initial_noise(self, num_prompts: int, generator: torch.Generator, share: GroupShare | None = None) -> Tensor:
         """``[N, ...]`` starting noise of K trajectories per prompt (shared within a group if the settings say so);
