@@ -1,8 +1,11 @@
-"""VBVR evaluation reports: per-task tables of the held-out scores, and problem | before | after grids.
+"""VBVR evaluation: held-out scores per split, task and regime, tables of them, and problem | before | after grids.
+
+:class:`VBVRScores` scores a flow policy's evaluation samples in VBVR-Pro's regimes (:mod:`app.tasks.vbvr.regimes`)
+and logs ``<stage>/<split>/<task>/<regime>`` and ``<stage>/failed/<split>/<task>/<check>``.
 
 :class:`VBVRTablePrinter` prints, after every validation, one table per split: a row per task, a column per regime
-(Last-Frame, Key-Frame, Multi-Frame), from the ``val/<split>/<task>/<regime>`` metrics of
-:class:`app.modules.flow_evaluation.FlowEvaluation`, and the checks each task fails most.
+(Last-Frame, Key-Frame, Multi-Frame), from the ``val/<split>/<task>/<regime>`` metrics of :class:`VBVRScores`, and the
+checks each task fails most.
 
 :class:`VBVRGridWriter` draws a conditioned flow policy's evaluation samples, one PNG per task and split.
 
@@ -14,14 +17,75 @@ samples as ``outputs["images"]``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
 from PIL import Image
+from torch import Tensor
 
+from app.modules.grouped_means import GroupedMeans
+from app.tasks.vbvr.regimes import score_regimes
+from app.types import VisualSample
 from callbacks.media import captioned, tile, to_pil
 
 REGIMES = ("last_frame", "key_frame", "multi_frame")
+
+
+def vbvr_scores(renderings: Sequence[Tensor], samples: Sequence[VisualSample], stage: str) -> list[tuple[str, float]]:
+    """``(key, value)`` per VBVR sample (``meta["vbvr"]``; others are skipped) and regime, ``<stage>/<split>/<task>/
+    <regime>`` (the scorer's score, 0 where it cannot measure), and per Last-Frame check,
+    ``<stage>/failed/<split>/<task>/<check>`` (1 when failed). The split is ``meta["split"]``, ``in_domain`` when
+    absent. An unmeasurable Last-Frame rendering scores 0 and has no checks."""
+    values = []
+    for rendering, sample in zip(renderings, samples, strict=True):
+        spec = sample.meta.get("vbvr")
+        if not spec:
+            continue
+        group = f"{sample.meta.get('split', 'in_domain')}/{spec['task']}"
+        results = score_regimes(rendering, spec)
+        values += [(f"{stage}/{group}/{regime}", result.score if result else 0.0) for regime, result in results.items()]
+        checks = results["last_frame"].checks if results["last_frame"] else ()
+        values += [(f"{stage}/failed/{group}/{check.name}", float(not check.passed)) for check in checks]
+    return values
+
+
+class VBVRScores(L.Callback):
+    """Log the VBVR scores (:func:`vbvr_scores`) of every validation and test epoch's samples, means over every
+    process's samples, at the epoch's end.
+
+    The evaluation steps of :class:`app.modules.flow_evaluation.FlowEvaluation` return the samples as
+    ``outputs["images"]``. The means are kept per key over the epoch and merged across processes once
+    (:class:`~app.modules.grouped_means.GroupedMeans`): a process's share of the set need not hold every split and
+    task, so the keys cannot be reduced one by one as they are logged.
+    """
+
+    def __init__(self) -> None:
+        self._means = GroupedMeans()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._score(outputs, batch, "val")
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._score(outputs, batch, "test")
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log_means(pl_module)
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log_means(pl_module)
+
+    def _score(self, outputs, batch: list[VisualSample], stage: str) -> None:
+        if isinstance(outputs, dict) and "images" in outputs:
+            for key, value in vbvr_scores(outputs["images"], batch, stage):
+                self._means.update(key, [value])
+
+    def _log_means(self, pl_module: L.LightningModule) -> None:
+        # every process calls compute (a collective), whatever keys it holds, and then logs the same keys
+        means = self._means.compute()
+        self._means.reset()
+        for key, mean in means.items():
+            pl_module.log(key, mean, sync_dist=True)
 
 
 def vbvr_tables(metrics: dict[str, float], stage: str = "val") -> str:

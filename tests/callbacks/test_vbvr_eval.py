@@ -1,10 +1,72 @@
-"""The VBVR evaluation report: one table per split with a row per task and a column per regime, failed checks named."""
+"""The VBVR evaluation: scores per split, task and regime with the failed checks, one table per split with a row per
+task and a column per regime, and the problem | before | after grids."""
 
 import torch
 from PIL import Image
 
+from app.tasks.vbvr import VBVRPromptDataset
+from app.tasks.vbvr.regimes import score_regimes
 from app.types import VisualSample
-from callbacks.vbvr_eval import VBVRGridWriter, vbvr_tables
+from callbacks.vbvr_eval import VBVRGridWriter, VBVRScores, vbvr_tables
+
+
+class LoggingModule:
+    """What VBVRScores needs of a LightningModule: ``log``, recorded."""
+
+    def __init__(self):
+        self.logged = {}
+
+    def log(self, key, value, **kwargs):
+        assert kwargs == {"sync_dist": True}  # the same keys on every process, so a reduction per key is safe
+        self.logged[key] = float(value)
+
+
+def vbvr_batch():
+    dataset = VBVRPromptDataset(
+        4, seed=0, image_size=64, tasks=["color_mixing", "object_counting"], split=["in_domain", "out_of_domain"]
+    )
+    return [dataset[i] for i in range(4)]
+
+
+def test_scores_log_every_split_task_and_regime_with_failed_checks_at_the_epoch_end():
+    torch.manual_seed(0)
+    batch, module, scores = vbvr_batch(), LoggingModule(), VBVRScores()
+    videos = [torch.rand(4, 5, 3, 64, 64), torch.rand(4, 5, 3, 64, 64)]  # two batches of 5-frame videos at 64 px
+    for batch_idx, images in enumerate(videos):
+        scores.on_validation_batch_end(None, module, {"images": images}, batch, batch_idx)
+    assert module.logged == {}  # per-group means wait for the epoch's end
+    scores.on_validation_epoch_end(None, module)
+    for split in ("in_domain", "out_of_domain"):
+        for task in ("color_mixing", "object_counting"):
+            for regime in ("last_frame", "key_frame", "multi_frame"):
+                assert 0.0 <= module.logged[f"val/{split}/{task}/{regime}"] <= 1.0
+    failed = {k: v for k, v in module.logged.items() if k.startswith("val/failed/in_domain/object_counting/")}
+    assert failed and all(0.0 <= v <= 1.0 for v in failed.values())
+    assert module.logged["val/failed/in_domain/object_counting/red_count_matches"] == 1.0  # noise draws no red circles
+    sample = next(s for s in batch if s.task == "color_mixing" and s.meta["split"] == "in_domain")
+    index = batch.index(sample)
+    expected = [score_regimes(images[index], sample.meta["vbvr"])["multi_frame"].score for images in videos]
+    # the mean of the two samples' scores, summed and divided in the same float order as GroupedMeans: exact
+    assert module.logged["val/in_domain/color_mixing/multi_frame"] == sum(expected) / 2
+
+
+def test_scores_of_a_test_epoch_are_test_keys_and_start_afresh():
+    batch, module, scores = vbvr_batch(), LoggingModule(), VBVRScores()
+    scores.on_validation_batch_end(None, module, {"images": torch.zeros(4, 3, 64, 64)}, batch, 0)
+    scores.on_validation_epoch_end(None, module)
+    module.logged.clear()
+    plain = [VisualSample([], "q", "color_mixing")] * 4  # no meta["vbvr"]: not scored
+    scores.on_test_batch_end(None, module, {"images": torch.ones(4, 3, 64, 64)}, batch, 0)
+    scores.on_test_batch_end(None, module, {"images": torch.ones(4, 3, 64, 64)}, plain, 1)
+    scores.on_test_batch_end(None, module, None, batch, 2)  # no eval rewards: the step returns nothing
+    scores.on_test_epoch_end(None, module)
+    assert module.logged and all(key.startswith("test/") for key in module.logged)
+    # images have only the Last-Frame regime
+    assert sorted(k for k in module.logged if "/failed/" not in k) == [
+        f"test/{split}/{task}/last_frame"
+        for split in ("in_domain", "out_of_domain")
+        for task in ("color_mixing", "object_counting")
+    ]
 
 
 def test_tables_have_a_row_per_task_and_a_column_per_regime():

@@ -1,6 +1,6 @@
 """Flow-GRPO and flow-matching on image-conditioned tiny models: every LoRA weight moves, the rollout keeps the image
-conditioning for the update, pretraining learns problem -> solution pairs, and validation logs per split, task and
-regime with the scorer's failed checks."""
+conditioning for the update, pretraining learns problem -> solution pairs, and validation logs the rewards and returns
+the samples for the callbacks."""
 
 import math
 
@@ -76,7 +76,7 @@ def test_conditioned_flow_matching_learns_from_problem_solution_pairs(fit):
         module.training_step(vbvr_samples(2, 64), 0)
 
 
-def test_validation_logs_every_split_task_and_regime_with_failed_checks():
+def test_validation_logs_the_rewards_and_returns_the_samples_for_the_callbacks():
     torch.manual_seed(0)
     policy = FlowPolicy("tiny-wan-ti2v", lora=None)
     module = FlowGRPOModule(
@@ -89,14 +89,7 @@ def test_validation_logs_every_split_task_and_regime_with_failed_checks():
     module.log = lambda key, value, **kwargs: logged.__setitem__(key, float(value))
     module.generate = lambda batch, batch_idx=0: torch.rand(len(batch), 5, 3, 64, 64)  # 5-frame videos at 64 px
     out = module.validation_step(samples, 0)
-    assert out["images"].shape == (4, 5, 3, 64, 64)
-    assert not any(k.startswith("val/in_domain/") for k in logged)  # per-group means wait for the epoch's end
     module.on_validation_epoch_end()
-    for split in ("in_domain", "out_of_domain"):
-        for task in ("color_mixing", "object_counting"):
-            for regime in ("last_frame", "key_frame", "multi_frame"):
-                assert 0.0 <= logged[f"val/{split}/{task}/{regime}"] <= 1.0
-    failed = {k: v for k, v in logged.items() if k.startswith("val/failed/in_domain/object_counting/")}
-    assert failed and all(0.0 <= v <= 1.0 for v in failed.values())
-    assert logged["val/failed/in_domain/object_counting/red_count_matches"] == 1.0  # noise draws no red circles
-    assert "val/reward/vbvr_scorer" in logged
+    assert out["images"].shape == (4, 5, 3, 64, 64)
+    # the per split / task / regime scores are callbacks.vbvr_eval.VBVRScores', from out["images"]
+    assert sorted(logged) == ["val/reward/total", "val/reward/vbvr_scorer"]
