@@ -271,6 +271,8 @@ class GRPOModule(PolicyModule):
         """Rewards of the N = B * K ``outputs`` (row ``b * K + k`` from prompt ``b``), their group advantages, and
         which rows stay in the loss."""
         k = self.rows_per_prompt
+        # the rewards' keyword group_size (their public API) is K where it is read: rewards that compare a group's
+        # rows keep each group whole on one rank (check_group_ranks), so there rows_per_prompt == K
         return self._scored(self.rewards(outputs, grouped(samples, k), group_size=k), samples)
 
     def _scored(self, rewards: RewardOutput, samples: Sequence[VisualSample] | None = None) -> ScoredGroups:

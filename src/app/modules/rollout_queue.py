@@ -78,6 +78,7 @@ class RolloutQueue:
         ``delay: 0``) and queue it. Output ``b * K + k`` answers prompt ``b`` of ``generation.samples``."""
         generation.version = self.version
         executor = self._executor() if self.settings.delay > 0 else None
+        # group_size is K for the rewards that read it (see GRPOModule.score)
         generation.rewards = self.rewards.submit(
             generation.outputs,
             grouped(generation.samples, rows_per_prompt),
