@@ -1,7 +1,9 @@
 """Typed containers passed between the stages of the loop (data -> rollout -> rewards -> loss).
 
 Shapes use N = B * K rows (B prompts, K completions each, group-major: row ``b * K + k``), P prompt tokens and
-L completion tokens.
+L completion tokens. Where a flow run spreads each group over R = ``grpo.group_ranks`` ranks, a rank's rollout holds
+``rows_per_prompt`` = K / R rows of each prompt, and K in the rollout containers below reads as that; K itself (the
+whole group, ``sampling.group_size``) is ``group_size`` wherever it appears.
 """
 
 from __future__ import annotations
