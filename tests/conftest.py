@@ -111,7 +111,7 @@ def pytest_collection_modifyitems(config, items):
     tests in ``tools/mutant_run_plugin.py``, which only its runs load (``[tool.mutmut] pytest_add_cli_args``). Under
     pytest-xdist the files holding ``slow`` tests go first (:func:`slow_files_first`)."""
     _check_selectable_ids(items)
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its collection is the order files are handed out in
         items[:] = slow_files_first(items)
 
 
