@@ -365,7 +365,8 @@ class VLMLossSettings:
         if self.objective == "cispo" and self.aggregation not in FUSED_CISPO_AGGREGATIONS:
             raise ValueError(
                 f"loss.fused_linear with loss.objective 'cispo' supports loss.aggregation "
-                f"{list(FUSED_CISPO_AGGREGATIONS)} (Liger's cispo divides by the token count), got {self.aggregation!r}; "
+                f"{list(FUSED_CISPO_AGGREGATIONS)} (Liger's cispo divides by the token count), "
+                f"got {self.aggregation!r}; "
                 "set fused_linear: false"
             )
         if self.objective == "cispo" and not self.eps_low >= 1:
@@ -443,7 +444,8 @@ class OptimizerSettings:
 # -------------------------------------------------------------------------------------------------- the pipeline
 @dataclass(frozen=True)
 class PipelineSettings:
-    """How rollouts, rewards and updates overlap, and whether flat groups are refilled (:mod:`app.modules.rollout_queue`).
+    """How rollouts, rewards and updates overlap, and whether flat groups are refilled
+    (:mod:`app.modules.rollout_queue`).
 
     Attributes:
         delay: 0: rollout -> rewards -> update in one step (rewards scored inline). 1: the step generates rollout k+1

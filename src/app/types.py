@@ -113,8 +113,9 @@ class PromptInputs:
             ``second_per_grid_ts`` ``[num_videos]``), see :data:`VISUAL_INPUTS`.
         images_per_row: number of images in each row.
         copies_of: for each row, the index of the distinct prompt it holds: rows with the same index hold the same
-            tokens, images and videos (``encode_prompts(rows_per_prompt=K)`` repeats each prompt K times), so what depends
-            on the prompt alone (vision features, positions) can be computed once per index. None: every row is its own.
+            tokens, images and videos (``encode_prompts(rows_per_prompt=K)`` repeats each prompt K times), so what
+            depends on the prompt alone (vision features, positions) can be computed once per index. None: every row is
+            its own.
         videos_per_row: number of videos in each row; None: no row has a video.
     """
 

@@ -71,7 +71,8 @@ def run_main(args: list[str], capsys) -> tuple[int, str]:
         (
             ["--model.init_args.grpo.advantage_scale", "grop"],
             [
-                "model.init_args.grpo.advantage_scale: got 'grop', expected one of group, batch, global, per_prompt, none",
+                "model.init_args.grpo.advantage_scale: got 'grop', "
+                "expected one of group, batch, global, per_prompt, none",
                 "did you mean 'group'?",
             ],
         ),

@@ -231,7 +231,8 @@ def test_only_consecutive_skips_count_towards_the_stop_and_each_is_logged(new_po
     counters = "trainer.global_step counts it, AdamW's step count and the learning-rate schedule do not"
     assert caplog.messages == [
         f"skipped an update with a non-finite loss or gradient (1 in a row, 1 in all); {counters}",
-        f"skipped an update with an optimizer step that left NaN or inf behind, undone (1 in a row, 2 in all); {counters}",
+        "skipped an update with an optimizer step that left NaN or inf behind, undone "
+        f"(1 in a row, 2 in all); {counters}",
     ]
     stop = (
         r"^2 consecutive updates were not finite and were skipped \(the last: a non-finite loss or gradient\); "

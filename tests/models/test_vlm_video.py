@@ -8,8 +8,8 @@ other size): the patch embedding's sums of at most 3 x 2 x 16^2 = 1536 terms, th
 mergers sums of at most 128 terms (norms, projections, attention over at most 64 patches of a frame pair): ``[1536] +
 [128] * 24`` as in test_shared_prefix.py. Then per layer of the language model (2 layers, hidden 64, MLP 128, heads of
 16) its two norms and four projections (64 terms each), the MLP (64, 64, 128), the attention scores (16) and the
-softmax's sum and weighted sum over at most the P + L positions; then the final norm (64). :func:`tolerances.logprob_atol`
-carries those sums' rounding to the log-probs of the 1024-token vocabulary.
+softmax's sum and weighted sum over at most the P + L positions; then the final norm (64).
+:func:`tolerances.logprob_atol` carries those sums' rounding to the log-probs of the 1024-token vocabulary.
 """
 
 from __future__ import annotations

@@ -260,8 +260,16 @@ def test_noise_std_weighting_weighs_each_trained_step_by_its_transition_s_noise(
     rollout = module.rollout(prompts())
     sampled = rollout.sampled
     stds = [
-        float(cps_step(torch.zeros(1, 1), torch.zeros(1, 1), float(sampled.sigmas[i]), float(sampled.sigmas[i + 1]), 0.7,
-                       noise=torch.zeros(1, 1)).std[0])
+        float(
+            cps_step(
+                torch.zeros(1, 1),
+                torch.zeros(1, 1),
+                float(sampled.sigmas[i]),
+                float(sampled.sigmas[i + 1]),
+                0.7,
+                noise=torch.zeros(1, 1),
+            ).std[0]
+        )
         for i in sampled.step_indices
     ]  # fmt: skip
     weights = module.sampler.step_weights(sampled.sigmas, sampled.step_indices)

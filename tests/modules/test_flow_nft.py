@@ -225,8 +225,8 @@ def test_while_v_old_is_the_trained_weights_the_update_is_flow_matching_weighted
         error = (module.policy.velocity(x, sigma.expand(len(x)), drawn.conditioning) - (eps - drawn.latents)).square()
         losses.append(((2 * r - 1) * error.flatten(1).mean(dim=1)).mean())
     torch.stack(losses).mean().backward()
-    # equal in exact arithmetic; in float32 the module's r and (1 - r) terms each carry a few ulp of the larger of the two
-    # and cancel to (2r - 1), so the error is relative to the terms (order 1) rather than to their difference: 1e-4
+    # equal in exact arithmetic; in float32 the module's r and (1 - r) terms each carry a few ulp of the larger of the
+    # two and cancel to (2r - 1), so the error is relative to the terms (order 1) rather than to their difference: 1e-4
     for got, expected in zip(gradients, [p.grad for p in parameters], strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-7)
 

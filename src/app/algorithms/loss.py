@@ -3,8 +3,8 @@
 three aggregations.
 
 Shapes: N completions (B prompts x K, group-major), L completion tokens. Log-probs are of the sampled tokens. The loss
-works in at least float32 (bf16/fp16 inputs are upcast); with ``old_logprobs = logprobs.detach()`` the ratio is exactly 1.
-Equations: docs/algorithms.md#grpo-loss.
+works in at least float32 (bf16/fp16 inputs are upcast); with ``old_logprobs = logprobs.detach()`` the ratio is
+exactly 1. Equations: docs/algorithms.md#grpo-loss.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def gspo_surrogate(
     ``s_i = exp(sequence_log_ratio)``; ``loss_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)``. Returns
     ``(loss [N, L], s [N], is_clipped [N, L] bool)``: every token of row i carries ``loss_i`` (so the usual aggregation
     applies) and the gradient reaches each masked token through ``s_i``; ``is_clipped`` marks the rows (on all their
-    tokens) whose clipped term is strictly the smaller one. Equation: docs/algorithms.md#sequence-level-importance-ratio-gspo.
+    tokens) whose clipped term is strictly the smaller one.
+    Equation: docs/algorithms.md#sequence-level-importance-ratio-gspo.
     """
     ratio = torch.exp(sequence_log_ratio(logprobs, old_logprobs, mask))  # [N]
     unclipped = ratio * advantages  # [N]

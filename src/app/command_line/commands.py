@@ -101,9 +101,11 @@ def _epilog() -> str:
         "                                            the resolved config; any field can be set on the command line",
         f"  {PROG} fit --model.help app.modules.VLMGRPOModule        the arguments of a module",
         f"  {PROG} export --config configs/quickstart/quickstart.yaml --output_dir exported/",
-        "                                            the policy of the run's newest checkpoint, as a Hugging Face folder",
+        "                                            "
+        "the policy of the run's newest checkpoint, as a Hugging Face folder",
         f"  {PROG} rehearse --config configs/vlm/grpo_qwen2_5_vl_3b.yaml",
-        "                                            a GPU recipe on CPU with the tiny model: fit, resume, export, float32",
+        "                                            "
+        "a GPU recipe on CPU with the tiny model: fit, resume, export, float32",
     ]
     folder = _configs_folder()
     if folder is not None:
@@ -472,7 +474,10 @@ def main(argv: list[str] | None = None) -> None:
             raise
         text = str(error)
         if "reward" in text and "max_nonfinite_steps" not in text:  # what to change, where the message has none
-            text += "\n  check the rewards (model.init_args.rewards), or raise model.init_args.optimizer.max_nonfinite_steps"
+            text += (
+                "\n  check the rewards (model.init_args.rewards), or raise "
+                "model.init_args.optimizer.max_nonfinite_steps"
+            )
         _report(f"error: training stopped: {text}\n{DEBUG_HINT}")
         raise SystemExit(1) from None
     except RewardError as error:  # names the reward and the cause (a reward that raised, a server that failed)

@@ -14,9 +14,10 @@ from app.command_line.error_messages import parse_error_fields
 
 
 def further_parse_errors(parser: Any, given: list[str], message: str, limit: int = 4) -> list[str]:
-    """The errors jsonargparse would report after ``message`` for the command line ``given`` to ``parser``: it stops at the first bad field, so the arguments
-    are parsed again without each field reported so far (taken out of the config files and the command line),
-    until they parse, an error names a field already taken out, or ``limit`` more errors are found."""
+    """The errors jsonargparse would report after ``message`` for the command line ``given`` to ``parser``: it stops at
+    the first bad field, so the arguments are parsed again without each field reported so far (taken out of the config
+    files and the command line), until they parse, an error names a field already taken out, or ``limit`` more errors
+    are found."""
     args = [a for a in given if a.split("=", 1)[0] not in ("--print_config", "--help", "-h")]
     removed: list[str] = []
     found: list[str] = []

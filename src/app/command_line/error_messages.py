@@ -44,7 +44,8 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
 
 def _nearest_file(path: Path) -> str:
     """``"; did you mean 'x'?"`` for a missing file: the closest name beside it or, with its suffix, in a subfolder
-    (recipes sit in ``configs/<purpose>/``, so ``configs/quickstart.yaml`` finds ``configs/quickstart/quickstart.yaml``).
+    (recipes sit in ``configs/<purpose>/``, so ``configs/quickstart.yaml`` finds
+    ``configs/quickstart/quickstart.yaml``).
     """
     folder = path.parent
     if not folder.is_dir():

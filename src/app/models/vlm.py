@@ -205,8 +205,8 @@ class VLMPolicy(SwitchableReference, nn.Module):
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode_prompts(self, samples: Sequence[VisualSample], rows_per_prompt: int = 1) -> PromptInputs:
-        """Processor inputs for the prompts, each row repeated ``rows_per_prompt`` times (group-major), left-padded. Each
-        prompt goes through the processor once; its tensors are then repeated.
+        """Processor inputs for the prompts, each row repeated ``rows_per_prompt`` times (group-major), left-padded.
+        Each prompt goes through the processor once; its tensors are then repeated.
 
         Videos go through the processor's video path as the frames they hold (no further frame sampling), with their
         rate as metadata: Qwen2.5-VL derives its time positions from it, Qwen3-VL the timestamps it writes."""
@@ -235,8 +235,9 @@ class VLMPolicy(SwitchableReference, nn.Module):
     ) -> CompletionBatch:
         """Draw one completion per row of ``prompt_inputs`` (already repeated K times by ``encode_prompts``).
 
-        With ``shared_prefix`` and groups of ``rows_per_prompt`` identical rows, each prompt's images and text are encoded
-        and prefilled once and the KV cache is expanded to its K rows (see :mod:`app.sampling.shared_prefix`)."""
+        With ``shared_prefix`` and groups of ``rows_per_prompt`` identical rows, each prompt's images and text are
+        encoded and prefilled once and the KV cache is expanded to its K rows
+        (see :mod:`app.sampling.shared_prefix`)."""
         sampling = sampling or SamplingSettings()
         kwargs = {"do_sample": False}  # sampled rows are drawn by the last logits processor (see token_sampling)
         if greedy:

@@ -1,8 +1,8 @@
 """Evaluation of a flow policy on deterministic samples, shared by flow-matching pretraining and flow-GRPO.
 
 Image-conditioned policies (:mod:`app.models.flow_conditioning`) see each sample's problem frame (``images[0]``).
-Scoring beyond the evaluation rewards (VBVR's per split, task and regime scores: :class:`callbacks.vbvr_eval.VBVRScores`)
-is a callback's, from the samples the steps return.
+Scoring beyond the evaluation rewards (VBVR's per split, task and regime scores:
+:class:`callbacks.vbvr_eval.VBVRScores`) is a callback's, from the samples the steps return.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ Departures from the public Flow-GRPO / CPS code, and why:
 
 - Log-probs are the exact Gaussian density averaged over latent elements (:mod:`app.sampling.flow`). Flow-GRPO uses the
   same form; the CPS reference code scores ``-(x' - mu)^2`` instead, i.e. its log-ratio is this one times
-  ``2 std^2``, so its clip range (1e-4 .. 1e-3) does not carry over. The default ``loss.eps_low = loss.eps_high = 1e-4`` is
-  Flow-GRPO's clip range for this very log-prob. Per-sample means over thousands of elements move very little per
-  update, so a PPO-style 0.2 would never clip. With ``num_iterations == 1`` (the default) the ratio is exactly 1 and
-  the clip range has no effect at all.
+  ``2 std^2``, so its clip range (1e-4 .. 1e-3) does not carry over. The default
+  ``loss.eps_low = loss.eps_high = 1e-4`` is Flow-GRPO's clip range for this very log-prob. Per-sample means over
+  thousands of elements move very little per update, so a PPO-style 0.2 would never clip. With ``num_iterations == 1``
+  (the default) the ratio is exactly 1 and the clip range has no effect at all.
 - The KL (k3, weight ``beta``) is taken per trained step between the policy's and the reference's log-densities of the
   same stored transition, as the token-level KL of GRPO.
 

@@ -2,12 +2,13 @@
 
 Each training step takes B prompts, lets the family's sampler draw K outputs per prompt on this process (or, with
 ``grpo.group_ranks`` R > 1, K / R of them on each of R ranks that share the prompts: their rewards are all-gathered so
-that every group's statistics are the whole group's), scores them, and makes ``num_iterations`` optimizer updates on that rollout. Every step goes through the
-:class:`~app.modules.rollout_queue.RolloutQueue`: with ``pipeline.delay: 0`` (the default) it trains on the rollout it
-just drew, with ``delay: 1`` on the one drawn a step earlier while the workers score the new one. Optimisation is
-manual: the family yields the loss of each micro-batch (and, for flow models, each trained denoising step) with its
-share of the whole rollout's normaliser; the skeleton backpropagates each share, so the accumulated gradient is the
-full-batch gradient, then clips and steps once per iteration. The equations are in docs/algorithms.md#grpo.
+that every group's statistics are the whole group's), scores them, and makes ``num_iterations`` optimizer updates on
+that rollout. Every step goes through the :class:`~app.modules.rollout_queue.RolloutQueue`: with ``pipeline.delay: 0``
+(the default) it trains on the rollout it just drew, with ``delay: 1`` on the one drawn a step earlier while the workers
+score the new one. Optimisation is manual: the family yields the loss of each micro-batch (and, for flow models, each
+trained denoising step) with its share of the whole rollout's normaliser; the skeleton backpropagates each share, so the
+accumulated gradient is the full-batch gradient, then clips and steps once per iteration. The equations are in
+docs/algorithms.md#grpo.
 
 A family supplies only what differs:
 
@@ -204,8 +205,8 @@ class GRPOModule(PolicyModule):
 
     @property
     def stores_behaviour_logprobs(self) -> bool:
-        """Whether :meth:`generate_rollout` keeps the sampling policy's log-probs for the ratio: the rollout is trained by a
-        later policy (``num_iterations > 1``, or a delayed pipeline). Otherwise the ratio is exactly 1."""
+        """Whether :meth:`generate_rollout` keeps the sampling policy's log-probs for the ratio: the rollout is trained
+        by a later policy (``num_iterations > 1``, or a delayed pipeline). Otherwise the ratio is exactly 1."""
         return self.grpo.num_iterations > 1 or self.pipeline.delay > 0
 
     # ------------------------------------------------------------------------------------------- what differs
