@@ -9,6 +9,7 @@ from app.rewards.consistency import consistency_rewards
 from app.rewards.format import format_reward
 from app.rewards.function_sequence import function_sequence_reward
 from app.rewards.numeric import numeric_tolerance_reward
+from app.rewards.ocr import ocr_reward
 from app.rewards.stabilizers import cosine_length_reward, repetition_penalty, soft_overlong_penalty
 from app.rewards.trisr_scores import (
     attribute_grounding_reward,
@@ -35,6 +36,7 @@ __all__ = [
     "function_sequence_reward",
     "judgment_alignment_reward",
     "numeric_tolerance_reward",
+    "ocr_reward",
     "repetition_penalty",
     "soft_overlong_penalty",
     "tri_sr_reward",
