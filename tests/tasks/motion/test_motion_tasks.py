@@ -210,3 +210,28 @@ def test_accuracy_reward_scores_the_target_one_and_a_wrong_answer_zero(task):
     assert AccuracyReward().score(other, samples).tolist() == [0.0] * 6
     assert FormatReward().score(target, samples).tolist() == [1.0] * 6
     assert FormatReward().score([s.answer for s in samples], samples).tolist() == [0.0] * 6
+
+
+def test_clips_that_do_not_decide_the_answer_are_never_emitted():
+    """A red dot that barely moves has no direction, a dot centred on the line has not crossed it, crossings in one
+    frame have no order: label() says None and build() refuses them."""
+    from app.tasks.motion import Clip, Track
+
+    def dot(color, xs, y=20, visible=None):
+        return Track(color, 3, tuple((x, y) for x in xs), tuple(visible or [True] * len(xs)))
+
+    direction, order = DirectionDataset(2, seed=0), OrderDataset(2, seed=0)
+    still = Clip(64, 4.0, (230, 230, 230), (dot(BLUE, [10, 20, 30], 50), dot(RED, [30, 31, 33])))
+    assert direction.label(still, {"asked": "right"}) is None  # 3 px < 64 / 16
+    with pytest.raises(ValueError, match="DirectionDataset: the clip does not decide the answer"):
+        direction.build(still, {"asked": "right"})
+    moving = Clip(64, 4.0, (230, 230, 230), (dot(BLUE, [10, 20, 30], 50), dot(RED, [30, 33, 36])))
+    assert direction.label(moving, {"asked": "right"}) is True and direction.label(moving, {"asked": "left"}) is False
+    on_line = Clip(64, 4.0, (230, 230, 230), (dot(BLUE, [20, 30, 40], 50), dot(RED, [26, 32, 38])), line_x=32)
+    assert order.label(on_line, {}) is None
+    same_frame = Clip(64, 4.0, (230, 230, 230), (dot(BLUE, [22, 34, 40], 50), dot(RED, [27, 33, 39])), line_x=32)
+    assert order.label(same_frame, {}) is None
+    red_first = Clip(64, 4.0, (230, 230, 230), (dot(BLUE, [20, 30, 40], 50), dot(RED, [30, 34, 38])), line_x=32)
+    assert order.label(red_first, {}) is True and order.label(red_first.reversed(), {}) is False
+    never = Clip(64, 4.0, (230, 230, 230), (dot(BLUE, [20, 30], 50), dot(RED, [20, 30], visible=[False, False])))
+    assert EventCountDataset(2, seed=0).label(never, {}) is None
