@@ -376,11 +376,6 @@ class VLMLossSettings:
                 "fused_linear: false"
             )
 
-    @property
-    def masks_off_policy(self) -> bool:
-        """Whether a threshold of off-policy sequence masking is set."""
-        return self.off_policy_max_log_ratio is not None or self.off_policy_max_kl is not None
-
 
 @dataclass
 class FlowGRPOLossSettings:

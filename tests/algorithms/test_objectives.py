@@ -192,7 +192,12 @@ def check_against_reference(seed, dtype=torch.float64, tolerance=TIGHT, spread=0
     ref = ref if options.get("beta", 0) > 0 else None
     out, grad = run(logprobs, old, advantages, mask, ref, **options)
     expected = reference(logprobs, old, advantages, mask, ref=ref, **reference_options(options))
+    masking = options.get("off_policy_max_log_ratio") is not None or options.get("off_policy_max_kl") is not None
+    assert (out.off_policy_masked is not None) == masking  # the fraction exists only where masking is on
     for name in ("loss", "policy_loss", "kl", "clip_fraction", "off_policy_masked"):
+        if name == "off_policy_masked" and not masking:
+            assert expected[name] == 0
+            continue
         actual = getattr(out, name).double()
         expected_value = torch.tensor(expected[name], dtype=torch.float64)
         counted = name in ("clip_fraction", "off_policy_masked")  # fractions of counts, taken in float32
@@ -372,7 +377,10 @@ def test_off_policy_mask_leaves_out_the_drifted_rows(max_log_ratio, max_kl, kept
     assert keep.tolist() == kept
     advantages = torch.ones(6, dtype=torch.float64)
     out = grpo_loss(logprobs, old, advantages, mask, off_policy_max_log_ratio=max_log_ratio, off_policy_max_kl=max_kl)
-    assert out.off_policy_masked == pytest.approx(kept.count(False) / 5)  # of the 5 rows with a token
+    if max_log_ratio is None and max_kl is None:
+        assert out.off_policy_masked is None  # masking off: no fraction
+    else:
+        assert out.off_policy_masked == pytest.approx(kept.count(False) / 5)  # of the 5 rows with a token
 
 
 def test_a_nan_measure_keeps_the_row_so_the_loss_stays_non_finite():
@@ -511,10 +519,10 @@ def test_the_default_options_are_today_s_loss_bit_for_bit(random_seed):
         off_policy_max_log_ratio=None,
         off_policy_max_kl=None,
     )
-    for name in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "off_policy_masked"):
+    for name in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
         assert torch.equal(getattr(plain, name), getattr(explicit, name)), name
     loss, _, clipped = clipped_surrogate(logprobs, old, advantages, 0.2, 0.2)
-    assert plain.off_policy_masked == 0 and clipped.any()
+    assert plain.off_policy_masked is None and explicit.off_policy_masked is None and clipped.any()
 
 
 def test_an_unknown_objective_is_refused_not_trained_as_ppo_clip():

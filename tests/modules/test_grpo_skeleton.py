@@ -282,16 +282,10 @@ def test_the_gradient_norm_is_logged_when_the_update_clipped():
     assert logs.dicts == [(LOGGED | {"train/grad_norm": 4.0}, {"batch_size": 2})]
 
 
-class FusedToy(ToyGRPO):
-    """A loss that never materialises the ratio or its clipping (as a fused one)."""
-
-    @property
-    def unlogged_loss_terms(self):
-        return super().unlogged_loss_terms | {"ratio_mean", "clip_fraction"}
-
-
-def test_loss_terms_the_loss_cannot_compute_are_left_out_of_the_logs():
-    logs = logged_step(FusedToy(LinearPolicy()), STATS)
+def test_statistics_the_loss_does_not_have_are_left_out_of_the_logs():
+    """A loss without a likelihood ratio (DiffusionNFT) has no ratio or clip fraction to log."""
+    stats = {k: v for k, v in STATS.items() if k not in ("ratio_mean", "clip_fraction")}
+    logs = logged_step(ToyGRPO(LinearPolicy()), stats)
     ((values, _),) = logs.dicts
     assert values == {k: v for k, v in LOGGED.items() if k not in ("train/ratio_mean", "train/clip_fraction")}
 
@@ -308,11 +302,11 @@ def test_logged_values_are_moved_to_the_module_s_device():
 
 
 class NoRatio(ToyPipelined):
-    """A loss that never materialises the ratio (as a fused one)."""
+    """A loss that never materialises the ratio (as a fused one): its output has no ``ratio_mean``."""
 
-    @property
-    def unlogged_loss_terms(self):
-        return super().unlogged_loss_terms | {"ratio_mean"}
+    def weighted_losses(self, rollout):
+        for out, share in super().weighted_losses(rollout):
+            yield dataclasses.replace(out, ratio_mean=None), share
 
 
 def test_the_step_logs_the_gradient_norm_when_clipping_and_leaves_out_terms_the_loss_cannot_compute():

@@ -62,9 +62,6 @@ def test_the_vlm_loss_options_are_checked_naming_the_field():
         for bad in (0.0, -1.0, float("nan")):
             with pytest.raises(ValueError, match=f"loss.{name} must be > 0 or null, got {bad}"):
                 VLMLossSettings(**{name: bad})
-    assert not VLMLossSettings().masks_off_policy
-    assert VLMLossSettings(off_policy_max_kl=0.1).masks_off_policy
-    assert VLMLossSettings(off_policy_max_log_ratio=0.1).masks_off_policy
     for bad in (0.0, -0.1, 1.5, float("nan")):
         with pytest.raises(
             ValueError, match=rf"loss.top_entropy_quantile must be in \(0, 1\] \(1: every token\), got {bad}"

@@ -6,8 +6,8 @@ from app.algorithms.advantages import AdvantageScale, group_advantages, moments_
 from app.algorithms.logprobs import chunked_token_logprobs, chunked_token_logprobs_and_entropy, token_logprobs_naive
 from app.algorithms.loss import (
     Aggregation,
-    GRPOLossOutput,
     ImportanceSamplingLevel,
+    LossOutput,
     Objective,
     aggregate,
     cispo_surrogate,
@@ -28,7 +28,7 @@ __all__ = [
     "reward_moments",
     "AdvantageScale",
     "Aggregation",
-    "GRPOLossOutput",
+    "LossOutput",
     "aggregate",
     "ImportanceSamplingLevel",
     "Objective",

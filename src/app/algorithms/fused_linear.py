@@ -23,10 +23,9 @@ not logged either).
 
 Statistics: Liger returns the clip fraction and (with a reference) the token-mean k3 KL, from which the KL in the
 loss's aggregation follows for ``token_mean`` and ``constant``, and the policy loss as ``loss - beta * kl``. It does not
-return the ratio, nor a per-row KL: ``ratio_mean`` is NaN unless the old log-probs are the current ones (then the
-ratio is 1 by construction, and its masked mean 1, or 0 without a token, as ``grpo_loss`` gives), and under
-``sequence_mean`` with a reference ``kl`` and ``policy_loss`` are NaN.
-:func:`unavailable_statistics` says which; the GRPO module leaves those out of its logs.
+return the ratio, nor a per-row KL: ``ratio_mean`` is None (not logged) unless the old log-probs are the current ones
+(then the ratio is 1 by construction, and its masked mean 1, or 0 without a token, as ``grpo_loss`` gives), and under
+``sequence_mean`` with a reference ``kl`` and ``policy_loss`` are None.
 Equations: docs/algorithms.md#fused-linear-grpo-loss.
 """
 
@@ -38,19 +37,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from app.algorithms.loss import Aggregation, GRPOLossOutput, ImportanceSamplingLevel, Objective
+from app.algorithms.loss import Aggregation, ImportanceSamplingLevel, LossOutput, Objective
 from app.errors import ConfigError
 
 LIGER_LOSS_TYPES: dict[str, str] = {"token_mean": "bnpo", "sequence_mean": "grpo", "constant": "dr_grpo"}
 """Our aggregation -> liger-kernel's ``loss_type`` with the same per-token math and normaliser (up to a constant)."""
-
-
-def unavailable_statistics(aggregation: str, beta: float, stores_old_logprobs: bool) -> frozenset[str]:
-    """The :class:`~app.algorithms.loss.GRPOLossOutput` statistics the fused loss cannot give (left NaN)."""
-    missing = {"ratio_mean"} if stores_old_logprobs else set()
-    if aggregation == "sequence_mean" and beta > 0:
-        missing |= {"kl", "policy_loss"}
-    return frozenset(missing)
 
 
 def require_liger_loss() -> None:
@@ -109,7 +100,7 @@ class FusedLinearGRPOLoss:
         old_logprobs: Tensor | None = None,
         ref_logprobs: Tensor | None = None,
         temperature: float = 1.0,
-    ) -> GRPOLossOutput:
+    ) -> LossOutput:
         """The loss of ``targets`` ``[N, L]`` given the hidden states ``[N, L, H]`` that predict them.
 
         ``old_logprobs`` None means the current log-probs detached (ratio 1); ``ref_logprobs`` is required when
@@ -156,7 +147,6 @@ class FusedLinearGRPOLoss:
         elif cispo and self.aggregation == "constant":
             loss = loss * (tokens / (n * max_length))  # Liger's cispo divides by the tokens
         kl_token_mean, clip_fraction = metrics if use_ref else (None, metrics[0])
-        nan = torch.full((), float("nan"), device=loss.device)
         if kl_token_mean is None:
             kl = torch.zeros((), device=loss.device)
         elif self.aggregation == "token_mean":
@@ -164,11 +154,15 @@ class FusedLinearGRPOLoss:
         elif self.aggregation == "constant":
             kl = kl_token_mean * tokens / (n * max_length)
         else:
-            kl = nan  # a per-row mean of the KL that Liger does not return
-        policy_loss = loss.detach() - self.beta * kl  # without a reference beta and kl are 0
-        ratio_mean = nan if old_logprobs is not None else (weights.sum() > 0).float()  # 1, as a masked mean
-        masked = torch.zeros((), device=loss.device)  # no off-policy masking here (VLMLossSettings refuses it)
-        return GRPOLossOutput(loss, policy_loss, kl.detach(), clip_fraction.detach(), ratio_mean, masked)
+            kl = None  # a per-row mean of the KL that Liger does not return
+        policy_loss = loss.detach() - self.beta * kl if kl is not None else None  # no reference: beta and kl are 0
+        ratio_mean = None if old_logprobs is not None else (weights.sum() > 0).float()  # 1, as a masked mean
+        # no off-policy masking here (VLMLossSettings refuses it)
+        return LossOutput(loss, policy_loss, _detached(kl), clip_fraction.detach(), ratio_mean)
+
+
+def _detached(tensor: Tensor | None) -> Tensor | None:
+    return None if tensor is None else tensor.detach()
 
 
 def _world_size() -> int:

@@ -9,7 +9,7 @@ exactly 1. Equations: docs/algorithms.md#grpo-loss.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -162,26 +162,40 @@ def aggregate(
 
 
 @dataclass(frozen=True)
-class GRPOLossOutput:
-    """What one GRPO step backpropagates and logs. Everything but ``loss`` is detached."""
+class LossOutput:
+    """What the loss of one part of a rollout backpropagates and logs. Everything but ``loss`` is detached.
+
+    A statistic a loss does not have is None and is not logged: DiffusionNFT has no likelihood ratio (no
+    ``clip_fraction``, no ``ratio_mean``), liger-kernel's fused loss returns no ratio and, under ``sequence_mean`` with
+    a reference, no per-row KL, and ``off_policy_masked`` exists only when off-policy masking is on."""
 
     loss: Tensor
     """Scalar to backpropagate: aggregate(surrogate loss + beta * k3 KL)."""
-    policy_loss: Tensor
+    policy_loss: Tensor | None
     """Aggregated surrogate part (same aggregation as ``loss``)."""
-    kl: Tensor
+    kl: Tensor | None
     """Aggregated k3 KL to the reference, so that ``loss = policy_loss + beta * kl``; 0 without a reference."""
-    clip_fraction: Tensor
+    clip_fraction: Tensor | None = None
     """Fraction of the masked tokens whose clipped term was active (under ``sequence`` level: the tokens of clipped
     rows; under ``cispo``: the tokens PPO-clip would clip, whose weight is capped)."""
-    ratio_mean: Tensor
+    ratio_mean: Tensor | None = None
     """Mean token ratio ``exp(logp - old_logp)`` over the masked tokens (exactly 1 on the first update of a rollout),
     whatever the objective."""
-    off_policy_masked: Tensor = field(default_factory=lambda: torch.zeros(()))
-    """Fraction of the rows with a token that off-policy masking left out of the loss (0 without masking)."""
+    off_policy_masked: Tensor | None = None
+    """Fraction of the rows with a token that off-policy masking left out of the loss."""
     entropy: TokenTally | None = None
     """The policy's per-token entropy summed over the loss's tokens, per task (None where the loss never sees the
     logits: the fused loss)."""
+
+    def statistics(self) -> dict[str, Tensor]:
+        """``loss`` (detached) and every statistic this loss has, by field name: what the GRPO step sums over a
+        rollout's parts and logs."""
+        values = {name: getattr(self, name) for name in LOSS_STATISTICS}
+        return {"loss": self.loss.detach()} | {name: value for name, value in values.items() if value is not None}
+
+
+LOSS_STATISTICS = ("policy_loss", "kl", "clip_fraction", "ratio_mean", "off_policy_masked")
+"""The :class:`LossOutput` fields that are logged, when a loss has them."""
 
 
 def _upcast(tensor: Tensor) -> Tensor:
@@ -218,7 +232,7 @@ def grpo_loss(
     off_policy_max_kl: float | None = None,
     entropy: Tensor | None = None,
     top_entropy_quantile: float = 1.0,
-) -> GRPOLossOutput:
+) -> LossOutput:
     """GRPO loss from per-token log-probs ``[N, L]``, advantages ``[N]`` and the loss mask ``[N, L]``.
 
     The k3 KL is added per token, before aggregation. ``ref_logprobs`` is required when ``beta > 0``; with
@@ -249,11 +263,11 @@ def grpo_loss(
     else:  # the settings refuse it; a direct call must not silently train another objective
         raise ValueError(f"unknown objective {objective!r}; expected 'ppo_clip' or 'cispo'")
     kl_tok = k3_kl(logprobs, _upcast(ref_logprobs)) if ref_logprobs is not None else None  # [N, L]
-    masked = logprobs.new_zeros(())  # []
+    masked = None  # off-policy masking off: no fraction to log
     if off_policy_max_log_ratio is not None or off_policy_max_kl is not None:
         keep = off_policy_mask(logprobs, old_logprobs, mask, off_policy_max_log_ratio, off_policy_max_kl)  # [N]
         has_tokens = mask.bool().any(dim=1)  # [N]
-        masked = (has_tokens & ~keep).sum() / has_tokens.sum().clamp_min(1)  # []
+        masked = ((has_tokens & ~keep).sum() / has_tokens.sum().clamp_min(1)).detach()  # []
         kept = keep[:, None].expand_as(mask)  # [N, L]
         policy_tok = torch.where(kept, policy_tok, torch.zeros_like(policy_tok))  # [N, L]
         if kl_tok is not None:
@@ -272,4 +286,4 @@ def grpo_loss(
         clip_fraction = aggregate(is_clipped.float(), mask)  # [], masked token mean
         ratio_mean = aggregate(ratio, mask)  # [], masked token mean
     loss = aggregate(per_token, mask, aggregation, max_length)  # []
-    return GRPOLossOutput(loss, policy_loss, kl, clip_fraction, ratio_mean, masked.detach())
+    return LossOutput(loss, policy_loss, kl, clip_fraction, ratio_mean, masked)

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from app.algorithms.loss import GRPOLossOutput
+from app.algorithms.loss import LossOutput
 
 NFTWeighting = Literal["adaptive", "velocity"]
 
@@ -62,7 +62,7 @@ def nft_loss(
     weighting: NFTWeighting = "adaptive",
     kl_weight: float = 0.0,
     ref_velocity: Tensor | None = None,
-) -> GRPOLossOutput:
+) -> LossOutput:
     """The DiffusionNFT loss of ``n`` noised samples at one noise level, averaged over the ``mask``-ed rows.
 
     Args:
@@ -77,8 +77,7 @@ def nft_loss(
         kl_weight: weight of ``||v_theta - v_ref||^2`` (the reference code's KL to the base model); 0 skips it.
         ref_velocity: ``[n, ...]`` ``v_ref(x_t)``, required when ``kl_weight > 0``.
 
-    The ratio and clip terms of :class:`~app.algorithms.GRPOLossOutput` do not exist here: ``clip_fraction`` is 0 and
-    ``ratio_mean`` 1 (the module leaves them unlogged).
+    There is no likelihood ratio here, so the output has no ``clip_fraction`` or ``ratio_mean``.
     """
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}")
@@ -101,10 +100,4 @@ def nft_loss(
     if ref_velocity is not None:
         kl = (_per_row_mean((velocity - ref_velocity.detach().float()).square()) * weights).sum() / normaliser
     loss = policy_loss + kl_weight * kl if kl_weight > 0 else policy_loss
-    return GRPOLossOutput(
-        loss=loss,
-        policy_loss=policy_loss.detach(),
-        kl=kl.detach(),
-        clip_fraction=torch.zeros((), device=velocity.device),
-        ratio_mean=torch.ones((), device=velocity.device),
-    )
+    return LossOutput(loss=loss, policy_loss=policy_loss.detach(), kl=kl.detach())

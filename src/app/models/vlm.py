@@ -20,7 +20,7 @@ from torch import nn
 from transformers import LogitsProcessorList
 from transformers.video_utils import VideoMetadata
 
-from app.algorithms import GRPOLossOutput
+from app.algorithms import LossOutput
 from app.algorithms.fused_linear import FusedLinearGRPOLoss
 from app.algorithms.logprobs import chunked_token_logprobs, chunked_token_logprobs_and_entropy
 from app.dtypes import parse_dtype
@@ -328,14 +328,14 @@ class VLMPolicy(SwitchableReference, nn.Module):
         old_logprobs: torch.Tensor | None = None,
         ref_logprobs: torch.Tensor | None = None,
         temperature: float = 1.0,
-    ) -> GRPOLossOutput:
+    ) -> LossOutput:
         """The GRPO loss of the completions computed by liger-kernel's fused linear GRPO loss from the language
         model's last hidden states and the output head (no log-probs over the vocabulary are kept; see
         :mod:`app.algorithms.fused_linear`). It runs inside the policy's forward, so that FSDP gathers the head."""
         head = functools.partial(
             loss, advantages=advantages, mask=loss_mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs
         )
-        return GRPOLossOutput(*self(prompt_inputs, completion_ids, completion_mask, temperature, fused_loss=head))
+        return LossOutput(*self(prompt_inputs, completion_ids, completion_mask, temperature, fused_loss=head))
 
     def forward(
         self,
@@ -344,12 +344,12 @@ class VLMPolicy(SwitchableReference, nn.Module):
         completion_mask: torch.Tensor,
         temperature: float = 1.0,
         hf_model: nn.Module | None = None,
-        fused_loss: Callable[..., GRPOLossOutput] | None = None,
+        fused_loss: Callable[..., LossOutput] | None = None,
         with_entropy: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """See :meth:`sequence_logprobs`; with ``with_entropy``, ``(logprobs, entropy)``
         (:meth:`sequence_logprobs_and_entropy`); with ``fused_loss`` (see :meth:`fused_grpo_loss`), the fields of its
-        :class:`~app.algorithms.GRPOLossOutput` as a tuple (tensors FSDP's backward hooks can see)."""
+        :class:`~app.algorithms.LossOutput` as a tuple (tensors FSDP's backward hooks can see)."""
         hf_model = hf_model or (self.frozen_reference if self._use_reference else self.hf_model)
         hidden = self._completion_hidden_states(hf_model, prompt_inputs, completion_ids, completion_mask)  # [N, L, H]
         if fused_loss is not None:

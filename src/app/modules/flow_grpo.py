@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from app.algorithms import GRPOLossOutput, grpo_loss
+from app.algorithms import LossOutput, grpo_loss
 from app.models.flow import FlowPolicy
 from app.modules.flow_rl import FlowRLModule
 from app.rewards import RewardComponent
@@ -116,7 +116,7 @@ class FlowGRPOModule(FlowRLModule):
         )
 
     # -------------------------------------------------------------------------------------------------- training
-    def weighted_losses(self, rollout: Rollout[SampledTrajectories]) -> Iterator[tuple[GRPOLossOutput, Tensor]]:
+    def weighted_losses(self, rollout: Rollout[SampledTrajectories]) -> Iterator[tuple[LossOutput, Tensor]]:
         """The loss of each trained step and micro-batch: the masked per-trajectory mean within the micro-batch,
         weighted by the micro-batch's share of the mask and by the step's weight (1 / number of trained steps, or by
         its noise std with ``step_weighting: noise_std``)."""

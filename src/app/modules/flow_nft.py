@@ -23,11 +23,12 @@ CFG-free, and so is this module: ``guidance_scale > 1`` is refused.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor
 
-from app.algorithms import GRPOLossOutput
+from app.algorithms import LossOutput
 from app.algorithms.nft import nft_loss, optimality_probability
 from app.models.flow import FlowPolicy
 from app.modules.ema import PolicyEMA
@@ -128,11 +129,6 @@ class FlowNFTModule(FlowRLModule):
         self.old_policy: PolicyEMA | None = None  # built on the (sharded) parameters, in configure_model
         self._old_decay = 0.0  # the decay of the last move of the sampling policy
 
-    @property
-    def unlogged_loss_terms(self) -> frozenset[str]:
-        """No likelihood ratio, so no ratio or clip fraction to log."""
-        return super().unlogged_loss_terms | {"clip_fraction", "ratio_mean"}
-
     def configure_model(self) -> None:
         super().configure_model()
         self.sampling_policy()
@@ -145,9 +141,9 @@ class FlowNFTModule(FlowRLModule):
         return self.old_policy
 
     # --------------------------------------------------------------------------------------------------- rollout
-    def _generate(self, samples: list[VisualSample]) -> Generation:
-        with self.sampling_policy().swapped_in():  # swapped into the shards before they are gathered
-            return super()._generate(samples)
+    def rollout_weights(self) -> AbstractContextManager[None]:
+        """``v_old``, swapped into the shards before they are gathered."""
+        return self.sampling_policy().swapped_in()
 
     def generate_rollout(self, samples: list[VisualSample]) -> Generation[SampledImages]:
         """K samples per prompt from ``v_old`` with ``nft.solver``, and their clean latents."""
@@ -172,7 +168,7 @@ class FlowNFTModule(FlowRLModule):
         with self.gathered_policy():
             return [self.sampler.velocity(x, s, conditioning) for x, s in zip(noised, sigmas, strict=True)]
 
-    def weighted_losses(self, rollout: Rollout[SampledImages]) -> Iterator[tuple[GRPOLossOutput, Tensor]]:
+    def weighted_losses(self, rollout: Rollout[SampledImages]) -> Iterator[tuple[LossOutput, Tensor]]:
         """The loss of each trained noise level and micro-batch, weighted by ``1 / levels`` and by the micro-batch's
         share of the kept samples. ``v_old`` (and ``v_ref`` with ``grpo.beta > 0``) are evaluated first, at every
         level, without gradients, so the weights are swapped once per update."""
@@ -207,13 +203,11 @@ class FlowNFTModule(FlowRLModule):
                 )
                 yield out, mask[rows].sum() / total / len(sigmas)
 
-    def _train_on(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
-        """The updates, then ``v_old`` moves towards the trained weights by the scheduled decay."""
-        stats = super()._train_on(rollouts)
+    def after_updates(self) -> None:
+        """``v_old`` moves towards the trained weights by the scheduled decay."""
         old = self.sampling_policy()
         self._old_decay = self.nft.old_decay(int(old.steps))
         old.follow(self._old_decay)
-        return stats
 
     # --------------------------------------------------------------------------------------------------- logging
     def rollout_logs(self, rollout: Rollout[SampledImages]) -> dict[str, Tensor]:

@@ -10,30 +10,48 @@ trained denoising step) with its share of the whole rollout's normaliser; the sk
 accumulated gradient is the full-batch gradient, then clips and steps once per iteration. The equations are in
 docs/algorithms.md#grpo.
 
-A family supplies only what differs:
+:meth:`GRPOModule.training_step` reads top-down, one method per phase:
 
-- :meth:`generate_rollout`: the family's sampler draws the outputs (completions or denoising trajectories), unscored,
-  with the behaviour log-probs when :attr:`stores_behaviour_logprobs` (:class:`~app.sampling.VLMSampler`,
-  :class:`~app.sampling.FlowSampler`);
-- :meth:`loss_mask`: what of the drawn outputs enters the loss, given which rows are kept;
-- :meth:`weighted_losses`: recompute the log-probs of the stored rollout and yield ``(GRPOLossOutput, share)``;
-- :meth:`completion_text`, and optionally :meth:`rollout_logs` and :meth:`step_outputs`, for logging.
+1. **generate** (:meth:`~GRPOModule._generate`): the family's sampler draws K outputs per prompt, unscored;
+2. **score** (:meth:`~GRPOModule._scored_turn`): the rollout whose turn it is gets its rewards, group advantages and
+   loss mask;
+3. **refill** (dynamic sampling only): more prompts until enough groups have spread rewards;
+4. **update** (:meth:`~GRPOModule._train_on`): ``num_iterations`` optimizer steps, each over the family's weighted
+   losses (:meth:`~GRPOModule._update`);
+5. **log** (:meth:`~GRPOModule._log_step`): the statistics, and the outputs logging callbacks read.
+
+A family (:class:`~app.modules.VLMGRPOModule`, :class:`~app.modules.FlowGRPOModule`,
+:class:`~app.modules.FlowNFTModule`) supplies four methods:
+
+- :meth:`~GRPOModule.generate_rollout` (phase 1): the family's sampler (:class:`~app.sampling.VLMSampler`,
+  :class:`~app.sampling.FlowSampler`) draws the outputs, with the behaviour log-probs when
+  :attr:`~GRPOModule.stores_behaviour_logprobs`;
+- :meth:`~GRPOModule.loss_mask` (phase 2): what of the drawn outputs enters the loss, given which rows are kept;
+- :meth:`~GRPOModule.weighted_losses` (phase 4): the loss of each part of the stored rollout and its share;
+- :meth:`~GRPOModule.completion_text` (phase 5): what the completion table shows.
+
+and may change five defaults: :meth:`~GRPOModule.rollout_weights` (phase 1: the weights rollouts are drawn with),
+:meth:`~GRPOModule.loss_mass` and :meth:`~GRPOModule.gradient_scale` (phase 4: how rollouts and ranks are weighed),
+:meth:`~GRPOModule.after_updates` (phase 4: once the step's updates are made), :meth:`~GRPOModule.rollout_logs` and
+:meth:`~GRPOModule.step_outputs` (phase 5). What a loss logs is what its :class:`~app.algorithms.LossOutput` has.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from app.algorithms import (
-    GRPOLossOutput,
+    LossOutput,
     PromptStatTracker,
     group_advantages,
     moments_std,
@@ -53,10 +71,7 @@ log = logging.getLogger(__name__)
 
 _SOME_MASS = 1e-12  # divides all-zero loss masses (weights 0, not NaN); masses are counts: any value in (0, 1] is equal
 
-LOSS_TERMS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "off_policy_masked")
-"""The :class:`~app.algorithms.GRPOLossOutput` fields summed over a rollout's micro-batches and logged (but those of
-:attr:`GRPOModule.unlogged_loss_terms`)."""
-_LOGGED_AS = {
+_LOGGED_AS = {  # the LossOutput statistics (summed over a rollout's parts) and their tags
     "policy_loss": "train/loss/policy",
     "kl": "train/kl",
     "clip_fraction": "train/clip_fraction",
@@ -197,25 +212,32 @@ class GRPOModule(PolicyModule):
         return self.rollout_queue.dropped
 
     @property
-    def unlogged_loss_terms(self) -> frozenset[str]:
-        """:data:`LOSS_TERMS` this module does not log: those its loss cannot compute (left NaN), e.g. the ratio under a
-        fused loss that never materialises it, and ``off_policy_masked`` unless its loss masks off-policy rows (the
-        default: none does)."""
-        return frozenset({"off_policy_masked"})
-
-    @property
     def stores_behaviour_logprobs(self) -> bool:
         """Whether :meth:`generate_rollout` keeps the sampling policy's log-probs for the ratio: the rollout is trained
         by a later policy (``num_iterations > 1``, or a delayed pipeline). Otherwise the ratio is exactly 1."""
         return self.grpo.num_iterations > 1 or self.pipeline.delay > 0
 
-    # ------------------------------------------------------------------------------------------- what differs
+    # ----------------------------------------------------------------------- what a family supplies, by phase
+    # 1. generate
     def generate_rollout(self, samples: list[VisualSample]) -> Generation:
         """Draw K outputs per prompt, unscored (behaviour log-probs included when :attr:`stores_behaviour_logprobs`)."""
         raise NotImplementedError
 
+    def rollout_weights(self) -> AbstractContextManager[None]:
+        """The weights :meth:`generate_rollout` draws with, swapped in around it (before FSDP2 gathers them): the
+        trained ones by default."""
+        return contextlib.nullcontext()
+
+    # 2. score
     def loss_mask(self, generation: Generation, keep: Tensor) -> Tensor:
         """What of ``generation``'s outputs enters the loss, given the ``[N]`` rows ``keep`` says stay in."""
+        raise NotImplementedError
+
+    # 4. update
+    def weighted_losses(self, rollout: Rollout) -> Iterator[tuple[LossOutput, Tensor | float]]:
+        """The loss of each part of the rollout (micro-batch, denoising step) and its share of the whole: the shares
+        sum to 1 and ``sum(share * loss)`` is the loss of the whole rollout. Called once per update; the skeleton
+        backpropagates each part before asking for the next, so only one part's activations are alive at a time."""
         raise NotImplementedError
 
     def loss_mass(self, rollout: Rollout) -> Tensor:
@@ -223,21 +245,19 @@ class GRPOModule(PolicyModule):
         (kept rows or "tokens" by default), so the weighted sum is the loss over all of them."""
         return rollout.loss_mask.sum().float()
 
-    def weighted_losses(self, rollout: Rollout) -> Iterator[tuple[GRPOLossOutput, Tensor | float]]:
-        """The loss of each part of the rollout (micro-batch, denoising step) and its share of the whole: the shares
-        sum to 1 and ``sum(share * loss)`` is the loss of the whole rollout. Called once per update; the skeleton
-        backpropagates each part before asking for the next, so only one part's activations are alive at a time."""
-        raise NotImplementedError
-
-    def completion_text(self, rollout: Rollout, row: int) -> str:
-        """What the completion table shows for output ``row``."""
-        raise NotImplementedError
-
     def gradient_scale(self, rollouts: list[Rollout]) -> float:
         """The factor of this rank's loss in backward, so that the gradient the strategy averages over ranks is the
         aggregation's over every rank (1: each rank's loss is normalised by its own rollout, and the ranks are
         averaged). Asked once per step."""
         return 1.0
+
+    def after_updates(self) -> None:
+        """Called once per step, after its ``num_iterations`` updates (DiffusionNFT moves its sampling policy)."""
+
+    # 5. log
+    def completion_text(self, rollout: Rollout, row: int) -> str:
+        """What the completion table shows for output ``row``."""
+        raise NotImplementedError
 
     def rollout_logs(self, rollout: Rollout) -> dict[str, Tensor]:
         """Family-specific per-step statistics, logged beside the shared ones."""
@@ -254,7 +274,9 @@ class GRPOModule(PolicyModule):
         return self.finish_rollout(generation, self.score(generation.outputs, samples))
 
     def _generate(self, samples: list[VisualSample]) -> Generation:
-        with self.gathered_policy():  # FSDP2: one all-gather for the whole rollout, resharded before the update
+        """Phase 1: the family's rollout with :meth:`rollout_weights` swapped in and, under FSDP2, gathered once for
+        the whole rollout (resharded before the update)."""
+        with self.rollout_weights(), self.gathered_policy():
             return self.generate_rollout(samples)
 
     def finish_rollout(self, generation: Generation, scored: ScoredGroups) -> Rollout:
@@ -346,47 +368,52 @@ class GRPOModule(PolicyModule):
         return (~skipped).repeat_interleave(k)
 
     def training_step(self, batch: list[VisualSample], batch_idx: int) -> dict[str, Any] | None:
-        """Generate this batch's rollout and submit its rewards, then train on the rollout whose turn it is (with
-        ``delay: 0`` this very one; with ``delay: 1`` the previous one, and the first step only primes the queue)."""
-        started = time.perf_counter()
-        queue = self.rollout_queue
-        generation = self._generate(batch)
-        generated = time.perf_counter()
-        queue.submit(generation, self.rows_per_prompt)  # delay 0: scored here, inline
-        ready = queue.take(self.device)
-        if ready is None:
+        """One GRPO step, in the order of the module docstring's phases. With ``delay: 1`` a step trains on the
+        rollout drawn a step earlier, and the first one only primes the queue (returns None)."""
+        clock = _PhaseClock()
+        generation = self._generate(batch)  # 1. generate
+        clock.lap("rollout")
+        turn = self._scored_turn(generation)  # 2. score
+        if turn is None:
             return None
-        rollout = self.finish_rollout(ready, self._scored(queue.collect(ready), ready.samples))
-        collected = time.perf_counter()
+        drawn, rollout = turn
+        clock.lap("reward")
         rollouts, logs = [rollout], {}
-        if self.pipeline.dynamic_sampling:
+        if self.pipeline.dynamic_sampling:  # 3. refill
             loader = self.trainer.train_dataloader
+            queue = self.rollout_queue
             rollouts, logs = queue.refill(rollout, loader, self.global_rank, self.rollout, self._any_rank)
-        refilled = time.perf_counter()
-        stats = self._train_on(rollouts)
-        lag = queue.trained(ready)
-        logs["train/policy_lag"] = torch.tensor(float(lag))
-        logs["train/reward_wait_s"] = torch.tensor(collected - generated)
-        self._log_step(rollout, stats, batch_size=len(ready.samples), extra=logs)
-        # for logging callbacks (callbacks/): every row's rewards and advantages, and seconds per phase of the step
-        timings = {
-            "rollout": generated - started,
-            "reward": collected - generated,
-            "update": time.perf_counter() - refilled,
-        }
-        return {
+        clock.lap("refill")
+        stats = self._train_on(rollouts)  # 4. update
+        lag = self.rollout_queue.trained(drawn)
+        logs["train/policy_lag"] = torch.tensor(float(lag))  # 5. log
+        logs["train/reward_wait_s"] = torch.tensor(clock.seconds["reward"])
+        self._log_step(rollout, stats, batch_size=len(drawn.samples), extra=logs)
+        clock.lap("update")
+        return {  # for logging callbacks (callbacks/)
             "loss": stats["loss"],
             "records": self._records(rollout),
             "rewards": rollout.rewards,
             "advantages": rollout.advantages,
-            "timings": timings,
+            "timings": {phase: clock.seconds[phase] for phase in ("rollout", "reward", "update")},
             "policy_lag": lag,
             "rows_per_prompt": rollout.rows_per_prompt,  # K / group_ranks: how this rank's rows group
             **self.step_outputs(rollout),
         }
 
+    def _scored_turn(self, generation: Generation) -> tuple[Generation, Rollout] | None:
+        """Phase 2: submit ``generation``'s rewards (scored here, inline, with ``delay: 0``), take the rollout whose
+        turn it is and score it: ``(what was drawn, the rollout to train on)``; None while the queue is priming."""
+        queue = self.rollout_queue
+        queue.submit(generation, self.rows_per_prompt)
+        drawn = queue.take(self.device)
+        if drawn is None:
+            return None
+        return drawn, self.finish_rollout(drawn, self._scored(queue.collect(drawn), drawn.samples))
+
     def _train_on(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
-        """``num_iterations`` optimizer updates on the rollouts; the statistics of the last one."""
+        """Phase 4: ``num_iterations`` optimizer updates on the rollouts, then :meth:`after_updates`; the statistics
+        of the last update."""
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         scale = self.gradient_scale(rollouts)  # all-reduced once per step where the family needs it
@@ -394,6 +421,7 @@ class GRPOModule(PolicyModule):
             stats = self._update(rollouts, optimizer, scale)
             if scheduler is not None and not stats["skipped"]:
                 scheduler.step()
+        self.after_updates()
         return stats
 
     def _update(self, rollouts: list[Rollout], optimizer, scale: float = 1.0) -> dict[str, Tensor]:
@@ -416,8 +444,8 @@ class GRPOModule(PolicyModule):
         entropy: TokenTally | None = None
         for out, share in parts:
             self.manual_backward(out.loss * (share * scale))
-            for key in LOSS_TERMS:
-                sums[key] = sums.get(key, 0.0) + getattr(out, key).detach() * share
+            for key, value in out.statistics().items():
+                sums[key] = sums.get(key, 0.0) + value * share
             if out.entropy is not None:
                 entropy = out.entropy if entropy is None else entropy + out.entropy
         parameters = self.policy.trainable_parameters()
@@ -452,8 +480,7 @@ class GRPOModule(PolicyModule):
         self.empty_updates += 1
         log.warning("no rank kept a sample to train on: update left out (%d so far)", self.empty_updates)
         self.idle_step(optimizer)
-        zero = torch.zeros((), device=self.device)
-        return {**{key: zero for key in LOSS_TERMS}, "skipped": True}
+        return {"loss": torch.zeros((), device=self.device), "skipped": True}
 
     # ---------------------------------------------------------------------------------------------- checkpoints
     def rank_state(self) -> dict:
@@ -502,9 +529,8 @@ class GRPOModule(PolicyModule):
         unscored = rollout.rewards.unscored
         scored = slice(None) if unscored is None else ~unscored.to(total.device)  # skipped rows hold placeholders
         whole_groups, _ = self._whole_groups(total)  # [B * K]: a group spread over ranks is one group
-        unlogged = self.unlogged_loss_terms
         values = {
-            **{tag: stats[term] for term, tag in _LOGGED_AS.items() if term not in unlogged},
+            **{tag: stats[term] for term, tag in _LOGGED_AS.items() if term in stats},
             "train/frac_zero_std": zero_std_groups(whole_groups, rollout.rows_per_prompt * self.grpo.group_ranks)
             .float()
             .mean(),
@@ -545,6 +571,19 @@ class GRPOModule(PolicyModule):
             )
             for i in range(min(self.records_per_step, len(rewards.total)))
         ]
+
+
+class _PhaseClock:
+    """Seconds spent in each phase of a step: :meth:`lap` closes the phase running since the previous lap."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = now - self._last
+        self._last = now
 
 
 def prompt_key(sample: VisualSample) -> str:

@@ -14,12 +14,11 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from app.algorithms import GRPOLossOutput, grpo_loss
+from app.algorithms import LossOutput, grpo_loss
 from app.algorithms.fused_linear import (
     FusedLinearGRPOLoss,
     check_fused_head,
     require_liger_loss,
-    unavailable_statistics,
 )
 from app.algorithms.tally import TokenTally
 from app.models.vlm import VLMPolicy
@@ -114,16 +113,6 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
             objective=loss.objective,
         )
 
-    @property
-    def unlogged_loss_terms(self) -> frozenset[str]:
-        """Without off-policy masking its (zero) fraction; under the fused loss what Liger does not return."""
-        unlogged = frozenset() if self.loss.masks_off_policy else frozenset({"off_policy_masked"})
-        if self.fused_loss is None:
-            return unlogged
-        return unlogged | unavailable_statistics(
-            self.micro_batch_aggregation, self.grpo.beta, self.stores_behaviour_logprobs
-        )
-
     # --------------------------------------------------------------------------------------------------- rollout
     def generate_rollout(self, samples: list[VisualSample]) -> Generation[SampledCompletions]:
         """K completions per prompt (:meth:`~app.sampling.VLMSampler.draw`), with the behaviour log-probs when
@@ -166,7 +155,7 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         return torch.tensor(float(mask.shape[0]))
 
     # -------------------------------------------------------------------------------------------------- training
-    def weighted_losses(self, rollout: Rollout[SampledCompletions]) -> Iterator[tuple[GRPOLossOutput, torch.Tensor]]:
+    def weighted_losses(self, rollout: Rollout[SampledCompletions]) -> Iterator[tuple[LossOutput, torch.Tensor]]:
         """The loss of each micro-batch (rows of similar length, :meth:`~app.sampling.VLMSampler.micro_batches`),
         weighted by its share of the aggregation's normaliser (tokens, rows, or rows of the constant
         ``B*K*max_new_tokens``), so the weighted sum is the full-batch aggregate."""
@@ -187,7 +176,7 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
                 share = micro.shape[0] / n
             yield out, share
 
-    def _micro_batch_loss(self, rollout: Rollout[SampledCompletions], rows: list[int]) -> GRPOLossOutput:
+    def _micro_batch_loss(self, rollout: Rollout[SampledCompletions], rows: list[int]) -> LossOutput:
         """The loss of the rows from their per-token log-probs (chunked over the vocabulary), with the policy's
         per-token entropy from the same chunks, tallied per task over the loss's tokens."""
         loss, sampled = self.loss, rollout.sampled
@@ -216,7 +205,7 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         tasks = [rollout.samples[row // rollout.rows_per_prompt].task for row in rows]
         return dataclasses.replace(out, entropy=TokenTally.of(entropy, mask, tasks))
 
-    def _fused_micro_batch(self, rollout: Rollout[SampledCompletions], rows: list[int]) -> GRPOLossOutput:
+    def _fused_micro_batch(self, rollout: Rollout[SampledCompletions], rows: list[int]) -> LossOutput:
         """The same loss from liger-kernel's fused linear GRPO loss (``loss.fused_linear``), on the rows re-padded
         to their own longest completion."""
         sampled = rollout.sampled
