@@ -145,3 +145,15 @@ def test_a_twin_whose_clip_breaks_the_relation_is_never_emitted():
     clip, query = task.scene_for(0)
     with pytest.raises(RuntimeError, match=r"the twin \(\['reverse'\]\) answers .* relation 'identity'"):
         make_twin(task, clip, query, ["reverse"], random.Random(0))
+
+
+@pytest.mark.parametrize("image_size", [32, 128])
+@pytest.mark.parametrize("split", SPLIT_NAMES)
+@pytest.mark.parametrize("paired", PAIRED, ids=lambda c: c.__name__)
+def test_small_and_large_frames_still_decide_every_answer(paired, split, image_size):
+    """At 32 px the shifted split's dots move under a pixel per frame: the crossings are still decided."""
+    data = paired(num_samples=20, seed=5, image_size=image_size, split=split, transform_prob=0.7)
+    for i in range(20):
+        for sample in data[i]:
+            assert sample.videos[0].frames.shape[1:] == (image_size, image_size, 3)
+            assert sample.answer == answer_from_frames(sample.task, sample.videos[0].frames, sample.meta)

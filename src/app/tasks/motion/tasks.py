@@ -21,6 +21,7 @@ hold one "yes" and one "no".
 from __future__ import annotations
 
 import abc
+import math
 import random
 from typing import Any, ClassVar
 
@@ -266,14 +267,17 @@ class OrderDataset(MotionDataset):
     def _crossing_track(
         self, rng: random.Random, color: Color, radius: int, frames: int, line_x: int, y: int, crossing: int
     ) -> Track:
-        """A dot moving horizontally whose centre passes ``line_x`` between frames ``crossing - 1`` and ``crossing``."""
+        """A dot moving horizontally whose centre passes ``line_x`` between frames ``crossing - 1`` and ``crossing``:
+        its offsets from the line rounded away from it, so that no centre is on the line however slow the dot."""
         sign = rng.choice((1, -1))
         at = crossing - 1 + rng.uniform(0.3, 0.7)  # the (fractional) frame where the centre is on the line
         behind, ahead = line_x - radius, self.image_size - 1 - radius - line_x  # room on the start and far side
         if sign < 0:
             behind, ahead = ahead, behind
         speed = min(self._speed(rng), behind / at, ahead / (frames - 1 - at))
-        xy = tuple((round(line_x + sign * speed * (t - at)), y) for t in range(frames))
+        offsets = [sign * speed * (t - at) for t in range(frames)]  # never 0: ``at`` is not a whole frame
+        low, high = radius, self.image_size - 1 - radius  # (the speed keeps them inside, but for float rounding)
+        xy = tuple((min(high, max(low, line_x + (math.ceil(d) if d > 0 else math.floor(d)))), y) for d in offsets)
         return Track(color, radius, xy, (True,) * frames)
 
     @staticmethod
