@@ -39,6 +39,12 @@ def as_settings(cls: type[Settings], value: Settings | dict | None) -> Settings 
     return cls(**value) if isinstance(value, dict) else value
 
 
+def settings_or_default(cls: type[Settings], value: Settings | dict | None) -> Settings:
+    """``value`` as a ``cls`` (:func:`as_settings`), or ``cls()``'s defaults when it is None."""
+    built = as_settings(cls, value)
+    return cls() if built is None else built
+
+
 def plain(settings: Any) -> dict[str, Any] | None:
     """A settings block as plain data (what hyper-parameters and ``torch.load(weights_only=True)`` hold)."""
     return dataclasses.asdict(settings) if settings is not None else None
@@ -165,6 +171,8 @@ class FlowGRPOSamplingSettings(FlowSamplingSettings):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.num_steps < 2:
+            raise ValueError(f"flow-GRPO needs num_steps >= 2 (the last step is never trained), got {self.num_steps}")
         if not 0 < self.timestep_fraction <= 1:
             raise ValueError(f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
         if self.sde_window is not None:

@@ -127,6 +127,8 @@ class ToyGRPO(GRPOModule):
     ``records_per_step`` to 4.
     """
 
+    sampling_settings = ToySampling
+
     def __init__(
         self,
         policy,
@@ -181,6 +183,8 @@ class ToyPipelined(GRPOModule):
     rewards under :class:`ValueReward`), K = 2; one loss part over all rows. The behaviour log-probs are stored when
     :attr:`stores_behaviour_logprobs`. Logs its rollout's rows (``train/toy/rows``) and hands callbacks the features of
     the rollout it trained (``outputs["features"]``). ``pipeline`` holds the rest of :class:`PipelineSettings`."""
+
+    sampling_settings = ToySampling
 
     def __init__(
         self, delay: int, rewards=None, workers="thread", records_per_step=0, gradient_clip_val=0.0, **pipeline

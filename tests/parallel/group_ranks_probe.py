@@ -56,6 +56,7 @@ class SpreadToy(GRPOModule):
     """Only the skeleton's scoring: a family that says it can spread groups, outside a trainer (the rank is the
     process group's)."""
 
+    sampling_settings = FourSampling
     spreads_groups = True
 
     @property

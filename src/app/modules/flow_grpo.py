@@ -43,8 +43,8 @@ from app.settings import (
     GRPOSettings,
     OptimizerSettings,
     PipelineSettings,
-    as_settings,
     plain,
+    settings_or_default,
 )
 from app.types import Generation, Rollout, SampledTrajectories, VisualSample
 
@@ -75,6 +75,8 @@ class FlowGRPOModule(FlowRLModule):
             None: the trained weights.
     """
 
+    sampling_settings = FlowGRPOSamplingSettings
+
     def __init__(
         self,
         policy: FlowPolicy,
@@ -89,18 +91,11 @@ class FlowGRPOModule(FlowRLModule):
         seed: int = 0,
         ema: EMASettings | None = None,
     ):
-        sampling = as_settings(FlowGRPOSamplingSettings, sampling) or FlowGRPOSamplingSettings()
-        if sampling.num_steps < 2:
-            raise ValueError(
-                f"flow-GRPO needs num_steps >= 2 (the last step is never trained), got {sampling.num_steps}"
-            )
-        grpo = as_settings(GRPOSettings, grpo) or GRPOSettings()
-        loss = as_settings(FlowGRPOLossSettings, loss) or FlowGRPOLossSettings()
         super().__init__(
             policy, rewards, sampling, grpo, optimizer, pipeline, records_per_step, eval_rewards, seed, ema
         )
-        self.loss = loss
-        self.record_hyperparameters(loss=plain(loss))
+        self.loss = settings_or_default(FlowGRPOLossSettings, loss)
+        self.record_hyperparameters(loss=plain(self.loss))
 
     # --------------------------------------------------------------------------------------------------- rollout
     def generate_rollout(self, samples: list[VisualSample]) -> Generation[SampledTrajectories]:

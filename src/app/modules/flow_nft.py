@@ -43,8 +43,8 @@ from app.settings import (
     NFTSettings,
     OptimizerSettings,
     PipelineSettings,
-    as_settings,
     plain,
+    settings_or_default,
 )
 from app.types import Generation, Rollout, SampledImages, VisualSample
 
@@ -103,6 +103,8 @@ class FlowNFTModule(FlowRLModule):
             (:class:`~app.settings.EMASettings`); None: the trained weights.
     """
 
+    sampling_settings = FlowSamplingSettings
+
     def __init__(
         self,
         policy: FlowPolicy,
@@ -117,10 +119,8 @@ class FlowNFTModule(FlowRLModule):
         seed: int = 0,
         ema: EMASettings | None = None,
     ):
-        sampling = as_settings(FlowSamplingSettings, sampling) or FlowSamplingSettings()
-        nft = as_settings(NFTSettings, nft) or NFTSettings()
-        grpo = as_settings(GRPOSettings, grpo) or GRPOSettings()
-        check_nft_sampling(sampling, nft)
+        nft = settings_or_default(NFTSettings, nft)
+        check_nft_sampling(settings_or_default(FlowSamplingSettings, sampling), nft)
         super().__init__(
             policy, rewards, sampling, grpo, optimizer, pipeline, records_per_step, eval_rewards, seed, ema
         )

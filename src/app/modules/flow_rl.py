@@ -26,7 +26,7 @@ class FlowRLModule(FlowEvaluation, GRPOModule):
     """The GRPO skeleton on a :class:`~app.models.flow.FlowPolicy`, with a :class:`~app.sampling.FlowSampler` and a
     rollout generator seeded with ``seed`` plus the rank's data-parallel index (``global_rank // grpo.group_ranks``: the
     ranks that share groups draw the same noise and each keeps its rows, :class:`~app.types.GroupShare`). The arguments
-    are those of the two subclasses, the settings blocks already built and checked."""
+    are those of the two subclasses."""
 
     spreads_groups = True
 
@@ -34,8 +34,8 @@ class FlowRLModule(FlowEvaluation, GRPOModule):
         self,
         policy: FlowPolicy,
         rewards: Sequence[RewardComponent],
-        sampling: FlowSamplingSettings,
-        grpo: GRPOSettings,
+        sampling: FlowSamplingSettings | None,
+        grpo: GRPOSettings | None,
         optimizer: OptimizerSettings | None,
         pipeline: PipelineSettings | None,
         records_per_step: int,
@@ -46,7 +46,7 @@ class FlowRLModule(FlowEvaluation, GRPOModule):
         super().__init__(
             policy, rewards, sampling, grpo, optimizer, FLOW_LEARNING_RATE, pipeline, records_per_step, ema
         )
-        self.sampler = FlowSampler(policy, sampling, grpo.micro_batch_size)
+        self.sampler = FlowSampler(policy, self.sampling, self.grpo.micro_batch_size)
         self.eval_rewards = WeightedReward(eval_rewards) if eval_rewards is not None else self.rewards
         self.record_hyperparameters(seed=seed)
         self._generator: torch.Generator | None = None

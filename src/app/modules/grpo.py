@@ -64,7 +64,7 @@ from app.modules.group_spread import check_group_ranks, whole_groups
 from app.modules.policy_module import NONFINITE_GRADIENT, UNDONE, NonFiniteTrainingError, PolicyModule
 from app.modules.rollout_queue import RolloutQueue, grouped
 from app.rewards import RewardComponent, WeightedReward
-from app.settings import EMASettings, GRPOSettings, OptimizerSettings, PipelineSettings, as_settings, plain
+from app.settings import EMASettings, GRPOSettings, OptimizerSettings, PipelineSettings, plain, settings_or_default
 from app.types import CompletionRecord, Generation, GroupShare, RewardOutput, Rollout, VisualSample
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,9 @@ class GRPOModule(PolicyModule):
     Args:
         policy: the model to train.
         rewards: reward components, each with its ``weight``; their weighted sum is the reward.
-        sampling: how outputs are drawn; ``sampling.group_size`` is the group size K in both families.
-        grpo: how a scored rollout becomes updates (:class:`~app.settings.GRPOSettings`), its clip range already set.
+        sampling: how outputs are drawn, a :attr:`sampling_settings` (or its fields; None: its defaults);
+            ``sampling.group_size`` is the group size K in both families.
+        grpo: how a scored rollout becomes updates (:class:`~app.settings.GRPOSettings`; None: the defaults).
         optimizer: AdamW and the non-finite guard (:class:`~app.settings.OptimizerSettings`).
         default_learning_rate: the family's learning rate when ``optimizer.learning_rate`` is None.
         pipeline: the one-step-delayed reward pipeline and dynamic sampling (:class:`~app.settings.PipelineSettings`);
@@ -111,6 +112,9 @@ class GRPOModule(PolicyModule):
         ema: a moving average of the trainable weights for validation and export
             (:class:`~app.settings.EMASettings`); None: the trained weights.
     """
+
+    sampling_settings: ClassVar[type]
+    """The family's settings block of ``sampling:``."""
 
     spreads_groups: ClassVar[bool] = False
     """Whether the family's sampler can draw a rank's part of a group (:class:`~app.types.GroupShare`), which
@@ -121,7 +125,7 @@ class GRPOModule(PolicyModule):
         policy: Policy,
         rewards: Sequence[RewardComponent],
         sampling: Any,
-        grpo: GRPOSettings,
+        grpo: GRPOSettings | None,
         optimizer: OptimizerSettings | None,
         default_learning_rate: float,
         pipeline: PipelineSettings | None,
@@ -130,9 +134,9 @@ class GRPOModule(PolicyModule):
     ):
         super().__init__(policy, optimizer, default_learning_rate, ema)
         self.automatic_optimization = False
-        self.sampling = sampling
-        self.grpo = grpo
-        self.pipeline = as_settings(PipelineSettings, pipeline) or PipelineSettings()
+        self.sampling = sampling = settings_or_default(self.sampling_settings, sampling)
+        self.grpo = grpo = settings_or_default(GRPOSettings, grpo)
+        self.pipeline = settings_or_default(PipelineSettings, pipeline)
         self.records_per_step = records_per_step
         self.rewards = WeightedReward(rewards)
         if grpo.group_ranks > 1:

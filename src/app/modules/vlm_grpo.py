@@ -36,6 +36,7 @@ from app.settings import (
     VLMLossSettings,
     as_settings,
     plain,
+    settings_or_default,
 )
 from app.types import Generation, Rollout, SampledCompletions, VisualSample
 
@@ -66,6 +67,8 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
             None: the trained weights.
     """
 
+    sampling_settings = SamplingSettings
+
     def __init__(
         self,
         policy: VLMPolicy,
@@ -81,13 +84,10 @@ class VLMGRPOModule(VLMEvaluation, GRPOModule):
         pass_at_k: PassAtK | None = None,
         ema: EMASettings | None = None,
     ):
-        sampling = as_settings(SamplingSettings, sampling) or SamplingSettings()
-        grpo = as_settings(GRPOSettings, grpo) or GRPOSettings()
-        loss = as_settings(VLMLossSettings, loss) or VLMLossSettings()
         super().__init__(policy, rewards, sampling, grpo, optimizer, VLM_LEARNING_RATE, pipeline, records_per_step, ema)
-        self.loss = loss
+        self.loss = settings_or_default(VLMLossSettings, loss)
         self.eval_max_new_tokens = eval_max_new_tokens
-        self.sampler = VLMSampler(policy, sampling, grpo.micro_batch_size)
+        self.sampler = VLMSampler(policy, self.sampling, self.grpo.micro_batch_size)
         self.eval_rewards = default_eval_rewards(eval_rewards)
         self.eval_results = {}
         self.pass_at_k = as_settings(PassAtK, pass_at_k)
