@@ -43,3 +43,11 @@ def test_the_motion_direction_recipe_trains_the_tiny_qwen3_vl_two_grpo_steps(tmp
     assert encoded and all(per_row == [1] * videos for per_row, videos in encoded)  # one video a row, every row
     for key in ("train/loss/policy", "train/entropy/motion_direction"):  # the loss ran on the task's rows
         assert all(math.isfinite(value) for value in recorder.metric(key))
+
+
+def test_the_recipe_validates_on_the_shifted_split_with_one_override(print_config):
+    config = print_config(["--config", str(CONFIG), "--data.init_args.eval_dataset.init_args.split", "shifted"])
+    data = config["data"]["init_args"]
+    assert data["dataset"]["init_args"]["split"] == "in_domain"
+    assert data["eval_dataset"]["class_path"] == "app.tasks.motion.DirectionDataset"
+    assert data["eval_dataset"]["init_args"]["split"] == "shifted"
