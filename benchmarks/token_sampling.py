@@ -1,5 +1,5 @@
 """Time of one next-token draw: ``torch.multinomial`` (what ``generate(do_sample=True)`` runs) against the
-inverse-transform sampler this package's rollouts use (``app.sampling.token_sampling``), CPU.
+inverse-transform sampler this package's rollouts use (``app.models.token_sampling``), CPU.
 
     python benchmarks/token_sampling.py                  # 32 rows; the tiny models' 1,024 tokens and Qwen's 151,936
     python benchmarks/token_sampling.py --rows 8 --threads 1
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from
 
 import torch  # noqa: E402
 
-from app.sampling.token_sampling import InverseCDFSampling  # noqa: E402
+from app.models.token_sampling import InverseCDFSampling  # noqa: E402
 
 
 def per_call_ms(fn, calls: int, repeats: int) -> float:

@@ -32,6 +32,9 @@ LAYER_RULES = {
     "app.rewards": ("app.tasks", "app.data", "app.modules"),
     "app.data": ("app.tasks", "app.modules", "app.rewards"),
     "app.tasks": ("app.modules",),
+    # the models decode and score; the rollouts that drive them are sampling's, the training loop the modules'
+    "app.models": ("app.modules", "app.sampling.vlm_rollout", "app.sampling.flow_rollout", "app.sampling.batching"),
+    "app.sampling": ("app.modules",),
     **{name: (*_NO_TRAINING_STACK, *VBVR_OUTER) for name in VBVR_SCORING},
     "app.tasks.vbvr.prompts": (*_NO_TRAINING_STACK, "app.tasks.vbvr.reward", "app.tasks.vbvr.cli"),
     "app.formats": ("app",),

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, logprob_atol, sum_error_bound
 
-from app.sampling.shared_prefix import distinct_rows, group_heads, repeat_rows, shared_prompt_features, take_rows
+from app.models.shared_prefix import distinct_rows, group_heads, repeat_rows, shared_prompt_features, take_rows
 from app.settings import SamplingSettings
 from app.types import PromptInputs, VisualSample
 

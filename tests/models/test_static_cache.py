@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import StaticCache
 
-from app.sampling.shared_prefix import static_cache
+from app.models.shared_prefix import static_cache
 from app.settings import SamplingSettings
 
 K = 2

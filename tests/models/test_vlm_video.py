@@ -21,10 +21,10 @@ from PIL import Image
 from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, logprob_atol
 from torch.utils.data import DataLoader
 
+from app.models.shared_prefix import position_inputs, repeat_rows, take_rows
 from app.models.vlm import prompt_content
 from app.modules import VLMGRPOModule
 from app.rewards import RewardComponent
-from app.sampling.shared_prefix import position_inputs, repeat_rows, take_rows
 from app.settings import GRPOSettings, OptimizerSettings, SamplingSettings
 from app.types import VIDEO_INPUTS, Video, VisualSample
 

@@ -55,7 +55,7 @@ def test_bad_settings_are_refused_with_a_message_naming_them(kwargs, message):
 
 
 def test_settings_accept_their_boundary_values():
-    assert FlowGRPOSamplingSettings(group_size=1, num_steps=1).num_steps == 1
+    assert FlowGRPOSamplingSettings(group_size=1, num_steps=2).num_steps == 2
     assert FlowGRPOSamplingSettings(sampler="cps", eta=1.0).eta == 1.0
     assert FlowGRPOSamplingSettings(sampler="sde", eta=1.5).eta == 1.5  # the SDE's noise level has no upper bound
     assert FlowGRPOSamplingSettings(timestep_fraction=1.0).timestep_fraction == 1.0

@@ -10,7 +10,7 @@ from app.settings import FlowGRPOSamplingSettings
 @pytest.mark.parametrize(
     "settings",
     [
-        dict(group_size=1, num_steps=1),
+        dict(group_size=1, num_steps=2),  # the last step is never trained: 2 is the fewest
         dict(sampler="cps", eta=1.0),
         dict(sampler="sde", eta=1.5),  # no upper bound for the SDE sampler
         dict(eta=1e-6, timestep_fraction=1.0),
@@ -58,6 +58,7 @@ WINDOW = (
         (dict(timestep_fraction=1.5), "timestep_fraction must be in (0, 1], got 1.5"),
         (dict(eval_sampler="ddim"), "eval_sampler must be 'euler' or 'unipc', got 'ddim'"),
         (dict(guidance_scale=0.99), "guidance_scale must be >= 1 (1 disables guidance), got 0.99"),
+        (dict(num_steps=1), "flow-GRPO needs num_steps >= 2 (the last step is never trained), got 1"),
         (dict(num_steps=10, sde_window=(3, 3)), WINDOW.format(9, (3, 3))),  # start == end
         (dict(num_steps=10, sde_window=(9, 10)), WINDOW.format(9, (9, 10))),  # starts at the last step
         (dict(num_steps=10, sde_window=(-1, 4)), WINDOW.format(9, (-1, 4))),

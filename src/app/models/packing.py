@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from app.sampling.shared_prefix import position_inputs
+from app.models.shared_prefix import position_inputs
 
 PACKED_ATTENTION = ("flash_attention_2", "flash_attention_3")
 """Attention implementations that run packed rows as variable-length attention (no ``[T, T]`` mask)."""
@@ -39,7 +39,7 @@ def packed_hidden_states(inner: nn.Module, inputs: dict, position_ids: torch.Ten
     attention mask's tokens; zeros at the padded positions.
 
     ``position_ids``: the rows' 3-D rotary positions ``[3, N, S]`` if already known (see
-    :func:`app.sampling.shared_prefix.shared_prompt_features`); else the backbone's ``compute_3d_position_ids`` finds
+    :func:`app.models.shared_prefix.shared_prompt_features`); else the backbone's ``compute_3d_position_ids`` finds
     them, or, for prompts without images or videos, each row's token count so far."""
     attention = inputs["attention_mask"].bool()  # [N, S]
     if position_ids is None:

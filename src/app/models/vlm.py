@@ -30,10 +30,7 @@ from app.models.lora import lora_adapter
 from app.models.lora_merge import merged_lora
 from app.models.packing import packed_hidden_states, packs
 from app.models.policy import SwitchableReference
-from app.parallel.fsdp import gathered
-from app.parallel.loading import keeping_new_parameters, lean_loading_requested
-from app.parallel.plan import ShardingPlan, repeated_blocks
-from app.sampling.shared_prefix import (
+from app.models.shared_prefix import (
     PER_TOKEN_KEYS,
     group_heads,
     prefill_shared_prefix,
@@ -42,7 +39,10 @@ from app.sampling.shared_prefix import (
     shared_prompt_features,
     static_cache,
 )
-from app.sampling.token_sampling import InverseCDFSampling
+from app.models.token_sampling import InverseCDFSampling
+from app.parallel.fsdp import gathered
+from app.parallel.loading import keeping_new_parameters, lean_loading_requested
+from app.parallel.plan import ShardingPlan, repeated_blocks
 from app.settings import LANGUAGE_MODEL_PROJECTIONS, LoRASettings, SamplingSettings, with_defaults
 from app.tiny.models import load_vlm
 from app.types import IMAGE_TOKEN, VIDEO_TOKEN, VISUAL_INPUTS, CompletionBatch, PromptInputs, Video, VisualSample
@@ -237,7 +237,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
 
         With ``shared_prefix`` and groups of ``rows_per_prompt`` identical rows, each prompt's images and text are
         encoded and prefilled once and the KV cache is expanded to its K rows
-        (see :mod:`app.sampling.shared_prefix`)."""
+        (see :mod:`app.models.shared_prefix`)."""
         sampling = sampling or SamplingSettings()
         kwargs = {"do_sample": False}  # sampled rows are drawn by the last logits processor (see token_sampling)
         if greedy:
@@ -372,7 +372,7 @@ class VLMPolicy(SwitchableReference, nn.Module):
     ) -> torch.Tensor:
         """``[N, L, H]`` last hidden states of ``hf_model``'s backbone that predict the completion tokens: with
         ``shared_prefix`` and repeated prompts, each prompt's layers once and the completions attending to its keys
-        and values (:func:`~app.sampling.shared_prefix.prefix_shared_hidden_states`; not under gradient checkpointing,
+        and values (:func:`~app.models.shared_prefix.prefix_shared_hidden_states`; not under gradient checkpointing,
         which turns the cache off, nor when packing), else one forward over each row's prompt and completion."""
         inner = hf_model.model
         packed = packs(hf_model, self.padding_free)

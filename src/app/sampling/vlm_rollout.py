@@ -19,8 +19,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from app.models.shared_prefix import take_rows
 from app.sampling.batching import length_grouped_micro_batches
-from app.sampling.shared_prefix import take_rows
 from app.settings import SamplingSettings
 from app.types import CompletionBatch, PromptInputs, SampledCompletions, VisualSample
 

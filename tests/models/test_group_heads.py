@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from app.sampling.shared_prefix import group_heads
+from app.models.shared_prefix import group_heads
 from app.types import IMAGE_INPUTS, PromptInputs
 
 D = 2  # values per image patch
