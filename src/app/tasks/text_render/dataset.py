@@ -15,6 +15,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Sequence
 
@@ -29,6 +30,11 @@ WORDS = ("cat", "dog", "sun", "sky", "map", "box", "pen", "car")
 SCENES = {"sign": (255, 255, 255), "wall": (232, 224, 208), "shirt": (214, 228, 245), "door": (245, 236, 200)}
 """Scene -> background colour of the target: light, so the near-black word keeps its contrast."""
 INK = (20, 20, 20)
+
+
+@functools.lru_cache(maxsize=8)
+def _font(size: int) -> ImageFont.FreeTypeFont:
+    return ImageFont.load_default(size=size)
 
 
 def text_prompt(word: str, scene: str) -> str:
@@ -49,7 +55,7 @@ def render_text(
         raise ValueError(f"unknown scene {scene!r}; known {sorted(SCENES)}")
     image = Image.new("RGB", (image_size, image_size), SCENES[scene])
     draw = ImageDraw.Draw(image)
-    font = ImageFont.load_default(size=max(6, round(font_fraction * image_size)))
+    font = _font(max(6, round(font_fraction * image_size)))
     left, top, right, bottom = draw.textbbox((0, 0), word, font=font)
     dx, dy = (rng.randint(-jitter, jitter), rng.randint(-jitter, jitter)) if jitter and rng else (0, 0)
     x = (image_size - (right - left)) / 2 - left + dx
