@@ -8,6 +8,9 @@ video with more than ``max_source_frames`` frames or frames over ``max_source_pi
 only the sampled frames (the others are grabbed, not converted), each scaled down as it is read, so at most
 ``max_frames x max_pixels x 3`` bytes are held. Errors (:class:`VideoError`) name the file.
 
+:func:`capped_video` applies the same two caps to a :class:`~app.types.Video` already in memory (the VLM policy's
+``max_video_frames`` / ``max_video_pixels``, for clips from any data set).
+
 >>> header = VideoHeader(frames=30, fps=10.0, width=64, height=48)  # a 3 s clip
 >>> sampled_indices(header, VideoLimits(fps=2.0)).tolist()  # 2 fps: 6 frames, from the first to the last
 [0, 6, 12, 17, 23, 29]
@@ -141,6 +144,28 @@ def _scaled(frame: np.ndarray, max_pixels: int) -> np.ndarray:
     scale = math.sqrt(max_pixels / (height * width))
     size = (max(1, int(width * scale)), max(1, int(height * scale)))
     return cv2.resize(frame, size, interpolation=cv2.INTER_AREA)
+
+
+def capped_video(video: Video, max_frames: int, max_pixels: int) -> Video:
+    """``video`` with at most ``max_frames`` frames and ``max_pixels`` pixels a frame: a longer clip keeps the largest
+    even count within ``max_frames`` spread evenly from its first frame to its last (its rate lowered so that it
+    lasts as long), larger frames are scaled down (area interpolation, aspect kept). ``video`` itself when it is
+    within both caps."""
+    if max_frames < FRAME_FACTOR:
+        raise ValueError(f"max_frames must be >= {FRAME_FACTOR}, got {max_frames}")
+    if max_pixels < 1:
+        raise ValueError(f"max_pixels must be >= 1, got {max_pixels}")
+    count, (height, width) = video.num_frames, video.frames.shape[1:3]
+    if count <= max_frames and height * width <= max_pixels:
+        return video
+    frames, fps = video.frames, video.fps
+    if count > max_frames:
+        kept = max_frames // FRAME_FACTOR * FRAME_FACTOR
+        frames = frames[np.linspace(0, count - 1, kept).round().astype(np.int64)]
+        fps = fps * kept / count
+    if height * width > max_pixels:
+        frames = np.stack([_scaled(frame, max_pixels) for frame in frames])
+    return Video(np.ascontiguousarray(frames), fps=fps)
 
 
 def read_video(path: str | Path, limits: VideoLimits | None = None) -> Video:

@@ -23,6 +23,7 @@ from transformers.video_utils import VideoMetadata
 from app.algorithms import LossOutput
 from app.algorithms.fused_linear import FusedLinearGRPOLoss
 from app.algorithms.logprobs import chunked_token_logprobs, chunked_token_logprobs_and_entropy
+from app.data.video import capped_video
 from app.dtypes import parse_dtype
 from app.formats import REASONING_INSTRUCTION
 from app.models.kernels import apply_liger_kernels, require_liger, validate_attn_implementation
@@ -116,6 +117,14 @@ class VLMPolicy(SwitchableReference, nn.Module):
             positions (:mod:`app.models.packing`; the same log-probs). None: when the attention is variable-length
             (``flash_attention_2``), where it saves the padding's work; sdpa and eager would need a ``[T, T]`` mask.
         instruction: appended to every question; the reasoning-format instruction of the papers by default.
+        max_video_frames: most frames of a video the processor sees (>= 2). A longer clip is sampled uniformly over its
+            length to the largest even count within the cap (its rate lowered to keep its duration) and a warning
+            names the row; default 768, the Qwen-VL video processors' ``max_frames``.
+        max_video_pixels: most pixels (width x height) of a video frame the processor sees; larger frames are scaled
+            down (aspect kept) first, with a warning. Default ``768 * 28 * 28``, the Qwen2/2.5-VL video processors'
+            per-frame cap (``qwen-vl-utils``' ``VIDEO_MAX_PIXELS``); the processor then applies its own size range.
+            A video costs about ``frames / 2 x pixels / (patch x merge)^2`` visual tokens (docs/vlm_grpo.md
+            "Video memory").
         seed: seed of the embedded model's random weights (ignored for real checkpoints).
     """
 
@@ -135,9 +144,17 @@ class VLMPolicy(SwitchableReference, nn.Module):
         logprob_chunk_size: int = 1024,
         padding_free: bool | None = None,
         instruction: str = REASONING_INSTRUCTION,
+        max_video_frames: int = 768,
+        max_video_pixels: int = 768 * 28 * 28,
         seed: int = 0,
     ):
         super().__init__()
+        if max_video_frames < 2:
+            raise ValueError(f"max_video_frames must be >= 2, got {max_video_frames}")
+        if max_video_pixels < 1:
+            raise ValueError(f"max_video_pixels must be >= 1, got {max_video_pixels}")
+        self.max_video_frames, self.max_video_pixels = max_video_frames, max_video_pixels
+        self._reported_video_caps: set[str] = set()  # the caps a warning was logged for (one each per policy)
         torch_dtype = parse_dtype(dtype)
         if vision_learning_rate is not None and not vision_learning_rate > 0:
             raise ValueError(f"vision_learning_rate must be > 0 or null, got {vision_learning_rate}")
@@ -209,12 +226,13 @@ class VLMPolicy(SwitchableReference, nn.Module):
         Each prompt goes through the processor once; its tensors are then repeated.
 
         Videos go through the processor's video path as the frames they hold (no further frame sampling), with their
-        rate as metadata: Qwen2.5-VL derives its time positions from it, Qwen3-VL the timestamps it writes."""
+        rate as metadata: Qwen2.5-VL derives its time positions from it, Qwen3-VL the timestamps it writes. A video
+        over ``max_video_frames`` or ``max_video_pixels`` is capped first (:meth:`_capped_video`)."""
         if rows_per_prompt < 1:
             raise ValueError(f"rows_per_prompt must be >= 1, got {rows_per_prompt}")
         texts = [self.prompt_text(s) for s in samples]
         images = [list(s.images) for s in samples]
-        videos = [video for s in samples for video in s.videos]
+        videos = [self._capped_video(video, row, s.task) for row, s in enumerate(samples) for video in s.videos]
         kwargs = _video_kwargs(videos) if videos else {}
         inputs = self.processor(
             text=texts, images=images if any(images) else None, return_tensors="pt", padding=True, **kwargs
@@ -223,6 +241,35 @@ class VLMPolicy(SwitchableReference, nn.Module):
         videos_per_row = [len(s.videos) for s in samples] if videos else None
         prompts = PromptInputs(tensors, [len(row) for row in images], videos_per_row=videos_per_row)
         return repeat_rows(prompts, rows_per_prompt) if rows_per_prompt > 1 else prompts
+
+    def _capped_video(self, video: Video, row: int, task: str) -> Video:
+        """``video`` within ``max_video_frames`` and ``max_video_pixels`` (:func:`~app.data.video.capped_video`); the
+        first video over each cap is reported in a warning naming its row, its size and the setting."""
+        capped = capped_video(video, self.max_video_frames, self.max_video_pixels)
+        if capped is video:
+            return video
+        (count, height, width), (kept, new_height, new_width) = video.frames.shape[:3], capped.frames.shape[:3]
+        over = []
+        if kept < count:
+            over.append(
+                f"{count} frames, over max_video_frames={self.max_video_frames}: {kept} frames sampled uniformly "
+                "over its length"
+            )
+        if (new_height, new_width) != (height, width):
+            over.append(
+                f"frames of {width}x{height} pixels, over max_video_pixels={self.max_video_pixels}: scaled down to "
+                f"{new_width}x{new_height}"
+            )
+        settings = {setting for setting in ("max_video_frames", "max_video_pixels") if any(setting in o for o in over)}
+        if settings - self._reported_video_caps:
+            log.warning(
+                "row %d (%s): a video of %s (later videos over the cap are capped without a warning)",
+                row,
+                task,
+                "; ".join(over),
+            )
+            self._reported_video_caps |= settings
+        return capped
 
     # ------------------------------------------------------------------------------------------------- sampling
     @torch.no_grad()
