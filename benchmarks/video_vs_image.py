@@ -194,8 +194,8 @@ def main() -> None:
         args,
         f"{args.model}, float32, LoRA r {args.lora_r}, {args.threads} thread(s), {args.prompts} prompts x K={args.k}, "
         f"{args.max_new_tokens} new tokens a row ({image_gen} / {video_gen} generated); image {image_side}x{image_side}"
-        f" vs {args.frames} frames of {side}x{side}: {image_tokens} visual tokens each, prompts of {image_len} / {video_len} tokens; "
-        f"{args.runs} runs after {args.warmup} warm-up",
+        f" vs {args.frames} frames of {side}x{side}: {image_tokens} visual tokens each, prompts of {image_len} / "
+        f"{video_len} tokens; {args.runs} runs after {args.warmup} warm-up",
     )
     print(
         f"{'phase':<9}{'kind':<7}{'wall min':>10}{'wall med':>10}{'cpu min':>10}{'cpu med':>10}"
