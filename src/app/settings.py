@@ -394,13 +394,26 @@ class FlowGRPOLossSettings:
             range for that log-prob (see :mod:`app.modules.flow_grpo`; a mean over thousands of latent elements
             moves very little per update, so a PPO-style 0.2 would never clip).
         eps_high: upper clip range of the ratio (1 + eps_high), >= 0.
+        ratio_normalization: GRPO-Guard (docs/algorithms.md#grpo-guard): each step's log-ratio gets its noise bias
+            ``mean((mu - mu_old)^2) / (2 std^2)`` added back and is multiplied by the transition's std, so the ratio
+            is centred on 1 at every step, and each step's clipped surrogate is divided by its ``dt = s - s'``
+            (:func:`~app.algorithms.flow_guard.guarded_loss`). The normalised log-ratio is some ``std`` times smaller
+            than the plain one: ``eps_low`` / ``eps_high`` bound it, so set them to match (verl-omni's example: 2e-6).
+            Not with ``pipeline.delay > 0`` (the stale rollout's transition means are not stored).
+        advantage_clip: clamp every advantage to ``[-advantage_clip, advantage_clip]`` in the loss, > 0 (DanceGRPO's
+            ``adv_clip_max``, 5.0); None: no clamp. With ``grpo.advantage_scale: group`` an advantage never exceeds
+            ``sqrt(K - 1)`` (the population std of a group of K), so 5.0 acts only for K > 26 or another scale.
     """
 
     eps_low: float = 1e-4
     eps_high: float = 1e-4
+    ratio_normalization: bool = False
+    advantage_clip: float | None = None
 
     def __post_init__(self):
         _check_clip_range(self.eps_low, self.eps_high)
+        if self.advantage_clip is not None and not self.advantage_clip > 0:
+            raise ValueError(f"loss.advantage_clip must be > 0 or null, got {self.advantage_clip}")
 
 
 @dataclass

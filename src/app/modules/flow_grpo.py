@@ -19,6 +19,10 @@ Departures from the public Flow-GRPO / CPS code, and why:
   (the default) the ratio is exactly 1 and the clip range has no effect at all.
 - The KL (k3, weight ``beta``) is taken per trained step between the policy's and the reference's log-densities of the
   same stored transition, as the token-level KL of GRPO.
+- ``loss.ratio_normalization`` (GRPO-Guard, :func:`~app.algorithms.flow_guard.guarded_loss`) needs the sampling
+  policy's transition means. They are not stored with the rollout: on-policy they are the current ones detached, and
+  with ``num_iterations > 1`` the first update (still the sampling weights) keeps them for the later ones, so no extra
+  pass is made; a delayed pipeline (trained after an update) is refused.
 
 Run it with ``python -m app fit --config configs/flow/<recipe>.yaml``.
 """
@@ -31,6 +35,7 @@ import torch
 from torch import Tensor
 
 from app.algorithms import LossOutput, grpo_loss
+from app.algorithms.flow_guard import guarded_loss
 from app.models.flow import FlowPolicy
 from app.modules.flow_rl import FlowRLModule
 from app.rewards import RewardComponent
@@ -63,7 +68,8 @@ class FlowGRPOModule(FlowRLModule):
         grpo: KL weight, iterations, advantages, micro-batches (trajectories per transformer forward, in the
             rollout, reference and training passes), gradient clipping (:class:`~app.settings.GRPOSettings`).
         loss: the clip range of the ratio of per-step mean log-densities (default 1e-4 each way, see the module
-            docstring; :class:`~app.settings.FlowGRPOLossSettings`).
+            docstring), GRPO-Guard's ratio normalisation and DanceGRPO's advantage clamp
+            (:class:`~app.settings.FlowGRPOLossSettings`).
         optimizer: AdamW (default learning rate 5e-6), warm-up, non-finite steps
             (:class:`~app.settings.OptimizerSettings`).
         pipeline: the delayed reward pipeline and dynamic sampling (:class:`~app.settings.PipelineSettings`).
@@ -95,6 +101,13 @@ class FlowGRPOModule(FlowRLModule):
             policy, rewards, sampling, grpo, optimizer, pipeline, records_per_step, eval_rewards, seed, ema
         )
         self.loss = settings_or_default(FlowGRPOLossSettings, loss)
+        if self.loss.ratio_normalization and self.pipeline.delay > 0:
+            raise ValueError(
+                "loss.ratio_normalization (GRPO-Guard) needs the sampling policy's transition means, which a rollout "
+                f"does not store: with pipeline.delay = {self.pipeline.delay} it is trained after an update, so they "
+                "are gone; set pipeline.delay: 0 or ratio_normalization: false"
+            )
+        self._old_means: dict[tuple[int, int, int], Tensor] = {}  # GRPO-Guard's mu_old, kept from a step's 1st update
         self.record_hyperparameters(loss=plain(self.loss))
 
     # --------------------------------------------------------------------------------------------------- rollout
@@ -114,13 +127,21 @@ class FlowGRPOModule(FlowRLModule):
     def weighted_losses(self, rollout: Rollout[SampledTrajectories]) -> Iterator[tuple[LossOutput, Tensor]]:
         """The loss of each trained step and micro-batch: the masked per-trajectory mean within the micro-batch,
         weighted by the micro-batch's share of the mask and by the step's weight (1 / number of trained steps, or by
-        its noise std with ``step_weighting: noise_std``)."""
+        its noise std with ``step_weighting: noise_std``). With ``loss.ratio_normalization`` each part is GRPO-Guard's
+        loss (:meth:`_guarded_loss`); with ``loss.advantage_clip`` the advantages are clamped first."""
         grpo, sampled = self.grpo, rollout.sampled
         mask = rollout.loss_mask[:, None]  # [N, 1], one "token" per sample and step
         weights = self.sampler.step_weights(sampled.sigmas, sampled.step_indices)
         total = mask.sum().clamp(min=1)
+        advantages = rollout.advantages  # [N]
+        if self.loss.advantage_clip is not None:
+            advantages = advantages.clamp(-self.loss.advantage_clip, self.loss.advantage_clip)  # [N]
         for j, i in enumerate(sampled.step_indices):
             for rows in micro_batches(mask.shape[0], grpo.micro_batch_size):
+                share = mask[rows].sum() / total * weights[j]
+                if self.loss.ratio_normalization:
+                    yield self._guarded_loss(sampled, j, rows, advantages[rows], mask[rows, 0]), share
+                    continue
                 x, x_next = sampled.latents[rows, j], sampled.next_latents[rows, j]
                 conditioning = rows_of(sampled.conditioning, rows)
                 logprobs = self.sampler.step_logprob(conditioning, sampled.sigmas, i, x, x_next)[:, None]  # [n, 1]
@@ -129,14 +150,50 @@ class FlowGRPOModule(FlowRLModule):
                 out = grpo_loss(
                     logprobs,
                     old,
-                    rollout.advantages[rows],
+                    advantages[rows],
                     mask[rows],
                     eps_low=self.loss.eps_low,
                     eps_high=self.loss.eps_high,
                     beta=grpo.beta,
                     ref_logprobs=ref,
                 )
-                yield out, mask[rows].sum() / total * weights[j]
+                yield out, share
+
+    def _guarded_loss(
+        self, sampled: SampledTrajectories, j: int, rows: slice, advantages: Tensor, mask: Tensor
+    ) -> LossOutput:
+        """GRPO-Guard's loss of trained step ``j`` on ``rows``: the transition rescored as
+        :meth:`~app.sampling.FlowSampler.step_logprob` does (same log-prob), with its mean and std; ``mu_old`` is the
+        current mean detached on the first update of a step's rollouts and that one kept for the later updates."""
+        i = sampled.step_indices[j]
+        x, x_next = sampled.latents[rows, j], sampled.next_latents[rows, j]
+        s, s_next = float(sampled.sigmas[i]), float(sampled.sigmas[i + 1])
+        v = self.sampler.velocity(x, sampled.sigmas[i], rows_of(sampled.conditioning, rows))  # [n, ...]
+        step = self.sampler.step(x, v, s, s_next, prev_sample=x_next)
+        old = sampled.old_logprobs[rows, j] if self.stores_behaviour_logprobs else step.log_prob.detach()  # [n]
+        old_mean = step.mean.detach()  # [n, ...]
+        if self.grpo.num_iterations > 1:
+            old_mean = self._old_means.setdefault((id(sampled), j, rows.start or 0), old_mean)
+        ref = sampled.ref_logprobs[rows, j] if sampled.ref_logprobs is not None else None
+        return guarded_loss(
+            step.log_prob,
+            old,
+            step.mean,
+            old_mean,
+            step.std,
+            s - s_next,
+            advantages,
+            mask,
+            eps_low=self.loss.eps_low,
+            eps_high=self.loss.eps_high,
+            beta=self.grpo.beta,
+            ref_logprobs=ref,
+        )
+
+    def after_updates(self) -> None:
+        """GRPO-Guard's kept ``mu_old`` belong to this step's rollouts: dropped once their updates are made."""
+        super().after_updates()
+        self._old_means.clear()
 
     # --------------------------------------------------------------------------------------------------- logging
     def rollout_logs(self, rollout: Rollout[SampledTrajectories]) -> dict[str, Tensor]:
