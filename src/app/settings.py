@@ -417,6 +417,34 @@ class FlowGRPOLossSettings:
 
 
 @dataclass
+class FlowDPOSettings:
+    """Online Diffusion-DPO's update: the ``dpo:`` block of :class:`~app.modules.FlowDPOModule`
+    (docs/algorithms.md#diffusion-dpo).
+
+    Attributes:
+        beta: the strength of the implicit KL to the reference, > 0 (Diffusion-DPO's training script: 5000, on the
+            epsilon-prediction error of SD 1.5; here the error is the velocity's, so it does not carry over exactly).
+        solver: how the policy draws its K samples per prompt: ``euler`` or ``unipc`` (deterministic: the samples of a
+            group differ by their starting noise, so ``sampling.shared_initial_noise`` must be false) or
+            ``stochastic`` (``sampling.sampler`` at ``sampling.eta`` on every step but the last).
+        timestep_fraction: the share of the schedule's T noise levels each update trains at (a random subset; one
+            fresh noise per pair and level, the same for both samples of a pair), in (0, 1].
+    """
+
+    beta: float = 5000.0
+    solver: Literal["euler", "unipc", "stochastic"] = "euler"
+    timestep_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.beta > 0:
+            raise ValueError(f"dpo.beta must be > 0, got {self.beta}")
+        if self.solver not in ("euler", "unipc", "stochastic"):
+            raise ValueError(f"dpo.solver must be 'euler', 'unipc' or 'stochastic', got {self.solver!r}")
+        if not 0 < self.timestep_fraction <= 1:
+            raise ValueError(f"dpo.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+
+
+@dataclass
 class OptimizerSettings:
     """AdamW with a linear warm-up, and what happens to a step that is not finite; shared by every module.
 
