@@ -125,3 +125,25 @@ def test_bad_dpo_settings_are_refused(kwargs, message):
 def test_hyper_parameters_record_the_dpo_block():
     module = dpo_module()
     assert module.hparams["dpo"] == dataclasses.asdict(FlowDPOSettings(beta=50.0))
+
+
+def test_tiny_sd3_two_step_fit(fit):
+    """The embedded tiny SD3 with LoRA: online DPO trains its adapter, the reference being the adapter off."""
+    from app.models.flow import FlowPolicy
+    from app.settings import LoRASettings
+
+    torch.manual_seed(0)
+    policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8))
+    module = FlowDPOModule(
+        policy,
+        [RednessReward()],
+        FlowSamplingSettings(group_size=2, num_steps=3),
+        dpo=FlowDPOSettings(beta=50.0),
+        optimizer=OptimizerSettings(learning_rate=1e-3),
+    )
+    before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    trainer, recorder = fit(module, prompt_loader(2, batch_size=1), max_steps=2)
+    assert trainer.global_step == 2
+    moved = [n for n, p in policy.named_parameters() if p.requires_grad and not torch.equal(before[n], p)]
+    assert moved and all("lora" in n for n in moved)
+    assert recorder.metric("train/dpo/pairs") == [1.0, 1.0]

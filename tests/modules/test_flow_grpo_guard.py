@@ -117,3 +117,28 @@ def test_advantage_clip_clamps_the_advantages_the_loss_sees(guard):
 def test_a_non_positive_advantage_clip_is_refused(value):
     with pytest.raises(ValueError, match="loss.advantage_clip must be > 0 or null"):
         FlowGRPOLossSettings(advantage_clip=value)
+
+
+def test_tiny_sd3_two_step_fit_with_ratio_normalization_and_two_iterations(fit):
+    """The embedded tiny SD3 with LoRA: GRPO-Guard trains its adapter, the first update of each rollout at ratio 1,
+    the second against the kept means."""
+    from app.models.flow import FlowPolicy
+    from app.settings import LoRASettings
+
+    torch.manual_seed(0)
+    policy = FlowPolicy("tiny-sd3", lora=LoRASettings(r=4, alpha=8))
+    flow = FlowGRPOModule(
+        policy,
+        [RednessReward()],
+        FlowGRPOSamplingSettings(group_size=2, num_steps=3, sampler="sde", eta=0.7),
+        grpo=GRPOSettings(num_iterations=2),
+        loss=FlowGRPOLossSettings(ratio_normalization=True, eps_low=2e-6, eps_high=2e-6),
+        optimizer=OptimizerSettings(learning_rate=1e-3),
+    )
+    before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    trainer, recorder = fit(flow, prompt_loader(2, batch_size=1), max_steps=2)
+    assert trainer.global_step == 2
+    moved = [n for n, p in policy.named_parameters() if p.requires_grad and not torch.equal(before[n], p)]
+    assert moved and all("lora" in n for n in moved)
+    assert all(torch.isfinite(torch.tensor(recorder.metric("train/loss/policy"))))
+    assert flow._old_means == {}
