@@ -9,7 +9,9 @@ Configurations (``--prompts`` prompts x K = ``--k`` completions of ``--max-new-t
 - ``image``: one ``--size``-pixel square image a row;
 - ``video (recipe)``: a clip of ``--frames`` frames of ``--size`` pixels, the motion recipe's longest in-domain clip
   (configs/vlm/video_grpo_qwen2_5_vl_3b.yaml: 6-8 frames of 224 pixels);
-- ``video (= image tokens)``: ``--frames`` frames of the side that gives the image's visual tokens;
+- ``video (= image tokens)``: ``--frames`` frames of the side that gives the image's visual tokens on Qwen2/2.5-VL
+  (Qwen3-VL's video processor spreads one pixel budget over a clip's frames, so its video rows get fewer tokens than
+  asked: the table's ``visual tok`` is what the processor made, from its grid);
 - ``long video``: ``--long-frames`` frames of ``--size`` pixels, then the same with ``max_video_frames=--frames``
   (the policy samples it down to ``--frames`` frames).
 
