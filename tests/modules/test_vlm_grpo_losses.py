@@ -22,7 +22,7 @@ from tolerances import TINY_VLM_LOGIT_L1, TINY_VLM_VOCAB, entropy_atol
 
 from app.algorithms import grpo_loss
 from app.modules import VLMGRPOModule
-from app.modules.grpo import ScoredGroups
+from app.modules.group_scoring import ScoredGroups
 from app.rewards import AccuracyReward
 from app.settings import GRPOSettings, PassAtK, SamplingSettings, VLMLossSettings
 from app.types import CompletionBatch, Generation, RewardOutput, Rollout, SampledCompletions

@@ -13,8 +13,8 @@ docs/algorithms.md#grpo.
 :meth:`GRPOModule.training_step` reads top-down, one method per phase:
 
 1. **generate** (:meth:`~GRPOModule._generate`): the family's sampler draws K outputs per prompt, unscored;
-2. **score** (:meth:`~GRPOModule._scored_turn`): the rollout whose turn it is gets its rewards, group advantages and
-   loss mask;
+2. **score** (:meth:`~GRPOModule._scored_turn`, :mod:`app.modules.group_scoring`): the rollout whose turn it is gets
+   its rewards, group advantages and loss mask;
 3. **refill** (dynamic sampling only): more prompts until enough groups have spread rewards;
 4. **update** (:meth:`~GRPOModule._train_on`): ``num_iterations`` optimizer steps, each over the family's weighted
    losses (:meth:`~GRPOModule._update`);
@@ -39,7 +39,6 @@ and may change five defaults: :meth:`~GRPOModule.rollout_weights` (phase 1: the 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -50,17 +49,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from app.algorithms import (
-    LossOutput,
-    PromptStatTracker,
-    group_advantages,
-    moments_std,
-    reward_moments,
-    zero_std_groups,
-)
+from app.algorithms import LossOutput, zero_std_groups
 from app.algorithms.tally import TokenTally
 from app.models.policy import Policy, disable_dropout
-from app.modules.group_spread import check_group_ranks, whole_groups
+from app.modules.group_scoring import GroupScoring, ScoredGroups
+from app.modules.group_spread import check_group_ranks
 from app.modules.policy_module import NONFINITE_GRADIENT, UNDONE, NonFiniteTrainingError, PolicyModule
 from app.modules.rollout_queue import RolloutQueue, grouped
 from app.rewards import RewardComponent, WeightedReward
@@ -78,21 +71,6 @@ _LOGGED_AS = {  # the LossOutput statistics (summed over a rollout's parts) and 
     "ratio_mean": "train/ratio_mean",
     "off_policy_masked": "train/off_policy_masked",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class ScoredGroups:
-    """Rewards of N = B * K outputs and what the loss makes of them.
-
-    Attributes:
-        rewards: the weighted total ``[N]`` and every component.
-        advantages: ``[N]`` float32 group-relative advantages, on the module's device.
-        keep: ``[N]`` bool, False for outputs left out of the loss (groups of equal rewards, when dropped).
-    """
-
-    rewards: RewardOutput
-    advantages: Tensor
-    keep: Tensor
 
 
 class GRPOModule(PolicyModule):
@@ -145,9 +123,8 @@ class GRPOModule(PolicyModule):
             policy.enable_reference()
         self._without_dropout(policy)
         self._consecutive_nonfinite_rewards = 0
-        self.skipped_groups = 0  # groups left out of updates because a reward could not score them
+        self.scoring = GroupScoring(grpo, self.group_size, grpo.drop_zero_std_groups or self.pipeline.dynamic_sampling)
         self.empty_updates = 0  # updates left out because no rank kept a sample
-        self.prompt_stats = PromptStatTracker(grpo.prompt_history) if grpo.advantage_scale == "per_prompt" else None
         self.rollout_queue = RolloutQueue(self.pipeline, self.rewards)  # what a step carries to the next
         self.record_hyperparameters(
             sampling=plain(sampling), grpo=plain(grpo), pipeline=plain(self.pipeline), records_per_step=records_per_step
@@ -199,6 +176,11 @@ class GRPOModule(PolicyModule):
                 f"grpo.group_ranks {self.grpo.group_ranks} must divide the number of processes ({world}): each group "
                 "is spread over that many consecutive ranks"
             )
+
+    @property
+    def skipped_groups(self) -> int:
+        """Groups left out of updates because a reward could not score them."""
+        return self.scoring.skipped_groups
 
     @property
     def reward_executor(self) -> Executor | None:
@@ -303,73 +285,13 @@ class GRPOModule(PolicyModule):
         return self._scored(self.rewards(outputs, grouped(samples, k), group_size=k), samples)
 
     def _scored(self, rewards: RewardOutput, samples: Sequence[VisualSample] | None = None) -> ScoredGroups:
-        """Group advantages and kept rows of collected rewards (the rest of :meth:`score`); ``samples``: the B
-        prompts (``advantage_scale: per_prompt`` needs them). With groups spread over ranks the statistics are taken on
-        the whole groups (:meth:`_whole_groups`) and this rank keeps its rows of them."""
-        k, n = self.group_size, len(rewards.total)
+        """Group advantages and kept rows of collected rewards (the rest of :meth:`score`, by :attr:`scoring`);
+        ``samples``: the B prompts (``advantage_scale: per_prompt`` needs them). Stops the fit when every reward has
+        been non-finite too long."""
+        n = len(rewards.total)
         all_nonfinite = rewards.num_nonfinite >= n * len(self.rewards.components)
         self._check_rewards(all_nonfinite and n > 0)
-        unscored = rewards.unscored.to(self.device) if rewards.unscored is not None else None
-        total, unscored = self._whole_groups(rewards.total.float().to(self.device), unscored)  # [B * K] each
-        scored = self._scored_rows(unscored, len(total), k)  # [B * K] bool
-        advantages = torch.zeros_like(total)  # [B * K]; 0 in skipped groups, which stay out of the loss
-        groups_kept = scored.view(-1, k)[:, 0].tolist() if len(total) else []
-        prompts = samples if samples is not None else [None] * len(groups_kept)
-        kept_prompts = [sample for sample, kept in zip(prompts, groups_kept, strict=True) if kept]
-        advantages[scored] = self._advantages(total[scored], kept_prompts)
-        keep = scored.clone()  # [B * K]
-        if self.grpo.drop_zero_std_groups or self.pipeline.dynamic_sampling:
-            keep &= ~zero_std_groups(total, k).repeat_interleave(k)  # [B * K]
-        share = self.group_share
-        if share is not None:
-            advantages, keep = share.local(advantages), share.local(keep)
-        return ScoredGroups(rewards, advantages, keep)
-
-    def _whole_groups(self, total: Tensor, unscored: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """The rewards ``[B * K]`` (and unscored rows) of the whole groups this rank holds a part of
-        (:func:`~app.modules.group_spread.whole_groups`; this rank's own when groups stay on one rank)."""
-        share = self.group_share
-        if share is None:
-            return total, unscored
-        return whole_groups(share, self.global_rank, total.to(self.device), unscored)
-
-    def _advantages(self, total: Tensor, prompts: list[VisualSample]) -> Tensor:
-        """``[n]`` advantages of the scored rows ``total`` (whole groups of K, of ``prompts``) by
-        ``grpo.advantage_scale``; ``global`` all-reduces on every rank, whatever it scored."""
-        k, scale = self.group_size, self.grpo.advantage_scale
-        if scale == "global":
-            moments = self._summed_over_ranks(reward_moments(total).to(self.device))
-            return group_advantages(total, k, "batch", batch_std=moments_std(moments)) if len(total) else total
-        if not len(total):
-            return total
-        if scale == "per_prompt":
-            return self.prompt_stats.advantages([prompt_key(p) for p in prompts], total)
-        return group_advantages(total, k, scale=scale)
-
-    def _summed_over_ranks(self, value: Tensor) -> Tensor:
-        """``value`` summed over every rank of the run (itself in one process)."""
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            value = value.clone()
-            dist.all_reduce(value)
-        return value
-
-    def _scored_rows(self, unscored: Tensor | None, n: int, k: int) -> Tensor:
-        """``[n]`` bool: the rows of the groups every reward scored. A group with a row that a reward skipped
-        (``unscored``, from ``RewardOutput.unscored``: a remote reward that failed, with ``on_failure: skip``) is left
-        out whole, counted in :attr:`skipped_groups` and logged. None: every row was scored."""
-        if unscored is None:
-            return torch.ones(n, dtype=torch.bool, device=self.device)
-        skipped = unscored.view(-1, k).any(dim=1)  # [B]
-        self.skipped_groups += int(skipped.sum())
-        log.warning(
-            "%d of %d groups left out of this update: a reward could not score them (%d skipped so far)",
-            int(skipped.sum()),
-            len(skipped),
-            self.skipped_groups,
-        )
-        return (~skipped).repeat_interleave(k)
+        return self.scoring.scored(rewards, samples, self.group_share, self.global_rank, self.device)
 
     def training_step(self, batch: list[VisualSample], batch_idx: int) -> dict[str, Any] | None:
         """One GRPO step, in the order of the module docstring's phases. With ``delay: 1`` a step trains on the
@@ -490,14 +412,14 @@ class GRPOModule(PolicyModule):
     def rank_state(self) -> dict:
         """The random state, and this rank's per-prompt reward history (``advantage_scale: per_prompt``)."""
         state = super().rank_state()
-        if self.prompt_stats is not None:
-            state["prompt_stats"] = self.prompt_stats.state()
+        if self.scoring.prompt_stats is not None:
+            state["prompt_stats"] = self.scoring.prompt_stats.state()
         return state
 
     def load_rank_state(self, saved: dict, fresh_seed: int | None) -> None:
         super().load_rank_state(saved, fresh_seed)
-        if self.prompt_stats is not None and "prompt_stats" in saved:
-            self.prompt_stats.load(saved["prompt_stats"])
+        if self.scoring.prompt_stats is not None and "prompt_stats" in saved:
+            self.scoring.prompt_stats.load(saved["prompt_stats"])
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
@@ -532,7 +454,10 @@ class GRPOModule(PolicyModule):
         total = rollout.rewards.total.float()
         unscored = rollout.rewards.unscored
         scored = slice(None) if unscored is None else ~unscored.to(total.device)  # skipped rows hold placeholders
-        whole_groups, _ = self._whole_groups(total)  # [B * K]: a group spread over ranks is one group
+        share = self.group_share  # a group spread over ranks is one group: its parts are gathered on the device
+        whole_groups, _ = self.scoring.whole_groups(
+            total if share is None else total.to(self.device), share, self.global_rank
+        )
         values = {
             **{tag: stats[term] for term, tag in _LOGGED_AS.items() if term in stats},
             "train/frac_zero_std": zero_std_groups(whole_groups, rollout.rows_per_prompt * self.grpo.group_ranks)
@@ -588,8 +513,3 @@ class _PhaseClock:
         now = time.perf_counter()
         self.seconds[phase] = now - self._last
         self._last = now
-
-
-def prompt_key(sample: VisualSample) -> str:
-    """What ``advantage_scale: per_prompt`` tracks a prompt by: its task and question."""
-    return f"{sample.task}\x1f{sample.question}"
