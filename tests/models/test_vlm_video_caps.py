@@ -111,3 +111,15 @@ def test_the_policy_scales_down_large_frames_and_leaves_clips_within_the_caps_al
         within = default.encode_prompts([row(small)]).tensors
     assert not policy_warnings(caplog)
     assert within["video_grid_thw"].tolist() == [[2, 4, 4]]
+
+
+def test_the_processor_bounds_a_clip_by_its_token_budget_as_qwen_vl_utils_does(new_policy):
+    """``cap_pixels_per_frame``: a frame's pixels are at most ``0.9 x max_video_tokens x 28^2 x 2 / frames`` (the
+    budget's share of a frame pair). With a budget of 64 tokens, 8 frames of 224 x 224 (16 x 16 patches each uncapped)
+    get ``0.9 x 64 x 784 x 2 / 8 = 11289`` pixels a frame: 106 x 106, which the processor's resize floors to a
+    multiple of 28, 84 x 84 (6 x 6 patches of 14)."""
+    policy = new_policy("tiny-qwen2.5-vl")
+    clip = numbered_clip(8, 224, 224)
+    assert policy.encode_prompts([row(clip)]).tensors["video_grid_thw"].tolist() == [[4, 16, 16]]
+    policy.processor.video_processor.max_video_tokens = 64
+    assert policy.encode_prompts([row(clip)]).tensors["video_grid_thw"].tolist() == [[4, 6, 6]]

@@ -510,13 +510,16 @@ class VLMPolicy(SwitchableReference, nn.Module):
 
 
 def _video_kwargs(videos: Sequence[Video]) -> dict:
-    """The processor's video arguments for ``videos`` (in row order): their frames as they are, and metadata saying
-    frame ``i`` is at ``i / fps`` seconds."""
+    """The processor's video arguments for ``videos`` (in row order): their frames as they are, metadata saying frame
+    ``i`` is at ``i / fps`` seconds, and ``cap_pixels_per_frame``: each frame's pixels bounded by its share of the
+    processor's per-clip token budget (``max_video_tokens``) as ``qwen-vl-utils`` bounds them, the behaviour that
+    transformers makes the default in v5.22 (it changes nothing for clips within a few hundred frames)."""
     metadata = [
         VideoMetadata(total_num_frames=v.num_frames, fps=v.fps, frames_indices=list(range(v.num_frames)))
         for v in videos
     ]
-    return {"videos": [v.frames for v in videos], "video_metadata": metadata, "do_sample_frames": False}
+    frames = [v.frames for v in videos]
+    return {"videos": frames, "video_metadata": metadata, "do_sample_frames": False, "cap_pixels_per_frame": True}
 
 
 def _not_a_view(tensor: torch.Tensor) -> torch.Tensor:
