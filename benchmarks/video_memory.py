@@ -1,7 +1,7 @@
 """Peak CPU memory of a video rollout and update vs an image row on the tiny Qwen-VL models, and what the policy's
 ``max_video_frames`` cap does to a long clip.
 
-    python benchmarks/video_memory.py                           # tiny-qwen2.5-vl, about 1 minute on 2 cores
+    python benchmarks/video_memory.py                           # tiny-qwen2.5-vl, 2-3 minutes on 2 shared cores
     python benchmarks/video_memory.py --model tiny-qwen3-vl --long-frames 128
 
 Configurations (``--prompts`` prompts x K = ``--k`` completions of ``--max-new-tokens`` tokens, LoRA, float32):

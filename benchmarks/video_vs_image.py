@@ -1,7 +1,7 @@
 """Rollout and update time of a video row vs an image row with the same number of visual tokens (issue 57 target:
 the video path costs at most 1.2x the image path).
 
-    python benchmarks/video_vs_image.py                          # tiny-qwen2.5-vl, 64 visual tokens a row, 1 thread
+    python benchmarks/video_vs_image.py                          # tiny-qwen2.5-vl, 64 visual tokens a row: 45 s
     python benchmarks/video_vs_image.py --model tiny-qwen3-vl --image-size 128   # 16 visual tokens a row
 
 Rows: ``--prompts`` prompts x K = ``--k`` completions. An image row holds one ``--image-size``-pixel square image; a
