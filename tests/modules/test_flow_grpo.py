@@ -92,7 +92,12 @@ def test_the_defaults_are_the_documented_ones():
     generator's seed on rank 0) and Flow-GRPO's clip range 1e-4 each way."""
     module = FlowGRPOModule(StandInPolicy(), [RednessReward()])
     assert module.records_per_step == module.hparams["records_per_step"] == 16
-    assert module.hparams["loss"] == {"eps_low": 1e-4, "eps_high": 1e-4}
+    assert module.hparams["loss"] == {
+        "eps_low": 1e-4,
+        "eps_high": 1e-4,
+        "ratio_normalization": False,
+        "advantage_clip": None,
+    }
     assert module.hparams["seed"] == 0 and module.hparams["optimizer"]["learning_rate"] == 5e-6
     (group,) = module.configure_optimizers()["optimizer"].param_groups
     assert group["lr"] == 5e-6
