@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import SuppressTokensLogitsProcessor, TopPLogitsWarper
 
-from app.models.token_sampling import InverseCDFSampling, sample_from_probs
 from app.models import token_sampling
+from app.models.token_sampling import InverseCDFSampling, sample_from_probs
 
 DRAWS = 200_000
 
