@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG_FINGERPRINTS = {
     "configs/quickstart/consistency_dots.yaml": ("ae8ad7b3702f22e6", "5320c0c4519dc71d", "405964605de807f9"),
+    "configs/flow/dance_grpo_sd3_5_medium.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/flow/flow_grpo_sd3_5_medium.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/flow/flow_grpo_sd3_5_medium_clip_vbvr.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
     "configs/flow/flow_grpo_wan2_1_i2v_14b.yaml": ("a3491935a70d4ae7", "905b80b6e4f6653c", "dec2554b887a8770"),
@@ -62,6 +63,12 @@ CONFIG_FINGERPRINTS = {
     "configs/repro/trisr_dots_grpo.yaml": ("ef2e12d40265995c", "4e10778095fce635", "3d5f9fd317b389d2"),
     "configs/repro/trisr_dots_sft.yaml": ("905c2092cec775a9", "4e10778095fce635", "3d5f9fd317b389d2"),
     "configs/quickstart/vbvr_pipeline_cpu.yaml": ("c5998104666a4839", "06a302f58967da93", "e20d472debfda762"),
+    "configs/quickstart/motion_direction.yaml": ("d1a1863127c9d3b0", "3cfa2578451b6699", "f2a00e12d23098c6"),
+    "configs/quickstart/motion_direction_sft.yaml": ("d8ffa211f94d6ccc", "3cfa2578451b6699", "f2a00e12d23098c6"),
+    "configs/quickstart/quickstart_flow_guard.yaml": ("f4f8f909e377c142", "379f6a67b9f47a0c", "f5f5c58de5dc851f"),
+    "configs/quickstart/text_render_flow.yaml": ("ec4870ac97e799ce", "90c3923dcb0a6d35", "ba0f01746e905f96"),
+    "configs/quickstart/text_render_pretrain.yaml": ("a507fb8693ce9332", "36f2cc8ea487494d", "059336ca8236c032"),
+    "configs/vlm/video_grpo_qwen2_5_vl_3b.yaml": ("e1c6d8ace3a05b12", "6094b10e45e37abe", "8fcdd4e50c640e3b"),
     "tests/fixtures/tiny_grpo.yaml": ("fb56df4e51aa5439", "ab22a3d9fae8c114", "29cbec44f35c0172"),
     "tests/fixtures/tiny_sft.yaml": ("fb56df4e51aa5439", "ab22a3d9fae8c114", "29cbec44f35c0172"),
 }
