@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 import statistics
-import subprocess
 import time
 
 import torch
+from provenance import commit, machine
 
 from app.models import FlowPolicy
 from app.modules import FlowGRPOModule
@@ -40,13 +39,6 @@ class _NoStep:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         pass
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 def main() -> None:
@@ -99,9 +91,8 @@ def main() -> None:
     step, recompute = statistics.median(steps), statistics.median(recomputes)
     options = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in vars(args).items())
     print(f"# benchmarks/flow_old_logprobs.py {options}")
-    machine = platform.processor() or platform.machine()
-    print(f"# {machine}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print(f"# {datetime.date.today()}, commit {_commit()}")
+    print(f"# {machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"# {datetime.date.today()}, commit {commit()}")
     print(f"B={args.prompts} K={args.group} T={args.steps} trained steps={len(rollout.sampled.step_indices)}")
     print("| what | min s | median s | max s |")
     print("|---|---|---|---|")

@@ -35,6 +35,9 @@ from app.types import VisualSample  # noqa: E402
 WORDS = ("Hello", "river", "OPEN", "Zebra", "cat", "lamp", "STOP", "music")
 
 
+from provenance import machine  # noqa: E402
+
+
 def render(word: str, size: int) -> torch.Tensor:
     image = Image.new("RGB", (size, size), "white")
     draw = ImageDraw.Draw(image)
@@ -42,19 +45,6 @@ def render(word: str, size: int) -> torch.Tensor:
     left, top, right, bottom = draw.textbbox((0, 0), word, font=font)
     draw.text(((size - right + left) / 2 - left, (size - bottom + top) / 2 - top), word, font=font, fill="black")
     return torch.from_numpy(np.asarray(image, dtype=np.float32) / 255).permute(2, 0, 1)
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{model}, {os.cpu_count()} CPUs, load {load:.2f}"
 
 
 def rate(score, images, samples, repeats: int) -> float:

@@ -44,26 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("image", "video (recipe)", "video (= image tokens)", "long video", "long video, capped")
 
 
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{model}, {os.cpu_count()} CPUs, load {load:.2f}"
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"], capture_output=True)
-        return out.stdout.strip() + (" (src modified)" if dirty.stdout.strip() else "")
-    except OSError:
-        return "unknown"
+from provenance import commit, machine  # noqa: E402
 
 
 def main() -> None:

@@ -30,7 +30,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -42,26 +41,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{model}, {os.cpu_count()} CPUs, load {load:.2f}"
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"], capture_output=True)
-        return out.stdout.strip() + (" (src modified)" if dirty.stdout.strip() else "")
-    except OSError:
-        return "unknown"
+from provenance import commit, machine  # noqa: E402
 
 
 def header(args: argparse.Namespace, extra: str) -> None:
